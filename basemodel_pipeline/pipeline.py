@@ -1,0 +1,73 @@
+"""The pipeline's stages as plain functions: the CLI, the Pipes entrypoints (jobs/) and notebooks call these.
+
+Each stage reads its inputs from the workspace, writes its artifact atomically and returns a flat dict of
+metadata (numbers, strings, paths) that the caller can show: Dagster attaches it to the materialization.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+from basemodel_pipeline import workspace as ws
+from basemodel_pipeline.config import PipelineConfig
+from basemodel_pipeline.progress import NullProgress, Progress
+
+
+def run_extract(cfg: PipelineConfig, source: str | None = None, progress: Progress | None = None) -> dict[str, Any]:
+    """Extract one source (or all) into workspace/extracts/<source>/. Returns {source: {rows, files, path}}."""
+    from basemodel_pipeline.sources.extract import extract_source
+
+    names = [source] if source else [s.name for s in cfg.data_sources]
+    return {name: extract_source(cfg, cfg.source(name), progress or NullProgress()) for name in names}
+
+
+def run_cache(cfg: PipelineConfig, progress: Progress | None = None) -> dict[str, Any]:
+    """Build (or reuse) the event cache from the extracts. Returns {path, fingerprint, entities, events, ...}."""
+    from basemodel_pipeline.cache.build import build_cache
+
+    return build_cache(cfg, progress or NullProgress())
+
+
+def run_pretrain(cfg: PipelineConfig, progress: Progress | None = None) -> dict[str, Any]:
+    """Train the foundation model on the cache. Returns {path, version, train_loss, val_loss, ...}."""
+    from basemodel_pipeline.training.pretrain import pretrain
+
+    return pretrain(cfg, progress or NullProgress())
+
+
+def run_finetune(cfg: PipelineConfig, scenario: str, progress: Progress | None = None) -> dict[str, Any]:
+    """Fine-tune one scenario from the foundation checkpoint; evaluate it and the baselines on the test window."""
+    from basemodel_pipeline.training.finetune import finetune
+
+    return finetune(cfg, cfg.scenario(scenario), progress or NullProgress())
+
+
+def run_predict(
+    cfg: PipelineConfig, scenario: str, as_of: dt.date | None = None, progress: Progress | None = None
+) -> dict[str, Any]:
+    """Score every entity as of a date (default: the day after the cache's last event day)."""
+    from basemodel_pipeline.inference.predict import predict
+
+    return predict(cfg, cfg.scenario(scenario), as_of, progress or NullProgress())
+
+
+def write_summary(cfg: PipelineConfig) -> dict[str, Any]:
+    """Collect each scenario's test metrics into workspace/reports/summary.json."""
+    scenarios: dict[str, Any] = {}
+    for sc in cfg.scenarios:
+        metrics_file = ws.latest_scenario_dir(cfg, sc.name) / "metrics.json" if ws.has_scenario(cfg, sc.name) else None
+        if metrics_file is None or not metrics_file.exists():
+            continue
+        m = json.loads(metrics_file.read_text())
+        scenarios[sc.name] = {
+            "metric": m["metric"],
+            "model": m["test"]["model"],
+            "lightgbm_aggregates": m["test"]["lightgbm_aggregates"],
+            "popularity": m["test"]["popularity"],
+        }
+    out = Path(cfg.workspace) / "reports" / "summary.json"
+    ws.atomic_write_text(out, json.dumps({"scenarios": scenarios}, indent=2))
+    return {"path": str(out), "scenarios": scenarios}

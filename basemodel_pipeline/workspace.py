@@ -1,0 +1,145 @@
+"""Workspace layout and atomic file operations.
+
+    <workspace>/extracts/<source>/<yyyy-mm-dd>.parquet | table.parquet
+    <workspace>/cache/<fingerprint>/
+    <workspace>/checkpoints/foundation/<version>/        LATEST names the newest version
+    <workspace>/checkpoints/scenarios/<name>/<version>/  LATEST likewise
+    <workspace>/predictions/<scenario>/<as_of>/predictions.parquet
+    <workspace>/reports/summary.json
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from basemodel_pipeline.config import PipelineConfig
+from basemodel_pipeline.errors import UserError
+
+
+def root(cfg: PipelineConfig) -> Path:
+    return Path(cfg.workspace)
+
+
+def extracts_dir(cfg: PipelineConfig, source: str) -> Path:
+    return root(cfg) / "extracts" / source
+
+
+def cache_root(cfg: PipelineConfig) -> Path:
+    return root(cfg) / "cache"
+
+
+def foundation_root(cfg: PipelineConfig) -> Path:
+    return root(cfg) / "checkpoints" / "foundation"
+
+
+def scenario_root(cfg: PipelineConfig, name: str) -> Path:
+    return root(cfg) / "checkpoints" / "scenarios" / name
+
+
+def predictions_dir(cfg: PipelineConfig, scenario: str, as_of: dt.date) -> Path:
+    return root(cfg) / "predictions" / scenario / as_of.isoformat()
+
+
+def new_version() -> str:
+    """Sortable, unique version name: UTC time to the microsecond."""
+    return dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
+
+
+def latest(parent: Path, what: str) -> Path:
+    pointer = parent / "LATEST"
+    if not pointer.exists():
+        raise UserError(f"no {what} found under {parent}; run the stage that produces it first")
+    path = parent / pointer.read_text().strip()
+    if not path.is_dir():
+        raise UserError(f"{pointer} names {path.name}, which is missing; re-run the stage that produces it")
+    return path
+
+
+def latest_foundation_dir(cfg: PipelineConfig) -> Path:
+    return latest(foundation_root(cfg), "foundation checkpoint (run `basemodel pretrain CONFIG`)")
+
+
+def has_scenario(cfg: PipelineConfig, name: str) -> bool:
+    return (scenario_root(cfg, name) / "LATEST").exists()
+
+
+def latest_scenario_dir(cfg: PipelineConfig, name: str) -> Path:
+    return latest(scenario_root(cfg, name), f"checkpoint of scenario '{name}' (run `basemodel finetune`)")
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+def staging_dir(final: Path) -> Path:
+    """A fresh temporary directory beside `final`, to be published with publish_dir."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
+
+
+def publish_dir(tmp: Path, final: Path) -> None:
+    """fsync every file in `tmp`, then rename it to `final` (replacing an older copy) in one step."""
+    for f in tmp.rglob("*"):
+        if f.is_file():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+    if final.exists():
+        old = final.with_name(f".{final.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    fsync_dir(final.parent)
+
+
+def set_latest(parent: Path, version: str) -> None:
+    atomic_write_text(parent / "LATEST", version + "\n")
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def clean_stale_tmp(parent: Path) -> None:
+    """Remove leftovers of a killed writer (hidden *.tmp files and directories)."""
+    if not parent.exists():
+        return
+    for p in parent.glob(".*.tmp"):
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
