@@ -1,0 +1,1 @@
+"""The event cache asset."""

@@ -1,0 +1,1 @@
+"""Extract assets: one per data source in the config."""

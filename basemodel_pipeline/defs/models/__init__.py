@@ -1,0 +1,1 @@
+"""Model assets: the foundation model and the per-scenario fine-tuned models."""

@@ -1,0 +1,231 @@
+"""Shared machinery of the Pipes entrypoints: arguments, Pipes or plain-stdout session, metadata, errors.
+
+An entrypoint is ``python -m basemodel_pipeline.jobs.<stage> --config PATH [--scenario NAME] [--as-of DATE]``.
+Launched by Dagster (``DAGSTER_PIPES_*`` env vars set) it logs through Pipes and reports one asset
+materialization; launched by hand it logs to stdout and prints the metadata as JSON. A ``UserError`` ends the
+process with exit code 2 and one line ``error: ...`` on stderr; under Pipes the error is also logged to
+Dagster, reported as the exception that closed the session, and written to the file named by the
+``error_file`` extra, so that the orchestrating asset fails with the user's message instead of
+"process failed with code 2".
+
+This module may import dagster_pipes but never dagster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import hashlib
+import json
+import math
+import re
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from basemodel_pipeline.config import PipelineConfig, load_config
+from basemodel_pipeline.errors import UserError
+from basemodel_pipeline.progress import LogProgress, Progress
+
+ERROR_FILE_EXTRA = "error_file"
+USER_ERROR_EXIT_CODE = 2
+
+# Keys that could carry credentials never reach logs or Dagster metadata.
+SECRET_KEY = re.compile(r"pass(word|wd)?|secret|token|credential|private|api[_-]?key|access[_-]?key", re.I)
+PATH_KEY = re.compile(r"(^|[._])(path|dir|file|directory|location)$", re.I)
+
+
+@dataclass(frozen=True)
+class JobArgs:
+    config: str
+    scenario: str | None = None
+    as_of: dt.date | None = None
+    source: str | None = None
+
+
+StageFn = Callable[[PipelineConfig, JobArgs, Progress], Mapping[str, Any]]
+
+
+# ---------------------------------------------------------------- metadata
+
+
+def _scalar(value: Any) -> Any:
+    """numpy scalars, dates and paths to plain JSON values."""
+    if hasattr(value, "item") and callable(value.item) and not isinstance(value, list | dict | str):
+        with contextlib.suppress(TypeError, ValueError):
+            value = value.item()
+    if isinstance(value, dt.date | dt.datetime):
+        return value.isoformat()
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def flatten_metadata(meta: Mapping[str, Any], prefix: str = "") -> dict[str, tuple[str, Any]]:
+    """A stage's metadata as {key: (type, value)}, type one of path|json|null|infer.
+
+    Nested dicts become dotted keys ("transactions.rows"), lists become JSON, keys that look like paths
+    ("path", "cache_dir", "x.file") become path values, and keys that look like secrets are dropped.
+    """
+    out: dict[str, tuple[str, Any]] = {}
+    for raw_key, raw_value in meta.items():
+        key = f"{prefix}{raw_key}"
+        if SECRET_KEY.search(str(raw_key)):
+            continue
+        value = _scalar(raw_value)
+        if isinstance(value, Mapping):
+            out.update(flatten_metadata(value, prefix=f"{key}."))
+        elif isinstance(value, list | tuple):
+            out[key] = ("json", json.loads(json.dumps([_scalar(v) for v in value], default=str)))
+        elif value is None:
+            out[key] = ("null", None)
+        elif isinstance(value, str) and PATH_KEY.search(key):
+            out[key] = ("path", value)
+        elif isinstance(value, bool | int | float | str):
+            out[key] = ("infer", value)
+        else:
+            out[key] = ("infer", str(value))
+    return out
+
+
+def to_pipes_metadata(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """Flat metadata in the form dagster_pipes.report_asset_materialization accepts."""
+    out: dict[str, Any] = {}
+    for key, (kind, value) in flatten_metadata(meta).items():
+        if kind == "infer":
+            if isinstance(value, float) and not math.isfinite(value):
+                out[key] = {"raw_value": str(value), "type": "text"}
+            else:
+                out[key] = value
+        else:
+            out[key] = {"raw_value": value, "type": kind}
+    return out
+
+
+def data_version_of(meta: Mapping[str, Any]) -> str:
+    """The artifact's own version when the stage reports one, else a hash of its metadata."""
+    for key in ("data_version", "version", "fingerprint", "checksum"):
+        value = meta.get(key)
+        if isinstance(value, str) and value:
+            return value
+    payload = json.dumps({k: v for k, v in flatten_metadata(meta).items()}, sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------- sessions
+
+
+def _in_pipes() -> bool:
+    from dagster_pipes import PipesEnvVarParamsLoader
+
+    return PipesEnvVarParamsLoader().is_dagster_pipes_process()
+
+
+class _LocalSession:
+    """Stand-in for the Pipes context when the entrypoint runs outside Dagster."""
+
+    partition_key: str | None = None
+    extras: Mapping[str, Any] = {}
+
+    def info(self, message: str) -> None:
+        print(message, flush=True)
+
+    def error(self, message: str) -> None:
+        pass  # the caller prints the one-line error on stderr
+
+    def report(self, metadata: Mapping[str, Any], data_version: str) -> None:
+        flat = {k: v for k, (_, v) in flatten_metadata(metadata).items()}
+        print(json.dumps({"data_version": data_version, "metadata": flat}, indent=2, default=str), flush=True)
+
+
+class _PipesSession:
+    def __init__(self, pipes: Any) -> None:
+        self._pipes = pipes
+        self.partition_key: str | None = pipes.partition_key if pipes.is_partition_step else None
+        self.extras: Mapping[str, Any] = pipes.extras or {}
+
+    def info(self, message: str) -> None:
+        self._pipes.log.info(message)
+
+    def error(self, message: str) -> None:
+        self._pipes.log.error(message)
+        path = self.extras.get(ERROR_FILE_EXTRA)
+        if path:
+            Path(path).write_text(message + "\n")
+
+    def report(self, metadata: Mapping[str, Any], data_version: str) -> None:
+        self._pipes.report_asset_materialization(
+            metadata=to_pipes_metadata(metadata), data_version=data_version
+        )
+
+
+# ---------------------------------------------------------------- entrypoint
+
+
+def parse_args(
+    stage: str, argv: list[str] | None, *, scenario: bool, as_of: bool, source: bool
+) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=f"python -m basemodel_pipeline.jobs.{stage}", description=__doc__)
+    parser.add_argument("--config", required=True, help="path to the pipeline's YAML config")
+    if scenario:
+        parser.add_argument("--scenario", help="scenario name (default: the Dagster partition key)")
+    if as_of:
+        parser.add_argument("--as-of", dest="as_of", help="score entities as of this date (YYYY-MM-DD)")
+    if source:
+        parser.add_argument("--source", help="extract only this data source (default: all)")
+    return parser.parse_args(argv)
+
+
+def _job_args(ns: argparse.Namespace, session: Any, needs_scenario: bool) -> JobArgs:
+    scenario = getattr(ns, "scenario", None) or session.partition_key
+    if needs_scenario and not scenario:
+        raise UserError("no scenario given: pass --scenario NAME (or run it as a scenario partition)")
+    as_of = None
+    raw = getattr(ns, "as_of", None)
+    if raw:
+        try:
+            as_of = dt.date.fromisoformat(raw)
+        except ValueError:
+            raise UserError(f"--as-of: '{raw}' is not a date; write YYYY-MM-DD") from None
+    return JobArgs(config=ns.config, scenario=scenario, as_of=as_of, source=getattr(ns, "source", None))
+
+
+def _run(session: Any, ns: argparse.Namespace, fn: StageFn, stage: str, needs_scenario: bool) -> None:
+    try:
+        args = _job_args(ns, session, needs_scenario)
+        cfg = load_config(args.config)
+        where = f", scenario {args.scenario}" if args.scenario else ""
+        session.info(f"{stage}: config {args.config}{where}")
+        meta = dict(fn(cfg, args, LogProgress(session.info)))
+    except UserError as err:
+        session.error(f"{stage}: {err}")
+        raise
+    session.report(meta, data_version_of(meta))
+
+
+def main(
+    stage: str,
+    fn: StageFn,
+    argv: list[str] | None = None,
+    *,
+    scenario: bool = False,
+    needs_scenario: bool = False,
+    as_of: bool = False,
+    source: bool = False,
+) -> None:
+    """Run one stage as a Pipes entrypoint (or standalone); exits 2 with one line on stderr on a UserError."""
+    ns = parse_args(stage, argv, scenario=scenario, as_of=as_of, source=source)
+    try:
+        if _in_pipes():
+            from dagster_pipes import open_dagster_pipes
+
+            with open_dagster_pipes() as pipes:
+                _run(_PipesSession(pipes), ns, fn, stage, needs_scenario)
+        else:
+            _run(_LocalSession(), ns, fn, stage, needs_scenario)
+    except UserError as err:
+        print(f"error: {stage}: {err}", file=sys.stderr, flush=True)
+        sys.exit(USER_ERROR_EXIT_CODE)

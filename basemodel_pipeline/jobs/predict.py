@@ -1,0 +1,24 @@
+"""Score entities: ``python -m basemodel_pipeline.jobs.predict --config PATH --scenario NAME [--as-of DATE]``.
+
+Under Dagster the scenario defaults to the partition key of the ``predictions`` asset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from basemodel_pipeline.config import PipelineConfig
+from basemodel_pipeline.jobs._common import JobArgs, main
+from basemodel_pipeline.pipeline import run_predict
+from basemodel_pipeline.progress import Progress
+
+
+def stage(cfg: PipelineConfig, args: JobArgs, progress: Progress) -> Mapping[str, Any]:
+    assert args.scenario is not None
+    cfg.scenario(args.scenario)  # unknown name -> ConfigError before any work
+    return run_predict(cfg, args.scenario, args.as_of, progress)
+
+
+if __name__ == "__main__":
+    main("predict", stage, scenario=True, needs_scenario=True, as_of=True)
