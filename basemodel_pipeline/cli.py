@@ -1,0 +1,233 @@
+"""`basemodel`: the pipeline's stages from a terminal, over the same library functions Dagster runs.
+
+    basemodel validate CONFIG                check the YAML and that it fits the data
+    basemodel extract|cache|pretrain CONFIG  run one stage
+    basemodel finetune CONFIG --scenario NAME
+    basemodel predict CONFIG --scenario NAME [--as-of YYYY-MM-DD]
+    basemodel demo [--workspace demo_workspace]   The Complete Journey end to end through Dagster
+
+A mistake the user can fix prints one red line `error: ...` on stderr and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from basemodel_pipeline import pipeline
+from basemodel_pipeline.config import PipelineConfig, load_config
+from basemodel_pipeline.errors import UserError
+from basemodel_pipeline.progress import Progress, rich_progress
+
+USER_ERROR = 2
+RUN_FAILED = 1
+
+app = typer.Typer(
+    name="basemodel",
+    help="Behavioral foundation models and scenario models from event data.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+out = Console()
+err = Console(stderr=True)
+
+ConfigArg = Annotated[Path, typer.Argument(help="Path to the pipeline's YAML config.", show_default=False)]
+ScenarioOpt = Annotated[str, typer.Option("--scenario", "-s", help="Scenario name from the config.")]
+
+
+def fail(message: str, code: int = USER_ERROR) -> None:
+    """Print one red line on stderr and exit."""
+    line = " ".join(str(message).split())
+    err.print(f"[bold red]error:[/bold red] {escape(line)}", soft_wrap=True, highlight=False)
+    raise typer.Exit(code)
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    try:
+        yield
+    except UserError as exc:
+        fail(str(exc))
+
+
+def metadata_table(title: str, meta: Mapping[str, Any]) -> Table:
+    from basemodel_pipeline.jobs._common import flatten_metadata
+
+    table = Table(title=title, title_justify="left")
+    table.add_column("field", style="cyan")
+    table.add_column("value", overflow="fold")
+    for key, (_, value) in flatten_metadata(meta).items():
+        text = (
+            f"{value:.4g}"
+            if isinstance(value, float)
+            else json.dumps(value)
+            if isinstance(value, list)
+            else value
+        )
+        table.add_row(key, escape(str(text)))
+    return table
+
+
+def run_stage(title: str, config: Path, fn: Callable[[PipelineConfig, Progress], Mapping[str, Any]]) -> None:
+    with user_errors():
+        cfg = load_config(config)
+        start = time.perf_counter()
+        with rich_progress() as progress:
+            meta = fn(cfg, progress)
+        out.print(metadata_table(f"{title} ({time.perf_counter() - start:.1f} s)", meta))
+
+
+@app.command()
+def validate(config: ConfigArg) -> None:
+    """Check the config: YAML, fields, references, and (when the data is readable) that it fits the data."""
+    with user_errors():
+        cfg = load_config(config)
+        try:
+            from basemodel_pipeline.config.data_checks import check_config_against_data
+        except ImportError:
+            check_config_against_data = None
+        if check_config_against_data is not None:
+            check_config_against_data(cfg, config)
+    table = Table(title=f"{config}: OK", title_justify="left")
+    for col in ("kind", "name", "details"):
+        table.add_column(col)
+    for src in cfg.data_sources:
+        table.add_row(f"source ({src.type})", src.name, escape(src.data_location.path))
+    for sc in cfg.scenarios:
+        table.add_row(f"scenario ({sc.task})", sc.name, f"horizon {sc.target.horizon_days} d")
+    out.print(table)
+
+
+@app.command()
+def extract(config: ConfigArg) -> None:
+    """Extract every data source into <workspace>/extracts/."""
+    run_stage("extract", config, lambda cfg, p: pipeline.run_extract(cfg, progress=p))
+
+
+@app.command()
+def cache(config: ConfigArg) -> None:
+    """Build (or reuse) the event cache from the extracts."""
+    run_stage("cache", config, lambda cfg, p: pipeline.run_cache(cfg, progress=p))
+
+
+@app.command()
+def pretrain(config: ConfigArg) -> None:
+    """Train the foundation model on the cache."""
+    run_stage("pretrain", config, lambda cfg, p: pipeline.run_pretrain(cfg, progress=p))
+
+
+def _scenario(cfg: PipelineConfig, name: str) -> str:
+    cfg.scenario(name)  # unknown -> ConfigError naming the known scenarios
+    return name
+
+
+@app.command()
+def finetune(config: ConfigArg, scenario: ScenarioOpt) -> None:
+    """Fine-tune one scenario from the foundation checkpoint and evaluate it against the baselines."""
+    run_stage(
+        f"finetune {scenario}",
+        config,
+        lambda cfg, p: pipeline.run_finetune(cfg, _scenario(cfg, scenario), progress=p),
+    )
+
+
+@app.command()
+def predict(
+    config: ConfigArg,
+    scenario: ScenarioOpt,
+    as_of: Annotated[
+        str | None,
+        typer.Option("--as-of", help="Score as of this date, YYYY-MM-DD (default: after the data)."),
+    ] = None,
+) -> None:
+    """Score every entity for one scenario."""
+    date = None
+    if as_of is not None:
+        try:
+            date = dt.date.fromisoformat(as_of)
+        except ValueError:
+            fail(f"--as-of: '{as_of}' is not a date; write YYYY-MM-DD")
+    run_stage(
+        f"predict {scenario}",
+        config,
+        lambda cfg, p: pipeline.run_predict(cfg, _scenario(cfg, scenario), date, progress=p),
+    )
+
+
+def summary_table(summary_file: Path) -> Table:
+    scenarios = json.loads(summary_file.read_text()).get("scenarios", {})
+    table = Table(title=f"Test metrics ({summary_file})", title_justify="left")
+    for col in ("scenario", "metric", "model", "lightgbm_aggregates", "popularity"):
+        table.add_column(col, justify="right" if col not in ("scenario", "metric") else "left")
+    for name, row in scenarios.items():
+        cells = [row.get(k) for k in ("model", "lightgbm_aggregates", "popularity")]
+        table.add_row(
+            name, str(row.get("metric")), *(f"{c:.4f}" if isinstance(c, float) else str(c) for c in cells)
+        )
+    return table
+
+
+@app.command()
+def demo(
+    workspace: Annotated[
+        Path, typer.Option("--workspace", "-w", help="Directory for data and artifacts.")
+    ] = Path("demo_workspace"),
+) -> None:
+    """The Complete Journey end to end: materialize every asset through Dagster, then show the test metrics.
+
+    Runs land in <workspace>/dagster_home, so `make ui` shows them afterwards.
+    """
+    from basemodel_pipeline.defs.materialize import RunFailed, demo_instance, materialize_all
+    from basemodel_pipeline.demo import prepare_demo
+
+    start = time.perf_counter()
+    with user_errors():
+        config = prepare_demo(workspace)
+        load_config(config)
+    out.print(f"[bold]demo[/bold]: config {config}")
+    instance = demo_instance(workspace)
+    try:
+        report = materialize_all(
+            config, instance, on_run=lambda label: out.print(f"[bold]run[/bold]: {label}")
+        )
+    except RunFailed as exc:
+        fail(str(exc), RUN_FAILED)
+    finally:
+        instance.dispose()
+
+    times = Table(title="Wall time per step", title_justify="left")
+    times.add_column("step")
+    times.add_column("seconds", justify="right")
+    for step, seconds in report.step_seconds.items():
+        times.add_row(step, f"{seconds:.1f}")
+    times.add_row("[bold]total[/bold]", f"{time.perf_counter() - start:.1f}")
+    out.print(times)
+    out.print(summary_table(Path(workspace).resolve() / "reports" / "summary.json"))
+    out.print(
+        f"Dagster instance: {Path(workspace).resolve() / 'dagster_home'} (`make ui` to browse the runs)"
+    )
+
+
+def main() -> None:
+    """Console entry point (`basemodel`)."""
+    try:
+        app()
+    except UserError as exc:  # defensive: every command already maps UserError to exit code 2
+        err.print(f"[bold red]error:[/bold red] {escape(' '.join(str(exc).split()))}", soft_wrap=True)
+        sys.exit(USER_ERROR)
+
+
+if __name__ == "__main__":
+    main()
