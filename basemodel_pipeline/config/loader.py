@@ -1,4 +1,4 @@
-"""Load a YAML config: ${ENV_VAR} interpolation, pydantic validation, errors that name the YAML path and line."""
+"""Load a YAML config: ${ENV_VAR} interpolation, pydantic validation, errors naming the YAML path and line."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def _interpolate(node: Any, loc: tuple[Any, ...], file: Path) -> Any:
 
 
 def _line_of(root: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
-    """1-based line of the deepest YAML node along `loc` (pydantic locations include union tags; skip them)."""
+    """1-based line of the deepest YAML node along `loc` (pydantic locations include union tags: skipped)."""
     node, line = root, None
     for part in loc:
         if node is None:
@@ -69,11 +69,25 @@ def _clean_loc(loc: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(p for p in loc if not (isinstance(p, str) and (p in ("binary", "multilabel") or "[" in p)))
 
 
+LEADING_PATH = re.compile(r"^([A-Za-z_]\w*(?:\[\d+\]|\.[A-Za-z_]\w*)*): (.*)$", re.S)
+
+
+def _split_leading_path(msg: str) -> tuple[tuple[Any, ...], str] | None:
+    """Whole-config validators report 'scenarios[0].target.source: ...'; turn that prefix into a location."""
+    m = LEADING_PATH.match(msg)
+    if m is None:
+        return None
+    loc = tuple(int(p) if p.isdigit() else p for p in re.findall(r"[A-Za-z_]\w*|\d+", m.group(1)))
+    return loc, m.group(2)
+
+
 def format_validation_error(err: ValidationError, file: Path, root: yaml.Node | None) -> str:
     lines = []
     for e in err.errors():
         loc = _clean_loc(e["loc"])
         msg = e["msg"].removeprefix("Value error, ")
+        if not loc and (split := _split_leading_path(msg)):
+            loc, msg = split
         if e["type"] == "extra_forbidden":
             msg = f"unknown key '{loc[-1]}' (check spelling; see the README's config reference)"
         elif e["type"] == "missing":
@@ -113,8 +127,9 @@ def resolve_paths(cfg: PipelineConfig, base_dir: Path) -> PipelineConfig:
         return str((base_dir / p).resolve())
 
     sources = [
-        s.model_copy(update={"data_location": s.data_location.model_copy(update={"path": absolute(s.data_location.path)})})
+        s.model_copy(update={"data_location": s.data_location.model_copy(update={"path": absolute(p)})})
         for s in cfg.data_sources
+        for p in [s.data_location.path]
     ]
     return cfg.model_copy(update={"workspace": absolute(cfg.workspace), "data_sources": sources})
 

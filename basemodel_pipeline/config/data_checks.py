@@ -1,0 +1,258 @@
+"""Check a parsed config against the data it points at, before anything expensive runs.
+
+Every problem raises one ConfigError naming the YAML path (``data_sources[0].date_column.name``), the data
+file and what to do. DuckDB reads the Parquet sources; identifiers and literals are quoted here, and the only
+user SQL that reaches DuckDB is a where_condition that sqlglot parsed and re-rendered.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import NoReturn
+
+import duckdb
+import sqlglot
+import yaml
+from sqlglot import exp
+
+from basemodel_pipeline.config.loader import _line_of
+from basemodel_pipeline.config.models import DataSource, MultilabelTarget, PipelineConfig
+from basemodel_pipeline.errors import ConfigError
+
+DATE_TYPES = ("DATE", "TIMESTAMP")  # prefixes: TIMESTAMP_NS, TIMESTAMP WITH TIME ZONE, ...
+TEXT_TYPES = ("VARCHAR",)
+
+
+def quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def quote_literal(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def parquet_glob(path: str) -> str:
+    """A local directory becomes ``<dir>/**/*.parquet``; files, globs and URLs stay as they are."""
+    if "://" not in path and os.path.isdir(path):
+        return path.rstrip("/") + "/**/*.parquet"
+    return path
+
+
+def read_parquet_sql(path: str, **options: bool) -> str:
+    """Safely quoted ``read_parquet('<path>', union_by_name=true)`` (plus extra boolean options)."""
+    opts = "".join(f", {k}={'true' if v else 'false'}" for k, v in {"union_by_name": True, **options}.items())
+    return f"read_parquet({quote_literal(parquet_glob(path))}{opts})"
+
+
+def _text(alias: str, column: str) -> str:
+    return f"CAST({alias}.{quote_ident(column)} AS VARCHAR)"
+
+
+def _one_line(err: Exception) -> str:
+    return str(err).strip().splitlines()[0]
+
+
+def source_columns(src: DataSource, con: duckdb.DuckDBPyConnection | None = None) -> dict[str, str]:
+    """Column name -> DuckDB type string of a Parquet source. ConfigError when the path matches nothing."""
+    con = con or duckdb.connect()
+    path = src.data_location.path
+    try:
+        rows = con.execute(f"DESCRIBE SELECT * FROM {read_parquet_sql(path)}").fetchall()
+    except duckdb.Error as err:
+        hint = (
+            "check data_location.path (relative paths are relative to the config file)"
+            if "No files found" in str(err)
+            else "check that the path holds readable Parquet files"
+        )
+        raise ConfigError(
+            f"data source '{src.name}': cannot read Parquet at {parquet_glob(path)}: {_one_line(err)}; {hint}"
+        ) from None
+    return {str(name): str(dtype) for name, dtype, *_ in rows}
+
+
+class _Checker:
+    def __init__(self, cfg: PipelineConfig, config_file: str | Path | None) -> None:
+        self.cfg = cfg
+        self.file = Path(config_file) if config_file else None
+        self.con = duckdb.connect()
+        self.columns: dict[str, dict[str, str]] = {}
+
+    def fail(self, where: str, message: str) -> NoReturn:
+        """Raise '<file>:<line>: <yaml path>: <message>' (file and line when the config file is known)."""
+        prefix = ""
+        if self.file is not None:
+            loc = tuple(int(p) if p.isdigit() else p for p in re.findall(r"[^.\[\]]+", where))
+            try:
+                line = _line_of(yaml.compose(self.file.read_text()), loc)
+            except (OSError, yaml.YAMLError):
+                line = None
+            prefix = f"{self.file}:{line}: " if line else f"{self.file}: "
+        raise ConfigError(f"{prefix}{where}: {message}")
+
+    def rel(self, src: DataSource, **options: bool) -> str:
+        return read_parquet_sql(src.data_location.path, **options)
+
+    def require(self, where: str, src: DataSource, column: str, extra: Iterable[str] = ()) -> None:
+        available = [*self.columns[src.name], *extra]
+        if column in available:
+            return
+        close = difflib.get_close_matches(column, available, n=1)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        self.fail(
+            where,
+            f"column '{column}' is not in data source '{src.name}' ({parquet_glob(src.data_location.path)}); "
+            f"{hint}available columns: {', '.join(available)}. Fix the name in the config.",
+        )
+
+    def run(self) -> None:
+        for i, src in enumerate(self.cfg.data_sources):
+            try:
+                self.columns[src.name] = source_columns(src, self.con)
+            except ConfigError as err:
+                self.fail(f"data_sources[{i}].data_location.path", str(err))
+        for i, src in enumerate(self.cfg.data_sources):
+            self.check_columns(f"data_sources[{i}]", src)
+            if src.date_column is not None:
+                self.check_dates(f"data_sources[{i}].date_column", src)
+            if src.where_condition is not None:
+                self.check_where(f"data_sources[{i}].where_condition", src)
+        for i, src in enumerate(self.cfg.data_sources):
+            for j, join in enumerate(src.joined_data_sources):
+                where = f"data_sources[{i}].joined_data_sources[{j}].join_on"
+                for a, b in join.join_on.items():
+                    self.require(f"{where}.{a}", src, a)
+                    self.require(f"{where}.{a}", self.cfg.source(join.name), b)
+                self.check_join(where, src, join.name, join.join_on)
+        for k, attrs in enumerate(self.cfg.data_sources):
+            if attrs.type == "main_entity_attribute":
+                for ev in self.cfg.sources("event"):
+                    assert attrs.main_entity_column and ev.main_entity_column
+                    self.check_join(
+                        f"data_sources[{k}].main_entity_column",
+                        ev,
+                        attrs.name,
+                        {ev.main_entity_column: attrs.main_entity_column},
+                    )
+        for i, sc in enumerate(self.cfg.scenarios):
+            if isinstance(sc.target, MultilabelTarget):
+                src = self.cfg.source(sc.target.source)
+                self.require(f"scenarios[{i}].target.column", src, sc.target.column, self.joined_columns(src))
+
+    def joined_columns(self, src: DataSource) -> list[str]:
+        own = self.columns[src.name]
+        return [c for j in src.joined_data_sources for c in self.columns[j.name] if c not in own]
+
+    def check_columns(self, where: str, src: DataSource) -> None:
+        if src.main_entity_column:
+            self.require(f"{where}.main_entity_column", src, src.main_entity_column)
+        if src.date_column is not None:
+            self.require(f"{where}.date_column.name", src, src.date_column.name)
+        for key in ("allowed_columns", "disallowed_columns"):
+            for n, col in enumerate(getattr(src, key) or []):
+                self.require(f"{where}.{key}[{n}]", src, col)
+        for col in src.column_types:
+            self.require(f"{where}.column_types.{col}", src, col, self.joined_columns(src))
+
+    def check_dates(self, where: str, src: DataSource) -> None:
+        assert src.date_column is not None
+        name, fmt = src.date_column.name, src.date_column.format
+        dtype = self.columns[src.name][name]
+        if dtype.startswith(DATE_TYPES):
+            if fmt is not None:
+                self.fail(
+                    f"{where}.format",
+                    f"column '{name}' of data source '{src.name}' is already {dtype}; remove format "
+                    "(it is only for dates stored as text)",
+                )
+            return
+        if not dtype.startswith(TEXT_TYPES):
+            self.fail(
+                f"{where}.name",
+                f"column '{name}' of data source '{src.name}' has type {dtype}; a date column must be "
+                "DATE/TIMESTAMP, or text with date_column.format set",
+            )
+        if fmt is None:
+            self.fail(
+                f"{where}.format",
+                f"column '{name}' of data source '{src.name}' is text ({dtype}); set date_column.format "
+                "to its strptime format, e.g. '%Y-%m-%d %H:%M:%S'",
+            )
+        col = quote_ident(name)
+        rel = self.rel(src, filename=True, file_row_number=True)
+        sql = (
+            f"SELECT {col}, filename, file_row_number FROM {rel} "
+            f"WHERE {col} IS NOT NULL AND try_strptime({col}, ?) IS NULL LIMIT 1"
+        )
+        try:
+            bad = self.con.execute(sql, [fmt]).fetchone()
+        except duckdb.Error as err:
+            self.fail(f"{where}.format", f"{fmt!r} is not a valid strptime format: {_one_line(err)}")
+        if bad is not None:
+            value, file, row = bad
+            self.fail(
+                f"{where}.format",
+                f"value {value!r} of column '{name}' at row {row + 1} (counting from 1) of {file} does not "
+                f"parse with format {fmt!r}; fix the format or the data",
+            )
+
+    def check_where(self, where: str, src: DataSource) -> None:
+        assert src.where_condition is not None
+        try:
+            statements = sqlglot.parse(src.where_condition, read="duckdb")
+        except sqlglot.errors.ParseError as err:
+            first = err.errors[0] if err.errors else {}
+            detail = first.get("description") or _one_line(err)
+            col = f" (column {first['col']})" if first.get("col") else ""
+            self.fail(where, f"{src.where_condition!r} is not valid SQL{col}: {detail}")
+        expr = statements[0] if len(statements) == 1 else None
+        if not isinstance(expr, exp.Condition) or expr.find(exp.Query) is not None:
+            self.fail(
+                where,
+                f"{src.where_condition!r} must be one boolean expression on the source's columns, "
+                'e.g. "quantity > 0" (no statements or subqueries)',
+            )
+        sql = f"SELECT 1 FROM {self.rel(src)} WHERE {expr.sql(dialect='duckdb')} LIMIT 1"
+        try:
+            kept = self.con.execute(sql).fetchone()
+        except duckdb.Error as err:
+            self.fail(where, f"DuckDB cannot run {src.where_condition!r} on '{src.name}': {_one_line(err)}")
+        if kept is None:
+            self.fail(where, f"{src.where_condition!r} keeps no rows of data source '{src.name}'; loosen it")
+
+    def check_join(self, where: str, left: DataSource, right_name: str, keys: dict[str, str]) -> None:
+        right = self.cfg.source(right_name)
+        # compare as text: IDs stored as 1001 in one source and '1001' in the other still match
+        on = " AND ".join(f"{_text('l', a)} = {_text('r', b)}" for a, b in keys.items())
+        matches = f"SELECT 1 FROM {self.rel(right)} r WHERE {on}"
+        sql = f"SELECT 1 FROM {self.rel(left)} l WHERE EXISTS ({matches}) LIMIT 1"
+        if self.con.execute(sql).fetchone() is not None:
+            return
+        self.fail(
+            where,
+            f"no row of '{left.name}' matches a row of '{right.name}' on {self.describe_keys(keys)}; "
+            f"e.g. {left.name} has {self.examples(left, list(keys))} but {right.name} has "
+            f"{self.examples(right, list(keys.values()))}. Make the IDs use the same format in both sources.",
+        )
+
+    @staticmethod
+    def describe_keys(keys: dict[str, str]) -> str:
+        return ", ".join(f"{a} = {b}" for a, b in keys.items())
+
+    def examples(self, src: DataSource, cols: list[str]) -> str:
+        select = ", ".join(quote_ident(c) for c in cols)
+        sample = f"SELECT {select} FROM {self.rel(src)} LIMIT 1000"
+        rows = self.con.execute(f"SELECT DISTINCT * FROM ({sample}) LIMIT 3").fetchall()
+        return ", ".join(repr(r[0]) if len(r) == 1 else repr(r) for r in rows) or "no rows"
+
+
+def check_config_against_data(cfg: PipelineConfig, config_file: str | Path | None = None) -> None:
+    """Raise ConfigError naming the YAML path when the config does not fit its Parquet data."""
+    checker = _Checker(cfg, config_file)
+    try:
+        checker.run()
+    finally:
+        checker.con.close()

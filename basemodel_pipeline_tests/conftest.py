@@ -1,0 +1,27 @@
+"""Shared fixtures: a tiny synthetic dataset with a demo-shaped config (basemodel_pipeline.synthetic).
+
+``tiny_dataset`` is written once per session and must not be modified; tests that change the data, the
+config or the workspace take ``tiny_config``, a private copy in the test's own tmp_path.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from basemodel_pipeline.synthetic import write_tiny_dataset
+
+
+@pytest.fixture(scope="session")
+def tiny_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Path of config.yaml of the shared, read-only tiny dataset."""
+    return write_tiny_dataset(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture
+def tiny_config(tiny_dataset: Path, tmp_path: Path) -> Path:
+    """Path of config.yaml in a private copy of the tiny dataset (data/ and config.yaml) under tmp_path."""
+    shutil.copytree(tiny_dataset.parent / "data", tmp_path / "data")
+    return Path(shutil.copy(tiny_dataset, tmp_path / "config.yaml"))

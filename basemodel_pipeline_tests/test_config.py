@@ -1,0 +1,443 @@
+"""Config loading and config-vs-data checks: good configs pass, each class of mistake names its YAML path."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from basemodel_pipeline.config import load_config, parse_config
+from basemodel_pipeline.config.data_checks import check_config_against_data, read_parquet_sql, source_columns
+from basemodel_pipeline.demo import DEMO_CONFIG
+from basemodel_pipeline.errors import ConfigError, UserError
+
+FAKE = Path("/configs/demo/config.yaml")
+Mutation = Callable[[dict[str, Any]], None]
+
+
+def demo_with(mutate: Mutation) -> str:
+    raw = yaml.safe_load(DEMO_CONFIG)
+    mutate(raw)
+    return yaml.safe_dump(raw, sort_keys=False)
+
+
+def edit_config(config: Path, mutate: Mutation) -> Path:
+    raw = yaml.safe_load(config.read_text())
+    mutate(raw)
+    config.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return config
+
+
+def data_error(config: Path) -> str:
+    with pytest.raises(ConfigError) as info:
+        check_config_against_data(load_config(config), config)
+    return str(info.value)
+
+
+def events(raw: dict[str, Any]) -> dict[str, Any]:
+    return raw["data_sources"][0]
+
+
+# --- good configs ---------------------------------------------------------------------------------------
+
+
+def test_demo_config_parses() -> None:
+    cfg = parse_config(DEMO_CONFIG, FAKE)
+    assert [s.name for s in cfg.data_sources] == ["transactions", "products", "demographics"]
+    assert cfg.source("products").data_location.path == "/configs/demo/data/products.parquet"
+    assert cfg.workspace == "/configs/demo"
+    assert [s.name for s in cfg.scenarios] == ["churn", "department_propensity"]
+    assert cfg.data_params.test_date == dt.date(2017, 11, 15)
+
+
+def test_tiny_config_loads_and_matches_its_data(tiny_dataset: Path) -> None:
+    cfg = load_config(tiny_dataset)
+    check_config_against_data(cfg, tiny_dataset)
+    # same sources, joins and scenarios as the demo; only dates and sizes differ
+    demo = parse_config(DEMO_CONFIG, tiny_dataset)
+    assert cfg.data_sources == demo.data_sources
+    assert [(s.name, s.target.horizon_days) for s in cfg.scenarios] == [
+        ("churn", 28),
+        ("department_propensity", 14),
+    ]
+    dp = cfg.data_params
+    assert (dp.data_start_date, dp.first_split) == (dt.date(2023, 1, 1), dt.date(2023, 1, 29))
+    assert (dp.validation_start_date, dp.training_end_date) == (dt.date(2023, 3, 2), dt.date(2023, 3, 30))
+    last_day = pq.read_table(cfg.source("transactions").data_location.path)["transaction_timestamp"]
+    assert dp.training_end_date + dt.timedelta(days=28) <= max(last_day.to_pylist()).date()
+    assert cfg.training_params.foundation.hidden_dim == 32
+
+
+def test_tiny_dataset_is_deterministic(tmp_path: Path, tiny_dataset: Path) -> None:
+    from basemodel_pipeline.synthetic import write_tiny_dataset
+
+    again = write_tiny_dataset(tmp_path)
+    for name in ("transactions", "products", "demographics"):
+        a = pq.read_table(tiny_dataset.parent / "data" / f"{name}.parquet")
+        assert a.equals(pq.read_table(again.parent / "data" / f"{name}.parquet"))
+    assert again.read_text() == tiny_dataset.read_text()
+
+
+def test_read_parquet_sql_quotes_and_globs(tmp_path: Path) -> None:
+    odd = tmp_path / "it's data"
+    odd.mkdir()
+    assert (
+        read_parquet_sql(str(odd))
+        == f"read_parquet('{tmp_path}/it''s data/**/*.parquet', union_by_name=true)"
+    )
+    assert read_parquet_sql("s3://b/x/*.parquet") == "read_parquet('s3://b/x/*.parquet', union_by_name=true)"
+    (odd / "day=1").mkdir()
+    pq.write_table(pa.table({"user id": [1], "when": ["2023-01-01"]}), odd / "day=1" / "part.parquet")
+    cfg = parse_config(
+        f'data_sources: [{{type: event, name: ev, data_location: {{database_type: parquet, path: "{odd}"}},'
+        " main_entity_column: user id, date_column: {name: when, format: '%Y-%m-%d'}}]\n"
+        "data_params: {data_start_date: 2023-01-01, validation_start_date: 2023-03-01, "
+        "training_end_date: 2023-04-01}\n",
+        tmp_path / "c.yaml",
+    )
+    # hive-style directories (day=1) become columns, as DuckDB reads them
+    assert source_columns(cfg.data_sources[0]) == {"user id": "BIGINT", "when": "VARCHAR", "day": "BIGINT"}
+    check_config_against_data(cfg)  # a column with a space in its name is quoted safely
+
+
+# --- mistakes in the YAML itself ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        pytest.param(
+            lambda c: c["data_params"].update(split_interval_day=7),
+            ["data_params.split_interval_day: unknown key 'split_interval_day'"],
+            id="unknown-key",
+        ),
+        pytest.param(
+            lambda c: c["training_params"]["foundation"].update(epochs="many"),
+            ["training_params.foundation.epochs: Input should be a valid integer", "(got 'many')"],
+            id="wrong-type",
+        ),
+        pytest.param(
+            lambda c: c["data_params"].pop("training_end_date"),
+            ["data_params.training_end_date: required field is missing"],
+            id="missing-field",
+        ),
+        pytest.param(
+            lambda c: events(c).update(disallowed_columns=["basket_id"]),
+            ["data_sources[0]: set allowed_columns or disallowed_columns, not both"],
+            id="allowed-and-disallowed",
+        ),
+        pytest.param(
+            lambda c: events(c)["joined_data_sources"][0].update(name="product"),
+            [
+                "data_sources[0].joined_data_sources[0].name: 'product' is not an attribute data source",
+                "(known attribute sources: products)",
+            ],
+            id="unknown-joined-source",
+        ),
+        pytest.param(
+            lambda c: c["scenarios"][0]["target"].update(source="products"),
+            ["scenarios[0].target.source: 'products' is not an event data source (known: transactions)"],
+            id="scenario-source-not-event",
+        ),
+        pytest.param(
+            lambda c: c["data_params"].update(validation_start_date="2017-12-01"),
+            ["data_params: validation_start_date (2017-12-01) must be before training_end_date (2017-11-15)"],
+            id="dates-out-of-order",
+        ),
+        pytest.param(
+            lambda c: c["data_sources"][1].update(type="evnt"),
+            [
+                "data_sources[1].type: Input should be 'event', 'main_entity_attribute' or 'attribute'",
+                "'evnt'",
+            ],
+            id="bad-enum",
+        ),
+    ],
+)
+def test_bad_yaml_names_the_path(mutate: Mutation, expected: list[str]) -> None:
+    text = demo_with(mutate)
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, FAKE)
+    message = str(info.value)
+    assert isinstance(info.value, UserError)
+    assert re.match(rf"{FAKE}:\d+: ", message), message
+    for part in expected:
+        assert part in message
+
+
+def test_errors_point_at_the_offending_line() -> None:
+    text = demo_with(lambda c: events(c)["joined_data_sources"][0].update(name="product"))
+    line = next(n for n, t in enumerate(text.splitlines(), 1) if t.strip() == "- name: product")
+    with pytest.raises(
+        ConfigError, match=rf"^{FAKE}:{line}: data_sources\[0\]\.joined_data_sources\[0\]\.name: "
+    ):
+        parse_config(text, FAKE)
+
+
+def test_invalid_yaml_reports_the_line() -> None:
+    lines = DEMO_CONFIG.splitlines()
+    bad = next(n for n, t in enumerate(lines) if "main_entity_column: household_id" in t)
+    lines[bad] += ": oops"
+    with pytest.raises(
+        ConfigError, match=rf"^{FAKE}:{bad + 1}: not valid YAML: mapping values are not allowed"
+    ):
+        parse_config("\n".join(lines), FAKE)
+
+
+ENV_PATH = "data_sources[1].data_location.path"
+
+
+def with_env_path(path: str) -> str:
+    return demo_with(lambda c: c["data_sources"][1]["data_location"].update(path=path))
+
+
+def test_env_var_is_interpolated(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BM_TEST_DATA", "/mnt/shared")
+    cfg = parse_config(with_env_path("${BM_TEST_DATA}/products.parquet"), FAKE)
+    assert cfg.source("products").data_location.path == "/mnt/shared/products.parquet"
+
+
+def test_unset_env_var_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("BM_TEST_DATA", raising=False)
+    with pytest.raises(ConfigError) as info:
+        parse_config(with_env_path("${BM_TEST_DATA}/products.parquet"), FAKE)
+    assert f"{ENV_PATH}: environment variable BM_TEST_DATA is not set" in str(info.value)
+    assert "${BM_TEST_DATA:-default}" in str(info.value)
+
+
+@pytest.mark.parametrize(("value", "expected"), [(None, "/srv/fallback"), ("/mnt/set", "/mnt/set")])
+def test_env_var_default(monkeypatch: pytest.MonkeyPatch, value: str | None, expected: str) -> None:
+    if value is None:
+        monkeypatch.delenv("BM_TEST_DATA", raising=False)
+    else:
+        monkeypatch.setenv("BM_TEST_DATA", value)
+    cfg = parse_config(with_env_path("${BM_TEST_DATA:-/srv/fallback}/products.parquet"), FAKE)
+    assert cfg.source("products").data_location.path == f"{expected}/products.parquet"
+
+
+# --- config does not fit the data -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("mutate", "where", "column"),
+    [
+        (
+            lambda c: events(c).update(main_entity_column="household"),
+            "data_sources[0].main_entity_column",
+            "household",
+        ),
+        (
+            lambda c: events(c)["date_column"].update(name="timestamp"),
+            "data_sources[0].date_column.name",
+            "timestamp",
+        ),
+        (
+            lambda c: events(c)["allowed_columns"].__setitem__(1, "product"),
+            "data_sources[0].allowed_columns[1]",
+            "product",
+        ),
+        (
+            lambda c: c["data_sources"][2].update(disallowed_columns=["income", "Age"]),
+            "data_sources[2].disallowed_columns[1]",
+            "Age",
+        ),
+        (
+            lambda c: events(c).update(column_types={"store": "categorical"}),
+            "data_sources[0].column_types.store",
+            "store",
+        ),
+        (
+            lambda c: events(c)["joined_data_sources"][0].update(join_on={"productid": "product_id"}),
+            "data_sources[0].joined_data_sources[0].join_on.productid",
+            "productid",
+        ),
+        (
+            lambda c: events(c)["joined_data_sources"][0].update(join_on={"product_id": "prod_id"}),
+            "data_sources[0].joined_data_sources[0].join_on.product_id",
+            "prod_id",
+        ),
+        (
+            lambda c: c["scenarios"][1]["target"].update(column="departmnt"),
+            "scenarios[1].target.column",
+            "departmnt",
+        ),
+    ],
+    ids=[
+        "entity",
+        "date",
+        "allowed",
+        "disallowed",
+        "column-types",
+        "join-left",
+        "join-right",
+        "target-column",
+    ],
+)
+def test_column_missing_from_data(tiny_config: Path, mutate: Mutation, where: str, column: str) -> None:
+    message = data_error(edit_config(tiny_config, mutate))
+    assert re.match(
+        rf"{re.escape(str(tiny_config))}:\d+: {re.escape(where)}: column '{column}' is not in", message
+    )
+    assert ".parquet" in message and "available columns: " in message and "Fix the name" in message
+
+
+def test_missing_column_lists_available_columns_and_suggests(tiny_config: Path) -> None:
+    message = data_error(edit_config(tiny_config, lambda c: events(c).update(main_entity_column="household")))
+    assert f"data source 'transactions' ({tiny_config.parent}/data/transactions.parquet)" in message
+    assert "did you mean 'household_id'?" in message
+    assert (
+        "available columns: household_id, store_id, basket_id, product_id, quantity, sales_value" in message
+    )
+
+
+def test_target_column_may_come_from_a_joined_source(tiny_config: Path) -> None:
+    edit_config(tiny_config, lambda c: c["scenarios"][1]["target"].update(column="product_category"))
+    check_config_against_data(load_config(tiny_config), tiny_config)
+
+
+def write_events(config: Path, timestamps: pa.Array) -> None:
+    data = config.parent / "data" / "transactions.parquet"
+    table = pq.read_table(data).slice(0, len(timestamps))
+    pq.write_table(
+        table.set_column(
+            table.schema.get_field_index("transaction_timestamp"), "transaction_timestamp", timestamps
+        ),
+        data,
+    )
+
+
+def test_text_dates_with_format_pass(tiny_config: Path) -> None:
+    write_events(tiny_config, pa.array(["2023-01-05 10:00:00", None, "2023-01-06 11:30:00"]))
+    edit_config(tiny_config, lambda c: events(c)["date_column"].update(format="%Y-%m-%d %H:%M:%S"))
+    check_config_against_data(load_config(tiny_config), tiny_config)
+
+
+def test_date_that_does_not_parse(tiny_config: Path) -> None:
+    write_events(tiny_config, pa.array(["2023-01-05", "2023-01-06", "2023/01/07", "07.01.2023"]))
+    edit_config(tiny_config, lambda c: events(c)["date_column"].update(format="%Y-%m-%d"))
+    message = data_error(tiny_config)
+    assert (
+        "data_sources[0].date_column.format: value '2023/01/07' of column 'transaction_timestamp'" in message
+    )
+    assert f"at row 3 (counting from 1) of {tiny_config.parent}/data/transactions.parquet" in message
+    assert "does not parse with format '%Y-%m-%d'" in message
+
+
+@pytest.mark.parametrize(
+    ("timestamps", "fmt", "expected"),
+    [
+        (
+            pa.array(["2023-01-05"]),
+            None,
+            "data_sources[0].date_column.format: column 'transaction_timestamp' of data source "
+            "'transactions' is text (VARCHAR); set date_column.format",
+        ),
+        (
+            pa.array([dt.datetime(2023, 1, 5)], pa.timestamp("us")),
+            "%Y-%m-%d",
+            "data_sources[0].date_column.format: column 'transaction_timestamp' of data source "
+            "'transactions' is already TIMESTAMP; remove format",
+        ),
+        (
+            pa.array([20230105]),
+            None,
+            "data_sources[0].date_column.name: column 'transaction_timestamp' of data source "
+            "'transactions' has type BIGINT; a date column must be DATE/TIMESTAMP",
+        ),
+        (
+            pa.array(["2023-01-05"]),
+            "%Q",
+            "data_sources[0].date_column.format: '%Q' is not a valid strptime format",
+        ),
+    ],
+    ids=["text-without-format", "timestamp-with-format", "integer", "bad-format"],
+)
+def test_date_column_type_and_format(
+    tiny_config: Path, timestamps: pa.Array, fmt: str | None, expected: str
+) -> None:
+    write_events(tiny_config, timestamps)
+    edit_config(tiny_config, lambda c: events(c)["date_column"].update(format=fmt))
+    assert expected in data_error(tiny_config)
+
+
+def test_date_type_column_needs_no_format(tiny_config: Path) -> None:
+    write_events(tiny_config, pa.array([dt.date(2023, 1, 5), dt.date(2023, 1, 6)], pa.date32()))
+    check_config_against_data(load_config(tiny_config), tiny_config)
+
+
+def test_join_keys_that_never_match(tiny_config: Path) -> None:
+    products = tiny_config.parent / "data" / "products.parquet"
+    table = pq.read_table(products)
+    ids = pa.array([f"P{i:04d}" for i in table["product_id"].to_pylist()])
+    pq.write_table(table.set_column(0, "product_id", ids), products)
+    message = data_error(tiny_config)
+    assert message.startswith(f"{tiny_config}:")
+    assert (
+        "data_sources[0].joined_data_sources[0].join_on: no row of 'transactions' matches a row of 'products'"
+        " on product_id = product_id" in message
+    )
+    assert re.search(r"e\.g\. transactions has \d+, \d+, \d+ but products has 'P\d{4}', 'P\d{4}'", message)
+    assert "Make the IDs use the same format in both sources" in message
+
+
+def test_join_keys_of_different_types_that_match_as_text_are_fine(tiny_config: Path) -> None:
+    products = tiny_config.parent / "data" / "products.parquet"
+    table = pq.read_table(products)
+    ids = pa.array([str(i) for i in table["product_id"].to_pylist()])
+    pq.write_table(table.set_column(0, "product_id", ids), products)
+    check_config_against_data(load_config(tiny_config), tiny_config)
+
+
+def test_main_entity_ids_that_never_match(tiny_config: Path) -> None:
+    demographics = tiny_config.parent / "data" / "demographics.parquet"
+    table = pq.read_table(demographics)
+    ids = pa.array([f"H{i:03d}" for i in table["household_id"].to_pylist()])
+    pq.write_table(table.set_column(0, "household_id", ids), demographics)
+    message = data_error(tiny_config)
+    assert (
+        "data_sources[2].main_entity_column: no row of 'transactions' matches a row of 'demographics'"
+        " on household_id = household_id" in message
+    )
+    assert re.search(r"but demographics has 'H\d{3}'", message), message
+
+
+@pytest.mark.parametrize(
+    ("condition", "expected"),
+    [
+        ("quantity >", "'quantity >' is not valid SQL (column 10): Required keyword: 'expression' missing"),
+        ("quantity > 0; DROP TABLE x", "'quantity > 0; DROP TABLE x' must be one boolean expression on the"),
+        ("quantity > (SELECT 1)", "'quantity > (SELECT 1)' must be one boolean expression"),
+        ("quantiti > 0", "DuckDB cannot run 'quantiti > 0' on 'transactions': Binder Error"),
+        ("quantity < 0", "'quantity < 0' keeps no rows of data source 'transactions'"),
+    ],
+    ids=["does-not-parse", "two-statements", "subquery", "unknown-column", "keeps-nothing"],
+)
+def test_bad_where_condition(tiny_config: Path, condition: str, expected: str) -> None:
+    message = data_error(edit_config(tiny_config, lambda c: events(c).update(where_condition=condition)))
+    assert f"data_sources[0].where_condition: {expected}" in message
+    assert "\n" not in message
+
+
+def test_where_condition_on_quoted_column(tiny_config: Path) -> None:
+    edit_config(
+        tiny_config, lambda c: events(c).update(where_condition='"sales_value" > 0 AND store_id IN (1, 2)')
+    )
+    check_config_against_data(load_config(tiny_config), tiny_config)
+
+
+@pytest.mark.parametrize("path", ["data/missing.parquet", "data/nothing/*.parquet", "empty_dir"])
+def test_data_path_matching_nothing(tiny_config: Path, path: str) -> None:
+    (tiny_config.parent / "empty_dir").mkdir()
+    message = data_error(
+        edit_config(tiny_config, lambda c: c["data_sources"][1]["data_location"].update(path=path))
+    )
+    assert "data_sources[1].data_location.path: data source 'products': cannot read Parquet at" in message
+    assert "No files found that match the pattern" in message
+    assert "check data_location.path (relative paths are relative to the config file)" in message
