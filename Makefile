@@ -29,6 +29,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check basemodel_pipeline basemodel_pipeline_tests bench
 
 ui: $(STAMP)
+	@mkdir -p $(abspath $(WORKSPACE))/dagster_home
 	DAGSTER_HOME=$(abspath $(WORKSPACE))/dagster_home BASEMODEL_CONFIG=$(abspath $(WORKSPACE))/config.yaml \
 		$(BIN)/dagster dev -m basemodel_pipeline.definitions -h $(HOST) -p $(PORT)
 

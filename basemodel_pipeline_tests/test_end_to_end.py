@@ -1,0 +1,63 @@
+"""The whole asset graph, materialized in-process through Dagster on the tiny synthetic config."""
+
+import json
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from typer.testing import CliRunner
+
+from basemodel_pipeline.config import load_config
+from basemodel_pipeline.defs import build_definitions
+from basemodel_pipeline.defs.materialize import RunFailed, materialize_all
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_whole_graph_materializes(tiny_config: Path) -> None:
+    cfg = load_config(tiny_config)
+    scenarios = [sc.name for sc in cfg.scenarios]
+    with dg.instance_for_test() as instance:
+        report = materialize_all(tiny_config, instance, env="ci")
+        keys = build_definitions(str(tiny_config), env="ci").resolve_all_asset_keys()
+        for key in keys:
+            partitions = scenarios if key.to_user_string() in ("scenario_model", "predictions") else [None]
+            for partition in partitions:
+                event = instance.get_latest_materialization_event(key) if partition is None else None
+                if partition is not None:
+                    records = instance.fetch_materializations(
+                        dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition]), limit=1
+                    ).records
+                    event = records[0].event_log_entry if records else None
+                assert event is not None, (key, partition)
+        assert "foundation_model" in report.materialized
+        assert {f"scenario_model[{s}]" for s in scenarios} <= set(report.materialized)
+        assert all(seconds >= 0 for seconds in report.step_seconds.values())
+
+    summary = json.loads((tiny_config.parent / "reports" / "summary.json").read_text())
+    assert set(summary["scenarios"]) == set(scenarios) == {"churn", "department_propensity"}
+    for row in summary["scenarios"].values():
+        assert {"metric", "model", "lightgbm_aggregates", "popularity"} <= set(row)
+
+
+def test_failed_step_surfaces_its_message(tiny_config: Path) -> None:
+    (tiny_config.parent / "data" / "transactions.parquet").unlink()
+    with dg.instance_for_test() as instance, pytest.raises(RunFailed, match="transactions"):
+        materialize_all(tiny_config, instance, env="ci")
+
+
+def test_cli_demo_reports_a_failed_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`basemodel demo` exits non-zero with the failing step's message (the demo data is made unreadable)."""
+    from basemodel_pipeline import cli
+
+    def broken(config: Path, instance: dg.DagsterInstance, **kwargs: object) -> None:
+        raise RunFailed("extract, cache, pretrain: step extracts__transactions failed: boom")
+
+    monkeypatch.setattr("basemodel_pipeline.defs.materialize.materialize_all", broken)
+    monkeypatch.setattr("basemodel_pipeline.demo.prepare_demo", lambda ws: Path(ws) / "config.yaml")
+    monkeypatch.setattr(cli, "load_config", lambda path: None)
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    result = CliRunner().invoke(cli.app, ["demo", "--workspace", str(tmp_path / "ws")])
+    assert result.exit_code == 1
+    assert "boom" in result.stderr and "Traceback" not in result.stderr
+    assert (tmp_path / "ws" / "dagster_home" / "dagster.yaml").exists()
