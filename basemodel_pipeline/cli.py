@@ -211,7 +211,7 @@ def demo(
     times.add_column("step")
     times.add_column("seconds", justify="right")
     for step, seconds in report.step_seconds.items():
-        times.add_row(step, f"{seconds:.1f}")
+        times.add_row(escape(step), f"{seconds:.1f}")
     times.add_row("[bold]total[/bold]", f"{time.perf_counter() - start:.1f}")
     out.print(times)
     out.print(summary_table(Path(workspace).resolve() / "reports" / "summary.json"))

@@ -6,6 +6,7 @@ instance's event log, so `dagster dev` on the same DAGSTER_HOME shows them.
 """
 
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,6 +85,7 @@ def materialize_all(
     instance: dg.DagsterInstance,
     env: str = "local",
     on_run: Callable[[str], None] | None = None,
+    log_level: str = "INFO",
 ) -> MaterializeReport:
     """Materialize every asset for `config_path`; raise RunFailed with the failing step's message."""
     config_path = str(Path(config_path).resolve())
@@ -102,6 +104,8 @@ def materialize_all(
     plan.append(("summary", [keys[n] for n in LAST], None))
 
     report = MaterializeReport()
+    warnings.filterwarnings("ignore", category=dg.PreviewWarning)
+    warnings.filterwarnings("ignore", category=dg.BetaWarning)
     for label, selection, partition in plan:
         if on_run is not None:
             on_run(label)
@@ -112,6 +116,7 @@ def materialize_all(
             selection=selection,
             partition_key=partition,
             raise_on_error=False,
+            run_config={"loggers": {"console": {"config": {"log_level": log_level}}}},
             tags={"basemodel/stage": label},
         )
         report.run_ids.append(result.run_id)
