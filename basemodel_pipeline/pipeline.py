@@ -16,7 +16,9 @@ from basemodel_pipeline.config import PipelineConfig
 from basemodel_pipeline.progress import NullProgress, Progress
 
 
-def run_extract(cfg: PipelineConfig, source: str | None = None, progress: Progress | None = None) -> dict[str, Any]:
+def run_extract(
+    cfg: PipelineConfig, source: str | None = None, progress: Progress | None = None
+) -> dict[str, Any]:
     """Extract one source (or all) into workspace/extracts/<source>/. Returns {source: {rows, files, path}}."""
     from basemodel_pipeline.sources.extract import extract_source
 
@@ -58,7 +60,9 @@ def write_summary(cfg: PipelineConfig) -> dict[str, Any]:
     """Collect each scenario's test metrics into workspace/reports/summary.json."""
     scenarios: dict[str, Any] = {}
     for sc in cfg.scenarios:
-        metrics_file = ws.latest_scenario_dir(cfg, sc.name) / "metrics.json" if ws.has_scenario(cfg, sc.name) else None
+        metrics_file = (
+            ws.latest_scenario_dir(cfg, sc.name) / "metrics.json" if ws.has_scenario(cfg, sc.name) else None
+        )
         if metrics_file is None or not metrics_file.exists():
             continue
         m = json.loads(metrics_file.read_text())

@@ -58,7 +58,8 @@ class LogProgress:
 def rich_progress() -> Iterator[Progress]:
     """Rich progress bars for the CLI."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress as RichProgress
 
     console = Console(stderr=True)
     bars = RichProgress(

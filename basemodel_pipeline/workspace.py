@@ -1,11 +1,11 @@
 """Workspace layout and atomic file operations.
 
-    <workspace>/extracts/<source>/<yyyy-mm-dd>.parquet | table.parquet
-    <workspace>/cache/<fingerprint>/
-    <workspace>/checkpoints/foundation/<version>/        LATEST names the newest version
-    <workspace>/checkpoints/scenarios/<name>/<version>/  LATEST likewise
-    <workspace>/predictions/<scenario>/<as_of>/predictions.parquet
-    <workspace>/reports/summary.json
+<workspace>/extracts/<source>/<yyyy-mm-dd>.parquet | table.parquet
+<workspace>/cache/<fingerprint>/
+<workspace>/checkpoints/foundation/<version>/        LATEST names the newest version
+<workspace>/checkpoints/scenarios/<name>/<version>/  LATEST likewise
+<workspace>/predictions/<scenario>/<as_of>/predictions.parquet
+<workspace>/reports/summary.json
 """
 
 from __future__ import annotations

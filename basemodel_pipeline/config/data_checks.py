@@ -8,7 +8,6 @@ user SQL that reaches DuckDB is a where_condition that sqlglot parsed and re-ren
 from __future__ import annotations
 
 import difflib
-import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -22,30 +21,10 @@ from sqlglot import exp
 from basemodel_pipeline.config.loader import _line_of
 from basemodel_pipeline.config.models import DataSource, MultilabelTarget, PipelineConfig
 from basemodel_pipeline.errors import ConfigError
+from basemodel_pipeline.sources.parquet import parquet_glob, quote_ident, read_parquet_sql
 
 DATE_TYPES = ("DATE", "TIMESTAMP")  # prefixes: TIMESTAMP_NS, TIMESTAMP WITH TIME ZONE, ...
 TEXT_TYPES = ("VARCHAR",)
-
-
-def quote_ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def quote_literal(value: str) -> str:
-    return "'" + value.replace("'", "''") + "'"
-
-
-def parquet_glob(path: str) -> str:
-    """A local directory becomes ``<dir>/**/*.parquet``; files, globs and URLs stay as they are."""
-    if "://" not in path and os.path.isdir(path):
-        return path.rstrip("/") + "/**/*.parquet"
-    return path
-
-
-def read_parquet_sql(path: str, **options: bool) -> str:
-    """Safely quoted ``read_parquet('<path>', union_by_name=true)`` (plus extra boolean options)."""
-    opts = "".join(f", {k}={'true' if v else 'false'}" for k, v in {"union_by_name": True, **options}.items())
-    return f"read_parquet({quote_literal(parquet_glob(path))}{opts})"
 
 
 def _text(alias: str, column: str) -> str:

@@ -84,7 +84,8 @@ class DataSource(Strict):
 class DataParams(Strict):
     data_start_date: dt.date = Field(description="Events before this date are ignored.")
     training_start_date: dt.date | None = Field(
-        default=None, description="First split point for training examples (default: data_start_date + 28 days)."
+        default=None,
+        description="First split point for training examples (default: data_start_date + 28 days).",
     )
     validation_start_date: dt.date = Field(description="Split points from this date on are validation only.")
     training_end_date: dt.date = Field(
@@ -117,7 +118,9 @@ class DataParams(Strict):
 class FoundationParams(Strict):
     horizon_days: int = Field(default=28, gt=0, description="Future window the foundation model predicts.")
     half_lives_days: list[float] = Field(default=[7.0, 30.0, 120.0], min_length=1)
-    sketch_partitions: int = Field(default=4, gt=0, description="Hash partitions per high-cardinality column.")
+    sketch_partitions: int = Field(
+        default=4, gt=0, description="Hash partitions per high-cardinality column."
+    )
     sketch_width: int = Field(default=64, gt=1, description="Buckets per partition.")
     max_direct_vocab: int = Field(
         default=64, gt=0, description="Columns with at most this many values are counted per value."
@@ -126,7 +129,9 @@ class FoundationParams(Strict):
     num_blocks: int = Field(default=2, gt=0)
     dropout: float = Field(default=0.1, ge=0.0, lt=1.0)
     epochs: int = Field(default=4, gt=0)
-    split_points_per_entity: int = Field(default=8, gt=0, description="Random split points per entity per epoch.")
+    split_points_per_entity: int = Field(
+        default=8, gt=0, description="Random split points per entity per epoch."
+    )
     batch_size: int = Field(default=256, gt=0)
     learning_rate: float = Field(default=1e-3, gt=0)
     weight_decay: float = Field(default=1e-4, ge=0)
@@ -140,7 +145,9 @@ class FinetuneParams(Strict):
     batch_size: int = Field(default=256, gt=0)
     learning_rate: float = Field(default=5e-4, gt=0)
     weight_decay: float = Field(default=1e-4, ge=0)
-    patience: int = Field(default=3, gt=0, description="Epochs without validation improvement before stopping.")
+    patience: int = Field(
+        default=3, gt=0, description="Epochs without validation improvement before stopping."
+    )
     mode: Literal["full", "frozen"] = "full"
     seed: int = 0
 
@@ -158,7 +165,9 @@ class BinaryTarget(Strict):
     event: Literal["any", "none"] = "any"
     horizon_days: int = Field(gt=0)
     active_in_last_days: int | None = Field(
-        default=None, gt=0, description="Population: only entities with an event in this many days before the split."
+        default=None,
+        gt=0,
+        description="Population: only entities with an event in this many days before the split.",
     )
 
 
@@ -185,12 +194,16 @@ class Scenario(Strict):
     @model_validator(mode="after")
     def _task_matches_target(self) -> Scenario:
         if self.task != self.target.kind:
-            raise ValueError(f"task '{self.task}' needs a target of kind '{self.task}', got '{self.target.kind}'")
+            raise ValueError(
+                f"task '{self.task}' needs a target of kind '{self.task}', got '{self.target.kind}'"
+            )
         return self
 
 
 class PipelineConfig(Strict):
-    workspace: str = Field(default="workspace", description="Artifact directory, relative to the config file.")
+    workspace: str = Field(
+        default="workspace", description="Artifact directory, relative to the config file."
+    )
     data_sources: list[DataSource] = Field(min_length=1)
     data_params: DataParams
     training_params: TrainingParams = Field(default_factory=TrainingParams)

@@ -1,0 +1,108 @@
+"""Read the event cache: memory-mapped per-entity arrays (see cache/build.py for the layout)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from basemodel_pipeline.errors import UserError
+
+DAY = 86400
+
+
+@dataclass(frozen=True)
+class ColumnInfo:
+    name: str
+    type: str  # categorical | numeric
+    vocab_size: int = 0  # categorical: codes are 1..vocab_size, 0 = missing
+
+
+@dataclass
+class EventSource:
+    name: str
+    offsets: np.ndarray  # int64 [n_entities + 1]
+    ts: np.ndarray  # int64 [n_events], epoch seconds, sorted within entity
+    columns: dict[str, np.ndarray]  # int32 codes or float32 values, [n_events]
+    info: dict[str, ColumnInfo] = field(default_factory=dict)
+    vocab_dir: Path | None = None
+
+    @property
+    def n_events(self) -> int:
+        return int(self.ts.shape[0])
+
+    def vocab(self, column: str) -> list[str]:
+        """Values of a categorical column; code k is vocab[k - 1]."""
+        assert self.vocab_dir is not None
+        file = self.vocab_dir / f"col_{_stem(column)}.parquet"
+        return [str(v) for v in pq.read_table(file, columns=["value"]).column("value").to_pylist()]
+
+
+def _stem(col: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "_-" else "_" for ch in col)
+
+
+class EventCache:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        manifest = self.path / "manifest.json"
+        if not manifest.exists():
+            raise UserError(f"no event cache at {self.path}; run the cache stage (`basemodel cache CONFIG`)")
+        self.manifest = json.loads(manifest.read_text())
+        self.n_entities: int = self.manifest["n_entities"]
+        self.sources: dict[str, EventSource] = {}
+        for name, meta in self.manifest["sources"].items():
+            d = self.path / "events" / name
+            self.sources[name] = EventSource(
+                name=name,
+                offsets=np.load(d / "offsets.npy"),
+                ts=np.load(d / "ts.npy", mmap_mode="r"),
+                columns={
+                    c: np.load(d / f"{m['file']}.npy", mmap_mode="r") for c, m in meta["columns"].items()
+                },
+                info={
+                    c: ColumnInfo(c, m["type"], m.get("vocab_size", 0)) for c, m in meta["columns"].items()
+                },
+                vocab_dir=self.path / "vocab" / name,
+            )
+        attrs = self.manifest.get("attributes") or {}
+        self.attribute_info = {
+            c: ColumnInfo(c, m["type"], m.get("vocab_size", 0)) for c, m in attrs.get("columns", {}).items()
+        }
+        self.attributes = {
+            c: np.load(self.path / "attributes" / f"{m['file']}.npy")
+            for c, m in attrs.get("columns", {}).items()
+        }
+
+    @cached_property
+    def entity_ids(self) -> np.ndarray:
+        return (
+            pq.read_table(self.path / "entities.parquet").column("entity_id").to_numpy(zero_copy_only=False)
+        )
+
+    def entity_index(self, ids: np.ndarray) -> np.ndarray:
+        """Entity index of each id, -1 where unknown."""
+        ids = np.asarray(ids).astype(self.entity_ids.dtype)
+        pos = np.searchsorted(self.entity_ids, ids)
+        pos = np.clip(pos, 0, len(self.entity_ids) - 1)
+        return np.where(self.entity_ids[pos] == ids, pos, -1)
+
+    @property
+    def max_date(self) -> dt.date:
+        return max(dt.date.fromisoformat(s["max_date"]) for s in self.manifest["sources"].values())
+
+    @property
+    def min_date(self) -> dt.date:
+        return min(dt.date.fromisoformat(s["min_date"]) for s in self.manifest["sources"].values())
+
+    def source(self, name: str) -> EventSource:
+        if name not in self.sources:
+            raise UserError(
+                f"event source '{name}' is not in the cache at {self.path}; known: {', '.join(self.sources)}"
+            )
+        return self.sources[name]
