@@ -36,11 +36,40 @@ class EventSource:
     def n_events(self) -> int:
         return int(self.ts.shape[0])
 
+    @cached_property
+    def _keys(self) -> tuple[np.ndarray, int, int]:
+        """Sorted composite keys entity * span + (ts - t0): one searchsorted finds positions for any entity."""
+        t0 = int(self.ts.min()) if self.n_events else 0
+        span = (int(self.ts.max()) - t0 + 2) if self.n_events else 2
+        counts = np.diff(self.offsets)
+        ent = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+        return ent * span + (np.asarray(self.ts) - t0), t0, span
+
+    def positions(self, entity: np.ndarray, time: np.ndarray) -> np.ndarray:
+        """Global row of the first event of `entity` at or after `time` (so rows before it have ts < time)."""
+        keys, t0, span = self._keys
+        rel = np.clip(np.asarray(time, dtype=np.int64) - t0, 0, span - 1)
+        return np.searchsorted(keys, np.asarray(entity, dtype=np.int64) * span + rel, side="left")
+
+    def window_rows(self, entity: np.ndarray, t0: np.ndarray, t1: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Rows of events with t0 <= ts < t1 per query, flattened: (query index per row, event row)."""
+        lo, hi = self.positions(entity, t0), self.positions(entity, t1)
+        return expand_ranges(lo, hi)
+
     def vocab(self, column: str) -> list[str]:
         """Values of a categorical column; code k is vocab[k - 1]."""
         assert self.vocab_dir is not None
         file = self.vocab_dir / f"col_{_stem(column)}.parquet"
         return [str(v) for v in pq.read_table(file, columns=["value"]).column("value").to_pylist()]
+
+
+def expand_ranges(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """[lo_q, hi_q) ranges -> (owner q per element, element index), without a Python loop."""
+    lengths = np.maximum(hi - lo, 0)
+    owner = np.repeat(np.arange(len(lo), dtype=np.int64), lengths)
+    starts = np.cumsum(lengths) - lengths
+    rows = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(starts - lo, lengths)
+    return owner, rows
 
 
 def _stem(col: str) -> str:
