@@ -1,0 +1,193 @@
+"""Evaluation: metrics, aggregate features on hand-made CSR arrays, baselines."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from basemodel_pipeline.cache.store import DAY, ColumnInfo, EventCache, EventSource
+from basemodel_pipeline.evaluation.aggregates import (
+    NO_HISTORY_DAYS,
+    aggregate_features,
+    categorical_feature_indices,
+    feature_names,
+)
+from basemodel_pipeline.evaluation.baselines import lightgbm_scores, popularity_scores
+from basemodel_pipeline.evaluation.metrics import (
+    PRIMARY_METRIC,
+    auroc,
+    average_precision,
+    log_loss,
+    macro_auroc,
+    micro_auroc,
+    primary_metric,
+)
+
+T = 200 * DAY  # split time, a UTC midnight
+
+
+def _cache() -> EventCache:
+    """3 entities: 0 with 9 events (two at/after T), 1 with none, 2 with one event 3 days before T."""
+    ts0 = [
+        T - 100 * DAY,
+        T - 40 * DAY,
+        T - 30 * DAY,
+        T - 20 * DAY,
+        T - 20 * DAY + 3600,
+        T - 5 * DAY,
+        T - 1,
+        T,
+        T + 2 * DAY,
+    ]
+    ts = np.array([*ts0, T - 3 * DAY], dtype=np.int64)
+    amount = np.array([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], dtype=np.float32)
+    cat = np.array([1, 1, 2, 1, 3, 2, 1, 1, 1, 3], dtype=np.int32)
+    big = np.array([5, 6, 7, 8, 9, 10, 11, 12, 13, 14], dtype=np.int32)  # vocab > 64: no top-value features
+    src = EventSource(
+        name="ev",
+        offsets=np.array([0, 9, 9, 10], dtype=np.int64),
+        ts=ts,
+        columns={"amount": amount, "cat": cat, "big": big},
+        info={
+            "amount": ColumnInfo("amount", "numeric"),
+            "cat": ColumnInfo("cat", "categorical", 3),
+            "big": ColumnInfo("big", "categorical", 100),
+        },
+    )
+    cache = EventCache.__new__(EventCache)
+    cache.n_entities = 3
+    cache.sources = {"ev": src}
+    cache.attribute_info = {
+        "seg": ColumnInfo("seg", "categorical", 2),
+        "score": ColumnInfo("score", "numeric"),
+    }
+    cache.attributes = {"seg": np.array([1, 0, 2], np.int32), "score": np.array([0.5, 1.5, 2.5], np.float32)}
+    return cache
+
+
+def _row(X: np.ndarray, names: list[str], i: int) -> dict[str, float]:
+    return dict(zip(names, X[i].tolist(), strict=True))
+
+
+def test_metrics_known_values() -> None:
+    assert auroc([0, 0, 1, 1], [0.1, 0.4, 0.35, 0.8]) == pytest.approx(0.75)
+    assert math.isnan(auroc([1, 1, 1], [0.1, 0.2, 0.3]))
+    Y = np.array([[0, 1, 0], [0, 0, 0], [1, 1, 0], [1, 0, 0]])
+    S = np.array([[0.1, 0.9, 0.1], [0.2, 0.1, 0.2], [0.8, 0.2, 0.3], [0.3, 0.5, 0.4]])
+    # class 0: 1.0; class 1: positives 0.9, 0.2 vs negatives 0.1, 0.5 -> 0.75; class 2 has no positive
+    assert macro_auroc(Y, S) == pytest.approx((1.0 + 0.75) / 2)
+    assert primary_metric("multilabel", Y, S) == macro_auroc(Y, S)
+    assert primary_metric("binary", [0, 1], [0.2, 0.1]) == 0.0
+    assert PRIMARY_METRIC == {"binary": "auroc", "multilabel": "macro_auroc"}
+    assert 0.0 <= micro_auroc(Y, S) <= 1.0
+    assert average_precision([0, 1, 1, 0], [0.1, 0.9, 0.4, 0.5]) == pytest.approx((1 + 2 / 3) / 2)
+    assert log_loss([1, 0], [0.8, 0.3]) == pytest.approx(-(math.log(0.8) + math.log(0.7)) / 2)
+    with pytest.raises(ValueError):
+        primary_metric("regression", [0], [0])
+
+
+def test_aggregate_windows_recency_and_boundaries() -> None:
+    cache = _cache()
+    X, names = aggregate_features(cache, np.array([0, 1, 2, 0]), np.array([T, T, T, T - 100 * DAY]))
+    assert X.dtype == np.float32 and X.shape == (4, len(names)) and names == feature_names(cache)
+    e0 = _row(X, names, 0)
+    # events exactly at T (and after) are excluded; an event exactly at T - 30d is inside the 30-day window
+    expect = {"7d": (2, 13, 2), "30d": (5, 25, 4), "90d": (6, 27, 5), "all": (7, 28, 6)}
+    for w, (count, total, days) in expect.items():
+        assert (e0[f"ev.count_{w}"], e0[f"ev.amount.sum_{w}"], e0[f"ev.days_{w}"]) == (count, total, days), w
+    # top values of "cat" in the last 30 days (codes 2, 1, 3, 2, 1); "big" has too large a vocabulary
+    assert [e0[f"ev.cat#{k}.count_30d"] for k in (1, 2, 3)] == [2, 2, 1]
+    assert e0["ev.cat#3.share_30d"] == pytest.approx(0.2)
+    assert e0["ev.cat#1.count_90d"] == 3
+    assert not any(n.startswith("ev.big#") for n in names)
+    assert e0["ev.recency_days"] == pytest.approx(1 / DAY)
+    assert e0["ev.tenure_days"] == pytest.approx(100)
+    assert e0["ev.mean_gap_days_all"] == pytest.approx(99 / 5)
+    assert e0["ev.mean_gap_days_90d"] == pytest.approx(39 / 4)
+    assert e0["ev.amount.per_active_day_all"] == pytest.approx(28 / 6)
+    assert e0["ev.frequency_days_per_30d"] == pytest.approx(6 * 30 / 100)
+    assert (e0["attr.seg"], e0["attr.score"]) == (1, 0.5)
+    e1 = _row(X, names, 1)  # no events at all
+    assert e1["ev.count_all"] == 0 and e1["ev.days_all"] == 0 and e1["ev.amount.sum_all"] == 0
+    assert e1["ev.recency_days"] == NO_HISTORY_DAYS and e1["ev.tenure_days"] == 0
+    assert math.isnan(e1["ev.mean_gap_days_all"]) and e1["attr.seg"] == 0
+    e2 = _row(X, names, 2)
+    assert (e2["ev.count_7d"], e2["ev.amount.sum_7d"], e2["ev.recency_days"]) == (1, 10, 3)
+    e3 = _row(X, names, 3)  # split exactly at the first event: nothing before it
+    assert e3["ev.count_all"] == 0 and e3["ev.recency_days"] == NO_HISTORY_DAYS
+    assert categorical_feature_indices(cache, names) == [names.index("attr.seg")]
+
+
+def test_active_days_when_a_window_starts_inside_a_day() -> None:
+    cache = _cache()
+    # 7-day window [T - 20d + 30min, T - 13d + 30min) holds only the second event of day T - 20d
+    X, names = aggregate_features(cache, np.array([0]), np.array([T - 13 * DAY + 1800]))
+    e0 = _row(X, names, 0)
+    assert (e0["ev.count_7d"], e0["ev.days_7d"], e0["ev.amount.sum_7d"]) == (1, 1, 5)
+    assert e0["ev.days_all"] == 4  # T-100d, T-40d, T-30d, T-20d
+
+
+def test_aggregates_match_a_brute_force_loop() -> None:
+    rng = np.random.default_rng(0)
+    n_ent = 50
+    counts = rng.integers(0, 40, n_ent)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    ts = np.concatenate([np.sort(rng.integers(0, 300 * DAY, c)) for c in counts]).astype(np.int64)
+    amount = rng.random(len(ts)).astype(np.float32)
+    cache = EventCache.__new__(EventCache)
+    cache.n_entities, cache.attribute_info, cache.attributes = n_ent, {}, {}
+    cache.sources = {
+        "s": EventSource("s", offsets, ts, {"a": amount}, {"a": ColumnInfo("a", "numeric")}),
+    }
+    ent = rng.integers(0, n_ent, 300)
+    time = rng.integers(0, 320 * DAY, 300)
+    X, names = aggregate_features(cache, ent, time)
+    for i in range(len(ent)):
+        ev = slice(offsets[ent[i]], offsets[ent[i] + 1])
+        t_e, a_e = ts[ev], amount[ev]
+        for w in (7, 30, 90):
+            m = (t_e < time[i]) & (t_e >= time[i] - w * DAY)
+            assert X[i, names.index(f"s.count_{w}d")] == m.sum()
+            assert X[i, names.index(f"s.days_{w}d")] == len(np.unique(t_e[m] // DAY))
+            assert X[i, names.index(f"s.a.sum_{w}d")] == pytest.approx(a_e[m].sum(), rel=1e-5, abs=1e-5)
+
+
+def test_popularity_scores() -> None:
+    cache = _cache()
+    active = popularity_scores("binary", cache, np.array([0, 1, 2]), np.array([T, T, T]), "ev")
+    assert active.tolist() == [3, 0, 1]  # distinct active days in the 28 days before T (T-20d, T-5d, T-1s)
+    s = popularity_scores(
+        "multilabel",
+        cache,
+        np.array([0, 1]),
+        np.array([T, T]),
+        "ev",
+        column="cat",
+        class_codes=np.array([1, 2]),
+    )
+    # entity 0, last 90 days: codes 1, 2, 1, 3, 2, 1; entity 1 has nothing and gets the global term only
+    glob = np.array([3 / 6, 2 / 6])
+    np.testing.assert_allclose(s[0], [3 / 6, 2 / 6] + 1e-3 * glob)
+    np.testing.assert_allclose(s[1], 1e-3 * glob)
+    with pytest.raises(ValueError):
+        popularity_scores("multilabel", cache, np.array([0]), np.array([T]), "ev")
+
+
+def test_lightgbm_beats_random_on_a_planted_signal() -> None:
+    rng = np.random.default_rng(0)
+
+    def data(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        X = rng.normal(size=(n, 6)).astype(np.float32)
+        X[:, 5] = rng.integers(0, 4, n)  # a categorical column
+        y = (X[:, 0] + 0.5 * (X[:, 5] == 2) + 0.5 * rng.normal(size=n) > 0.3).astype(np.int64)
+        Y = np.stack([y, 1 - y, np.zeros(n, np.int64)], axis=1)  # third class never positive
+        return X, y, Y
+
+    (Xtr, ytr, Ytr), (Xva, yva, Yva), (Xte, yte, Yte) = data(1500), data(500), data(500)
+    s = lightgbm_scores("binary", Xtr, ytr, Xva, yva, Xte, categorical_features=[5])
+    assert s.shape == (500,) and auroc(yte, s) > 0.85
+    S = lightgbm_scores("multilabel", Xtr, Ytr, Xva, Yva, Xte, categorical_features=[5])
+    assert S.shape == (500, 3) and np.all(S[:, 2] == 0.0)
+    assert macro_auroc(Yte, S) > 0.85
