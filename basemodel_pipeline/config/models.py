@@ -121,7 +121,7 @@ class FoundationParams(Strict):
     sketch_partitions: int = Field(
         default=4, gt=0, description="Hash partitions per high-cardinality column."
     )
-    sketch_width: int = Field(default=64, gt=1, description="Buckets per partition.")
+    sketch_width: int = Field(default=32, gt=1, description="Buckets per partition.")
     max_direct_vocab: int = Field(
         default=64, gt=0, description="Columns with at most this many values are counted per value."
     )

@@ -1,0 +1,1 @@
+"""Model code: the residual MLP trunk, task heads, and safetensors checkpoints."""

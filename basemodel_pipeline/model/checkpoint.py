@@ -1,0 +1,42 @@
+"""Checkpoints without pickle: weights as safetensors, everything else as JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from basemodel_pipeline.model.trunk import Trunk, TrunkWithHead
+
+WEIGHTS = "model.safetensors"
+META = "model.json"
+
+
+def save_checkpoint(directory: Path, model: TrunkWithHead, meta: dict[str, Any]) -> None:
+    """Write weights and metadata into `directory` (a staging dir: the caller publishes it atomically)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(directory / WEIGHTS))
+    (directory / META).write_text(json.dumps(meta, indent=2, default=str))
+
+
+def build_model(arch: dict[str, Any]) -> TrunkWithHead:
+    trunk = Trunk(arch["in_dim"], arch["hidden_dim"], arch["num_blocks"], arch["dropout"])
+    return TrunkWithHead(trunk, arch["out_dim"])
+
+
+def load_checkpoint(directory: Path) -> tuple[TrunkWithHead, dict[str, Any]]:
+    meta = json.loads((directory / META).read_text())
+    model = build_model(meta["arch"])
+    model.load_state_dict(load_file(str(directory / WEIGHTS)))
+    model.eval()
+    return model, meta
+
+
+def load_trunk_state(directory: Path) -> dict[str, torch.Tensor]:
+    """Only the trunk's tensors (for fine-tuning from a foundation checkpoint)."""
+    state = load_file(str(directory / WEIGHTS))
+    return {k.removeprefix("trunk."): v for k, v in state.items() if k.startswith("trunk.")}

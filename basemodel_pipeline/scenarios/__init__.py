@@ -1,0 +1,1 @@
+"""Scenarios: declarative targets turned into labelled (entity, split time) examples."""

@@ -1,0 +1,1 @@
+"""Training: split points, the foundation (self-supervised) stage and scenario fine-tuning."""

@@ -1,0 +1,58 @@
+"""Split points: which (entity, time) pairs are training, validation and test examples."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import numpy as np
+
+from basemodel_pipeline.cache.store import DAY
+from basemodel_pipeline.config.models import DataParams
+from basemodel_pipeline.errors import ConfigError
+
+
+def epoch_seconds(day: dt.date) -> int:
+    return int(dt.datetime(day.year, day.month, day.day, tzinfo=dt.UTC).timestamp())
+
+
+def scenario_split_times(dp: DataParams, horizon_days: int, field: str) -> dict[str, np.ndarray]:
+    """Weekly split points: train targets end by validation_start_date, validation targets by
+    training_end_date; the test split point is training_end_date."""
+    step = dt.timedelta(days=dp.split_interval_days)
+    horizon = dt.timedelta(days=horizon_days)
+
+    def points(first: dt.date, last_target_end: dt.date) -> list[int]:
+        out, t = [], first
+        while t + horizon <= last_target_end:
+            out.append(epoch_seconds(t))
+            t += step
+        return out
+
+    train = points(dp.first_split, dp.validation_start_date)
+    val = points(dp.validation_start_date, dp.training_end_date)
+    if not train:
+        raise ConfigError(
+            f"{field}: a {horizon_days}-day target window does not fit between training_start_date "
+            f"({dp.first_split}) and validation_start_date ({dp.validation_start_date}); shorten the horizon "
+            "or move the dates"
+        )
+    if not val:
+        raise ConfigError(
+            f"{field}: a {horizon_days}-day target window does not fit between validation_start_date "
+            f"({dp.validation_start_date}) and training_end_date ({dp.training_end_date})"
+        )
+    return {
+        "train": np.array(train, np.int64),
+        "val": np.array(val, np.int64),
+        "test": np.array([epoch_seconds(dp.test_date)], np.int64),
+    }
+
+
+def random_split_times(
+    n_entities: int, per_entity: int, lo: int, hi: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """`per_entity` random split points (whole days) per entity in [lo, hi]."""
+    days = (hi - lo) // DAY
+    entity = np.repeat(np.arange(n_entities, dtype=np.int64), per_entity)
+    time = lo + rng.integers(0, days + 1, size=len(entity)) * DAY
+    return entity, time.astype(np.int64)
