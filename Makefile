@@ -34,7 +34,7 @@ ui: $(STAMP)
 		$(BIN)/dagster dev -m basemodel_pipeline.definitions -h $(HOST) -p $(PORT)
 
 bench: $(STAMP)
-	$(BIN)/python bench/bench_demo.py
+	$(BIN)/python bench/bench_demo.py --workspace bench_workspace
 
 clean-demo:
 	rm -rf $(WORKSPACE)

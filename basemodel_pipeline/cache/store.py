@@ -51,7 +51,9 @@ class EventSource:
         rel = np.clip(np.asarray(time, dtype=np.int64) - t0, 0, span - 1)
         return np.searchsorted(keys, np.asarray(entity, dtype=np.int64) * span + rel, side="left")
 
-    def window_rows(self, entity: np.ndarray, t0: np.ndarray, t1: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def window_rows(
+        self, entity: np.ndarray, t0: np.ndarray, t1: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Rows of events with t0 <= ts < t1 per query, flattened: (query index per row, event row)."""
         lo, hi = self.positions(entity, t0), self.positions(entity, t1)
         return expand_ranges(lo, hi)

@@ -125,6 +125,10 @@ class FoundationParams(Strict):
     max_direct_vocab: int = Field(
         default=64, gt=0, description="Columns with at most this many values are counted per value."
     )
+    aggregate_features: bool = Field(
+        default=True,
+        description="Append automatic windowed aggregates (counts, sums, recency...) to the sketches.",
+    )
     hidden_dim: int = Field(default=512, gt=0)
     num_blocks: int = Field(default=2, gt=0)
     dropout: float = Field(default=0.1, ge=0.0, lt=1.0)
@@ -143,7 +147,7 @@ class FoundationParams(Strict):
 class FinetuneParams(Strict):
     epochs: int = Field(default=12, gt=0)
     batch_size: int = Field(default=256, gt=0)
-    learning_rate: float = Field(default=5e-4, gt=0)
+    learning_rate: float = Field(default=2e-4, gt=0)
     weight_decay: float = Field(default=1e-4, ge=0)
     patience: int = Field(
         default=3, gt=0, description="Epochs without validation improvement before stopping."

@@ -7,6 +7,8 @@ Each event of a source contributes to a few *channels* of that source:
     high-cardinality categorical  one bucket in each of P hash partitions of width W (a count sketch)
 The history feature of (entity, split time t) is, per half-life h, sum over events before t of
     value * exp(-(t - ts) / tau_h)                                   [C channels x H half-lives]
+Optionally the automatic aggregates (windowed counts/sums, recency, frequency, monetary) are appended, so
+the trunk sees what an analyst would compute (DESIGN §4).
 Split points of one entity are processed in time order with the incremental identity (DESIGN §4):
     S(t_j) = exp(-(t_j - t_{j-1}) / tau) * S(t_{j-1}) + sketch(events in [t_{j-1}, t_j))
 so every event is touched once, whatever the number of split points.
@@ -19,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from basemodel_pipeline.cache.store import DAY, EventCache, EventSource, expand_ranges
+from basemodel_pipeline.evaluation.aggregates import aggregate_features, feature_names
 
 NO_HISTORY_DAYS = 3650.0
 
@@ -46,7 +49,10 @@ class ColumnPlan:
         if self.kind == "direct":
             return [(self.offset, self.offset + self.width)]
         if self.kind == "hashed":
-            return [(self.offset + p * self.buckets, self.offset + (p + 1) * self.buckets) for p in range(self.partitions)]
+            return [
+                (self.offset + p * self.buckets, self.offset + (p + 1) * self.buckets)
+                for p in range(self.partitions)
+            ]
         return []
 
 
@@ -65,6 +71,7 @@ class FeatureEncoder:
     sources: list[SourcePlan]
     half_lives_days: list[float]
     attributes: list[ColumnPlan] = field(default_factory=list)
+    aggregate_dim: int = 0  # > 0: append the automatic aggregate features (evaluation/aggregates.py)
     _tables: dict[tuple[str, str], np.ndarray] = field(default_factory=dict, repr=False, compare=False)
 
     EXTRAS_PER_SOURCE = 4  # log1p(count), log1p(recency days), log1p(tenure days), has history
@@ -78,6 +85,7 @@ class FeatureEncoder:
         partitions: int,
         buckets: int,
         seed: int = 0,
+        aggregates: bool = False,
     ) -> FeatureEncoder:
         sources = []
         for s_idx, (name, src) in enumerate(cache.sources.items()):
@@ -88,7 +96,9 @@ class FeatureEncoder:
                 elif info.vocab_size <= max_direct_vocab:
                     cols.append(ColumnPlan(col, "direct", off, info.vocab_size + 1, info.vocab_size))
                 else:
-                    plan = ColumnPlan(col, "hashed", off, partitions * buckets, info.vocab_size, partitions, buckets)
+                    plan = ColumnPlan(
+                        col, "hashed", off, partitions * buckets, info.vocab_size, partitions, buckets
+                    )
                     plan.seed = seed * 1_000_003 + s_idx * 1009 + c_idx
                     cols.append(plan)
                 off += cols[-1].width
@@ -96,22 +106,35 @@ class FeatureEncoder:
         attrs, off = [], 0
         for col, info in cache.attribute_info.items():
             width = info.vocab_size + 1 if info.type == "categorical" else 1
-            attrs.append(ColumnPlan(col, "direct" if info.type == "categorical" else "numeric", off, width, info.vocab_size))
+            attrs.append(
+                ColumnPlan(
+                    col, "direct" if info.type == "categorical" else "numeric", off, width, info.vocab_size
+                )
+            )
             off += width
-        return cls(sources, list(half_lives_days), attrs)
+        agg_dim = len(feature_names(cache)) if aggregates else 0
+        return cls(sources, list(half_lives_days), attrs, agg_dim)
 
     # ---- serialisation -------------------------------------------------------------------------
     def to_dict(self) -> dict:
         return {
-            "sources": [{"name": s.name, "channels": s.channels, "columns": [asdict(c) for c in s.columns]} for s in self.sources],
+            "sources": [
+                {"name": s.name, "channels": s.channels, "columns": [asdict(c) for c in s.columns]}
+                for s in self.sources
+            ],
             "half_lives_days": self.half_lives_days,
             "attributes": [asdict(c) for c in self.attributes],
+            "aggregate_dim": self.aggregate_dim,
         }
 
     @classmethod
     def from_dict(cls, d: dict) -> FeatureEncoder:
-        sources = [SourcePlan(s["name"], [ColumnPlan(**c) for c in s["columns"]], s["channels"]) for s in d["sources"]]
-        return cls(sources, d["half_lives_days"], [ColumnPlan(**c) for c in d["attributes"]])
+        sources = [
+            SourcePlan(s["name"], [ColumnPlan(**c) for c in s["columns"]], s["channels"])
+            for s in d["sources"]
+        ]
+        attrs = [ColumnPlan(**c) for c in d["attributes"]]
+        return cls(sources, d["half_lives_days"], attrs, d.get("aggregate_dim", 0))
 
     # ---- sizes ---------------------------------------------------------------------------------
     @property
@@ -120,11 +143,15 @@ class FeatureEncoder:
 
     @property
     def dim(self) -> int:
-        per_source = sum(s.channels * len(self.half_lives_days) + self.EXTRAS_PER_SOURCE for s in self.sources)
-        return per_source + self.attribute_dim
+        per_source = sum(
+            s.channels * len(self.half_lives_days) + self.EXTRAS_PER_SOURCE for s in self.sources
+        )
+        return per_source + self.attribute_dim + self.aggregate_dim
 
     # ---- event channels ------------------------------------------------------------------------
-    def event_channels(self, plan: SourcePlan, src: EventSource, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def event_channels(
+        self, plan: SourcePlan, src: EventSource, rows: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Channel indices and values of events `rows`: two arrays [m, K]."""
         chans, vals = [np.zeros(len(rows), np.int64)], [np.ones(len(rows), np.float32)]
         for col in plan.columns:
@@ -146,7 +173,9 @@ class FeatureEncoder:
         return np.stack(chans, 1), np.stack(vals, 1)
 
     # ---- history features ----------------------------------------------------------------------
-    def history(self, cache: EventCache, entity: np.ndarray, time: np.ndarray, chunk: int = 20000) -> np.ndarray:
+    def history(
+        self, cache: EventCache, entity: np.ndarray, time: np.ndarray, chunk: int = 20000
+    ) -> np.ndarray:
         """Features [n, dim] float32 of each (entity index, split time in epoch seconds); events with ts < time."""
         entity, time = np.asarray(entity, np.int64), np.asarray(time, np.int64)
         order = np.lexsort((time, entity))
@@ -173,7 +202,9 @@ class FeatureEncoder:
                 tau = h / np.log(2.0)
                 w = (vals * np.exp(-dt_days / tau)[:, None].astype(np.float32)).ravel()
                 flat = (owner[:, None] * plan.channels + chans).ravel()
-                seg = np.bincount(flat, weights=w, minlength=len(e) * plan.channels).reshape(len(e), plan.channels)
+                seg = np.bincount(flat, weights=w, minlength=len(e) * plan.channels).reshape(
+                    len(e), plan.channels
+                )
                 gap = np.r_[0.0, np.diff(t) / DAY]
                 decay = np.exp(-gap / tau)
                 for r in range(1, int(rank.max(initial=0)) + 1):
@@ -183,6 +214,9 @@ class FeatureEncoder:
             parts.append(_extras(src, e, t, pos))
         if self.attributes:
             parts.append(self._attribute_features(cache, e))
+        if self.aggregate_dim:
+            agg = np.nan_to_num(aggregate_features(cache, e, t)[0], nan=0.0)
+            parts.append(np.sign(agg) * np.log1p(np.abs(agg)))
         return np.concatenate(parts, axis=1).astype(np.float32)
 
     def _attribute_features(self, cache: EventCache, e: np.ndarray) -> np.ndarray:
@@ -196,7 +230,9 @@ class FeatureEncoder:
         return out
 
     # ---- future windows (self-supervised targets) ----------------------------------------------
-    def window_channels(self, cache: EventCache, plan: SourcePlan, entity: np.ndarray, t0: np.ndarray, t1: np.ndarray) -> np.ndarray:
+    def window_channels(
+        self, cache: EventCache, plan: SourcePlan, entity: np.ndarray, t0: np.ndarray, t1: np.ndarray
+    ) -> np.ndarray:
         """Undecayed channel sums [n, channels] of events with t0 <= ts < t1."""
         src = cache.source(plan.name)
         owner, rows = src.window_rows(entity, t0, t1)

@@ -98,7 +98,13 @@ def make_loss(layout: TargetLayout):
 def fit_encoder(cache: EventCache, cfg: PipelineConfig) -> FeatureEncoder:
     p = cfg.training_params.foundation
     return FeatureEncoder.fit(
-        cache, p.half_lives_days, p.max_direct_vocab, p.sketch_partitions, p.sketch_width, p.seed
+        cache,
+        p.half_lives_days,
+        p.max_direct_vocab,
+        p.sketch_partitions,
+        p.sketch_width,
+        p.seed,
+        p.aggregate_features,
     )
 
 

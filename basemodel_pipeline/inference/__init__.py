@@ -1,0 +1,1 @@
+"""Inference: score entities as of a date with a trained scenario model."""

@@ -1,0 +1,108 @@
+"""Extracts and the event cache: round trip against the source Parquet, reuse, bad joins."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pytest
+
+from basemodel_pipeline.cache.store import EventCache, expand_ranges
+from basemodel_pipeline.config import load_config
+from basemodel_pipeline.errors import DataError
+from basemodel_pipeline.pipeline import run_cache, run_extract
+
+
+@pytest.fixture
+def built(tiny_config: Path):
+    cfg = load_config(tiny_config)
+    run_extract(cfg)
+    return cfg, run_cache(cfg)
+
+
+def test_extract_writes_one_file_per_day_and_is_idempotent(built) -> None:
+    cfg, _ = built
+    days = sorted(p.name for p in (Path(cfg.workspace) / "extracts" / "transactions").glob("*.parquet"))
+    assert days[0] == f"{cfg.data_params.data_start_date.isoformat()}.parquet"
+    first = run_extract(cfg, "transactions")["transactions"]
+    again = run_extract(cfg, "transactions")["transactions"]
+    assert first["rows"] == again["rows"] > 0
+    assert first["files"] == again["files"] == len(days)
+
+
+def test_cache_round_trip_matches_source(built) -> None:
+    cfg, meta = built
+    cache = EventCache(meta["path"])
+    src = cache.source("transactions")
+    data = Path(cfg.source("transactions").data_location.path)
+    ref = duckdb.sql(
+        f"SELECT household_id, epoch(transaction_timestamp)::BIGINT AS ts, sales_value, product_id "
+        f"FROM '{data}' WHERE quantity > 0 ORDER BY household_id, ts"
+    ).fetchnumpy()
+    assert src.n_events == len(ref["ts"]) == meta["events"]
+    ids = cache.entity_ids
+    assert list(ids) == sorted(set(ref["household_id"].tolist()))
+    counts = np.diff(src.offsets)
+    assert counts.sum() == src.n_events
+    entity_of_event = np.repeat(ids, counts)
+    np.testing.assert_array_equal(entity_of_event, ref["household_id"])
+    np.testing.assert_array_equal(np.asarray(src.ts), ref["ts"])
+    # per-entity sums are invariant to the order of simultaneous events
+    np.testing.assert_allclose(
+        np.add.reduceat(np.asarray(src.columns["sales_value"], np.float64), src.offsets[:-1]),
+        np.add.reduceat(ref["sales_value"], src.offsets[:-1]),
+        rtol=1e-5,
+    )
+    vocab = src.vocab("product_id")
+    decoded = sorted(vocab[c - 1] for c in np.asarray(src.columns["product_id"]))
+    assert decoded == sorted(str(v) for v in ref["product_id"])
+    assert src.info["department"].type == "categorical"  # joined from products
+    assert src.info["sales_value"].type == "numeric"
+    assert "age" in cache.attribute_info
+    assert meta["min_date"] == cfg.data_params.data_start_date.isoformat()
+
+
+def test_cache_is_reused_until_an_extract_changes(built) -> None:
+    cfg, meta = built
+    assert not meta["reused"]
+    assert run_cache(cfg)["reused"]
+    day = sorted((Path(cfg.workspace) / "extracts" / "transactions").glob("*.parquet"))[-1]
+    day.touch()
+    rebuilt = run_cache(cfg)
+    assert not rebuilt["reused"] and rebuilt["events"] == meta["events"]
+
+
+def test_positions_and_windows(built) -> None:
+    _, meta = built
+    cache = EventCache(meta["path"])
+    src = cache.source("transactions")
+    e = np.array([0, 0, 3])
+    t = np.array([src.ts[src.offsets[0] + 2], 0, 10**12])
+    pos = src.positions(e, t)
+    assert pos[1] == src.offsets[0]  # before any event
+    assert pos[2] == src.offsets[4]  # after every event of entity 3
+    assert (np.asarray(src.ts)[src.offsets[0] : pos[0]] < t[0]).all() and src.ts[pos[0]] >= t[0]
+    owner, rows = expand_ranges(np.array([2, 5, 5]), np.array([4, 5, 8]))
+    assert owner.tolist() == [0, 0, 2, 2, 2] and rows.tolist() == [2, 3, 5, 6, 7]
+
+
+def test_join_keys_that_never_match_are_an_error(tiny_config: Path) -> None:
+    import pyarrow.parquet as pq
+
+    products = tiny_config.parent / "data" / "products.parquet"
+    table = pq.read_table(products)
+    ids = [f"P{v:05d}" for v in table.column("product_id").to_pylist()]
+    pq.write_table(table.set_column(0, "product_id", __import__("pyarrow").array(ids)), products)
+    cfg = load_config(tiny_config)
+    run_extract(cfg)
+    with pytest.raises(DataError, match=r"joined with 'products'.*no event matches"):
+        run_cache(cfg)
+
+
+def test_max_date_is_last_event_day(built) -> None:
+    _, meta = built
+    cache = EventCache(meta["path"])
+    last = max(int(s.ts.max()) for s in cache.sources.values())
+    assert cache.max_date == dt.datetime.fromtimestamp(last, dt.UTC).date()

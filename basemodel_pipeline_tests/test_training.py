@@ -1,0 +1,75 @@
+"""Pretraining, fine-tuning and prediction on the tiny dataset: real models, real checkpoints."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from safetensors.torch import load_file
+
+from basemodel_pipeline import workspace as ws
+from basemodel_pipeline.config import load_config
+from basemodel_pipeline.errors import ConfigError
+from basemodel_pipeline.pipeline import run_cache, run_extract, run_finetune, run_predict, run_pretrain
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFactory):
+    import shutil
+
+    d = tmp_path_factory.mktemp("train")
+    shutil.copytree(tiny_dataset.parent / "data", d / "data")
+    cfg = load_config(shutil.copy(tiny_dataset, d / "config.yaml"))
+    run_extract(cfg)
+    run_cache(cfg)
+    return cfg, run_pretrain(cfg)
+
+
+def test_foundation_checkpoint_is_safetensors_plus_json(trained) -> None:
+    cfg, meta = trained
+    path = Path(meta["path"])
+    assert ws.latest_foundation_dir(cfg) == path
+    weights = load_file(str(path / "model.safetensors"))
+    info = json.loads((path / "model.json").read_text())
+    assert weights["trunk.proj.weight"].shape == (info["arch"]["hidden_dim"], info["arch"]["in_dim"])
+    assert np.isfinite(meta["val_loss"]) and meta["epochs"] >= 1
+    assert len(info["history"]) == meta["epochs"]
+    assert not list(path.parent.glob(".*.tmp"))
+
+
+@pytest.mark.parametrize("scenario", ["churn", "department_propensity"])
+def test_finetune_evaluates_model_and_baselines(trained, scenario: str) -> None:
+    cfg, _ = trained
+    meta = run_finetune(cfg, scenario)
+    metrics = json.loads((Path(meta["path"]) / "metrics.json").read_text())
+    assert metrics["metric"] == ("auroc" if scenario == "churn" else "macro_auroc")
+    for name in ("model", "lightgbm_aggregates", "popularity"):
+        assert 0.0 <= metrics["test"][name] <= 1.0
+    assert metrics["examples"]["train"] > metrics["examples"]["test"] > 0
+    info = json.loads((Path(meta["path"]) / "model.json").read_text())
+    assert info["foundation_version"] == trained[1]["version"]
+    if scenario == "department_propensity":
+        assert len(info["target"]["classes"]) == meta["classes"] >= 2
+
+
+def test_predictions_cover_every_entity(trained) -> None:
+    cfg, _ = trained
+    run_finetune(cfg, "churn")
+    meta = run_predict(cfg, "churn")
+    table = pq.read_table(meta["path"])
+    assert table.num_rows == meta["entities"] > 0
+    scores = table.column("score").to_numpy()
+    assert ((scores >= 0) & (scores <= 1)).all() and scores.std() > 0
+    assert len(set(table.column("entity_id").to_pylist())) == table.num_rows
+
+
+def test_horizon_longer_than_training_window_names_the_field(trained) -> None:
+    cfg, _ = trained
+    tp = cfg.training_params
+    foundation = tp.foundation.model_copy(update={"horizon_days": 400})
+    bad = cfg.model_copy(update={"training_params": tp.model_copy(update={"foundation": foundation})})
+    with pytest.raises(ConfigError, match=r"training_params.foundation.horizon_days"):
+        run_pretrain(bad)
