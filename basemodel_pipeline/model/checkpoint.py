@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.model.trunk import Trunk, TrunkWithHead
 
 WEIGHTS = "model.safetensors"
@@ -21,6 +22,22 @@ def save_checkpoint(directory: Path, model: TrunkWithHead, meta: dict[str, Any])
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(directory / WEIGHTS))
     (directory / META).write_text(json.dumps(meta, indent=2, default=str))
+
+
+def publish_checkpoint(
+    root: Path, model: TrunkWithHead, meta: dict[str, Any], extra_files: dict[str, str] | None = None
+) -> tuple[str, Path]:
+    """Write a new version under `root` atomically and point LATEST at it. Returns (version, path)."""
+    version = ws.new_version()
+    ws.clean_stale_tmp(root)
+    final = root / version
+    tmp = ws.staging_dir(final)
+    save_checkpoint(tmp, model.cpu(), {**meta, "version": version})
+    for name, text in (extra_files or {}).items():
+        (tmp / name).write_text(text)
+    ws.publish_dir(tmp, final)
+    ws.set_latest(root, version)
+    return version, final
 
 
 def build_model(arch: dict[str, Any]) -> TrunkWithHead:

@@ -21,7 +21,7 @@ from basemodel_pipeline.errors import DataError
 from basemodel_pipeline.evaluation import baselines, metrics
 from basemodel_pipeline.evaluation.aggregates import aggregate_features
 from basemodel_pipeline.features.sketch import FeatureEncoder
-from basemodel_pipeline.model.checkpoint import build_model, load_trunk_state, save_checkpoint
+from basemodel_pipeline.model.checkpoint import build_model, load_trunk_state, publish_checkpoint
 from basemodel_pipeline.progress import Progress
 from basemodel_pipeline.scenarios.targets import Examples, build_examples, choose_classes
 from basemodel_pipeline.training import loop
@@ -143,11 +143,6 @@ def finetune(cfg: PipelineConfig, scenario: Scenario, progress: Progress) -> dic
     test.update(evaluate_baselines(cache, scenario, spec.class_codes, ex))
     baseline_s = time.perf_counter() - t0
 
-    version = ws.new_version()
-    root = ws.scenario_root(cfg, scenario.name)
-    ws.clean_stale_tmp(root)
-    final = root / version
-    tmp = ws.staging_dir(final)
     result = {
         "metric": metric_name,
         "test": test,
@@ -158,7 +153,6 @@ def finetune(cfg: PipelineConfig, scenario: Scenario, progress: Progress) -> dic
     }
     meta = {
         "kind": "scenario",
-        "version": version,
         "scenario": scenario.model_dump(mode="json"),
         "target": spec.to_dict(),
         "arch": arch,
@@ -166,10 +160,8 @@ def finetune(cfg: PipelineConfig, scenario: Scenario, progress: Progress) -> dic
         "foundation_version": fmeta["version"],
         "metrics": result,
     }
-    save_checkpoint(tmp, model.cpu(), meta)
-    (tmp / "metrics.json").write_text(json.dumps(result, indent=2))
-    ws.publish_dir(tmp, final)
-    ws.set_latest(root, version)
+    extra = {"metrics.json": json.dumps(result, indent=2)}
+    version, final = publish_checkpoint(ws.scenario_root(cfg, scenario.name), model, meta, extra)
     return {
         "path": str(final),
         "version": version,

@@ -22,7 +22,7 @@ from basemodel_pipeline.cache.store import DAY, EventCache
 from basemodel_pipeline.config import PipelineConfig
 from basemodel_pipeline.errors import ConfigError
 from basemodel_pipeline.features.sketch import FeatureEncoder, SourcePlan
-from basemodel_pipeline.model.checkpoint import build_model, save_checkpoint
+from basemodel_pipeline.model.checkpoint import build_model, publish_checkpoint
 from basemodel_pipeline.progress import Progress
 from basemodel_pipeline.training import loop
 from basemodel_pipeline.training.splits import epoch_seconds, random_split_times
@@ -200,14 +200,8 @@ def pretrain(cfg: PipelineConfig, progress: Progress) -> dict[str, Any]:
     assert best_state is not None
     model.load_state_dict(best_state)
     wall = time.perf_counter() - started
-    version = ws.new_version()
-    root = ws.foundation_root(cfg)
-    ws.clean_stale_tmp(root)
-    final = root / version
-    tmp = ws.staging_dir(final)
     meta = {
         "kind": "foundation",
-        "version": version,
         "arch": arch,
         "encoder": enc.to_dict(),
         "horizon_days": p.horizon_days,
@@ -215,9 +209,7 @@ def pretrain(cfg: PipelineConfig, progress: Progress) -> dict[str, Any]:
         "history": history,
         "best_val_loss": best,
     }
-    save_checkpoint(tmp, model.cpu(), meta)
-    ws.publish_dir(tmp, final)
-    ws.set_latest(root, version)
+    version, final = publish_checkpoint(ws.foundation_root(cfg), model, meta)
     events = sum(s.n_events for s in cache.sources.values())
     return {
         "path": str(final),
