@@ -40,8 +40,9 @@ training_params:
     horizon_days: 28
     epochs: 4
   finetune:
-    epochs: 8
-    patience: 2
+    mode: frozen        # head only on the foundation trunk; `full` fine-tunes everything
+    epochs: 12
+    patience: 3
 scenarios:
   - name: churn
     task: binary

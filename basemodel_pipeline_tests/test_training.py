@@ -73,3 +73,16 @@ def test_horizon_longer_than_training_window_names_the_field(trained) -> None:
     bad = cfg.model_copy(update={"training_params": tp.model_copy(update={"foundation": foundation})})
     with pytest.raises(ConfigError, match=r"training_params.foundation.horizon_days"):
         run_pretrain(bad)
+
+
+def test_frozen_mode_keeps_the_foundation_trunk_and_full_mode_changes_it(trained) -> None:
+    cfg, pre = trained
+    foundation = load_file(str(Path(pre["path"]) / "model.safetensors"))
+    for mode in ("frozen", "full"):
+        tp = cfg.training_params
+        ft = tp.finetune.model_copy(update={"mode": mode})
+        run = cfg.model_copy(update={"training_params": tp.model_copy(update={"finetune": ft})})
+        meta = run_finetune(run, "churn")
+        weights = load_file(str(Path(meta["path"]) / "model.safetensors"))
+        same = all(bool((weights[k] == v).all()) for k, v in foundation.items() if k.startswith("trunk."))
+        assert same == (mode == "frozen")

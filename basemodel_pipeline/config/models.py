@@ -147,12 +147,15 @@ class FoundationParams(Strict):
 class FinetuneParams(Strict):
     epochs: int = Field(default=12, gt=0)
     batch_size: int = Field(default=256, gt=0)
-    learning_rate: float = Field(default=2e-4, gt=0)
+    learning_rate: float = Field(default=1e-3, gt=0)
     weight_decay: float = Field(default=1e-4, ge=0)
     patience: int = Field(
         default=3, gt=0, description="Epochs without validation improvement before stopping."
     )
-    mode: Literal["full", "frozen"] = "full"
+    mode: Literal["full", "frozen"] = Field(
+        default="frozen",
+        description="frozen: train only the head on the foundation trunk (best on small data); full: fine-tune all.",
+    )
     seed: int = 0
 
 
