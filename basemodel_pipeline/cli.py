@@ -4,6 +4,7 @@
     basemodel extract|cache|pretrain CONFIG  run one stage
     basemodel finetune CONFIG --scenario NAME
     basemodel predict CONFIG --scenario NAME [--as-of YYYY-MM-DD]
+    basemodel embed CONFIG [--as-of YYYY-MM-DD]   float16 foundation embeddings per entity
     basemodel demo [--workspace demo_workspace]   The Complete Journey end to end through Dagster
 
 A mistake the user can fix prints one red line `error: ...` on stderr and exits with code 2.
@@ -44,6 +45,9 @@ out = Console()
 err = Console(stderr=True)
 
 ConfigArg = Annotated[Path, typer.Argument(help="Path to the pipeline's YAML config.", show_default=False)]
+AsOfOpt = Annotated[
+    str | None, typer.Option("--as-of", help="As of this date, YYYY-MM-DD (default: the day after the data).")
+]
 ScenarioOpt = Annotated[str, typer.Option("--scenario", "-s", help="Scenario name from the config.")]
 
 
@@ -147,23 +151,32 @@ def finetune(config: ConfigArg, scenario: ScenarioOpt) -> None:
 def predict(
     config: ConfigArg,
     scenario: ScenarioOpt,
-    as_of: Annotated[
-        str | None,
-        typer.Option("--as-of", help="Score as of this date, YYYY-MM-DD (default: after the data)."),
-    ] = None,
+    as_of: AsOfOpt = None,
 ) -> None:
     """Score every entity for one scenario."""
-    date = None
-    if as_of is not None:
-        try:
-            date = dt.date.fromisoformat(as_of)
-        except ValueError:
-            fail(f"--as-of: '{as_of}' is not a date; write YYYY-MM-DD")
+    date = _as_of(as_of)
     run_stage(
         f"predict {scenario}",
         config,
         lambda cfg, p: pipeline.run_predict(cfg, _scenario(cfg, scenario), date, progress=p),
     )
+
+
+@app.command()
+def embed(config: ConfigArg, as_of: AsOfOpt = None) -> None:
+    """Export float16 foundation embeddings of every entity (Parquet + client_ids.npy/embeddings.npy)."""
+    date = _as_of(as_of)
+    run_stage("embed", config, lambda cfg, p: pipeline.run_embed(cfg, date, progress=p))
+
+
+def _as_of(as_of: str | None) -> dt.date | None:
+    if as_of is None:
+        return None
+    try:
+        return dt.date.fromisoformat(as_of)
+    except ValueError:
+        fail(f"--as-of: '{as_of}' is not a date; write YYYY-MM-DD")
+    return None
 
 
 def summary_table(summary_file: Path) -> Table:

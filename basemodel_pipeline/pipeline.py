@@ -56,6 +56,15 @@ def run_predict(
     return predict(cfg, cfg.scenario(scenario), as_of, progress or NullProgress())
 
 
+def run_embed(
+    cfg: PipelineConfig, as_of: dt.date | None = None, progress: Progress | None = None
+) -> dict[str, Any]:
+    """Export float16 foundation embeddings of every entity as of a date to workspace/embeddings/<as_of>/."""
+    from basemodel_pipeline.inference.embed import export_embeddings
+
+    return export_embeddings(cfg, as_of, progress or NullProgress())
+
+
 def write_summary(cfg: PipelineConfig) -> dict[str, Any]:
     """Collect each scenario's test metrics into workspace/reports/summary.json."""
     scenarios: dict[str, Any] = {}

@@ -19,6 +19,7 @@ EXPECTED = {
     "scenario_model": ("models", {"pytorch"}),
     "predictions": ("predictions", {"pytorch", "parquet"}),
     "metrics_summary": ("reports", {"json"}),
+    "entity_embeddings": ("predictions", {"pytorch", "parquet", "numpy"}),
 }
 
 

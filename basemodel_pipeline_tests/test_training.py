@@ -86,3 +86,21 @@ def test_frozen_mode_keeps_the_foundation_trunk_and_full_mode_changes_it(trained
         weights = load_file(str(Path(meta["path"]) / "model.safetensors"))
         same = all(bool((weights[k] == v).all()) for k, v in foundation.items() if k.startswith("trunk."))
         assert same == (mode == "frozen")
+
+
+def test_embeddings_export_float16_in_recsys_layout(trained) -> None:
+    from basemodel_pipeline.pipeline import run_embed
+
+    cfg, pre = trained
+    meta = run_embed(cfg)
+    out = Path(meta["path"])
+    ids = np.load(out / "client_ids.npy", allow_pickle=False)
+    emb = np.load(out / "embeddings.npy")
+    assert emb.dtype == np.float16 and emb.shape == (len(ids), meta["dim"])
+    assert np.isfinite(emb.astype(np.float32)).all() and emb.std() > 0
+    table = pq.read_table(out / "embeddings.parquet")
+    assert table.column("entity_id").to_pylist() == ids.tolist()
+    np.testing.assert_array_equal(
+        np.stack(table.column("embedding").to_numpy(zero_copy_only=False)), emb.astype(np.float32)
+    )
+    assert meta["foundation_version"] == pre["version"]

@@ -17,7 +17,7 @@ from basemodel_pipeline.defs.extracts.assets import build_extract_assets, extrac
 from basemodel_pipeline.defs.models.assets import foundation_model, scenario_model
 from basemodel_pipeline.defs.models.partitions import scenarios_partitions
 from basemodel_pipeline.defs.models.sensors import scenario_partitions_sensor
-from basemodel_pipeline.defs.predictions.assets import predictions
+from basemodel_pipeline.defs.predictions.assets import entity_embeddings, predictions
 from basemodel_pipeline.defs.reports.assets import metrics_summary
 from basemodel_pipeline.defs.resources import config_path_from_env, current_env, resources_for
 from basemodel_pipeline.defs.shape import data_sources
@@ -29,7 +29,15 @@ def build_assets(config_path: str) -> list[dg.AssetsDefinition]:
     sources = data_sources(config_path)
     extracts = build_extract_assets(sources)
     cache = build_cache_asset([extract_key(s.name) for s in sources])
-    return [*extracts, cache, foundation_model, scenario_model, predictions, metrics_summary]
+    return [
+        *extracts,
+        cache,
+        foundation_model,
+        scenario_model,
+        predictions,
+        entity_embeddings,
+        metrics_summary,
+    ]
 
 
 def build_definitions(config_path: str | None = None, env: str | None = None) -> dg.Definitions:

@@ -25,3 +25,22 @@ def predictions(
     Runs `python -m basemodel_pipeline.jobs.predict` through Dagster Pipes (scenario = partition key).
     """
     return run_pipes_job(context, pipes_subprocess_client, "predict", basemodel_config.config_path)
+
+
+@dg.asset(
+    deps=["foundation_model"],
+    group_name="predictions",
+    kinds={"pytorch", "parquet", "numpy"},
+    pool=GPU_POOL,
+)
+def entity_embeddings(
+    context: dg.AssetExecutionContext,
+    basemodel_config: BasemodelConfigResource,
+    pipes_subprocess_client: dg.PipesSubprocessClient,
+) -> dg.MaterializeResult:
+    """Universal float16 behavioural embeddings of every entity from the foundation trunk, as of the day after
+    the data: <workspace>/embeddings/<as_of>/ (embeddings.parquet, client_ids.npy + embeddings.npy).
+
+    Runs `python -m basemodel_pipeline.jobs.embed` through Dagster Pipes.
+    """
+    return run_pipes_job(context, pipes_subprocess_client, "embed", basemodel_config.config_path)

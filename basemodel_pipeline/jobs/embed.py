@@ -1,0 +1,19 @@
+"""Export foundation embeddings: ``python -m basemodel_pipeline.jobs.embed --config PATH [--as-of DATE]``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from basemodel_pipeline.config import PipelineConfig
+from basemodel_pipeline.jobs._common import JobArgs, main
+from basemodel_pipeline.pipeline import run_embed
+from basemodel_pipeline.progress import Progress
+
+
+def stage(cfg: PipelineConfig, args: JobArgs, progress: Progress) -> Mapping[str, Any]:
+    return run_embed(cfg, args.as_of, progress)
+
+
+if __name__ == "__main__":
+    main("embed", stage, as_of=True)
