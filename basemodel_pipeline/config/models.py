@@ -140,6 +140,11 @@ class FoundationParams(Strict):
     learning_rate: float = Field(default=1e-3, gt=0)
     weight_decay: float = Field(default=1e-4, ge=0)
     warmup_steps: int = Field(default=50, ge=0)
+    checkpoint_every_steps: int = Field(
+        default=200,
+        ge=0,
+        description="Save a resumable training state every N steps (0: off).",
+    )
     seed: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
 

@@ -118,7 +118,7 @@ def finetune(cfg: PipelineConfig, scenario: Scenario, progress: Progress) -> dic
             p.batch_size,
             rng,
             device,
-            on_step=lambda v: progress.advance(f"finetune {scenario.name}", 1, loss=v),
+            on_step=lambda v, _n: progress.advance(f"finetune {scenario.name}", 1, loss=v),
         )
         val_metric = metrics.primary_metric(
             scenario.task, ex["val"].labels, _scores(model, X["val"], device, n_out)

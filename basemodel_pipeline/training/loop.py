@@ -52,12 +52,18 @@ def train_epoch(
     batch_size: int,
     rng: np.random.Generator,
     device: torch.device,
-    on_step: Callable[[float], None] | None = None,
+    on_step: Callable[[float, int], None] | None = None,
+    skip_batches: int = 0,
 ) -> float:
-    """One pass over (X, Y) in random mini-batches; returns the mean loss."""
+    """One pass over (X, Y) in random mini-batches; returns the mean loss of the batches run.
+
+    `skip_batches` resumes an interrupted epoch: the permutation is drawn as usual, the first batches skipped.
+    `on_step(loss, batch_size)` is called after every optimizer step."""
     model.train()
     total, count = 0.0, 0
-    for idx in batches(len(X), batch_size, rng):
+    for i, idx in enumerate(batches(len(X), batch_size, rng)):
+        if i < skip_batches:
+            continue
         xb = torch.from_numpy(X[idx]).to(device)
         yb = torch.from_numpy(Y[idx]).to(device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
@@ -72,7 +78,7 @@ def train_epoch(
         total += float(loss.detach()) * len(idx)
         count += len(idx)
         if on_step is not None:
-            on_step(float(loss.detach()))
+            on_step(float(loss.detach()), len(idx))
     return total / max(count, 1)
 
 

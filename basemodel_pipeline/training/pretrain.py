@@ -8,6 +8,8 @@ cross-entropy, per value or per hash partition), counted only where the entity w
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +26,7 @@ from basemodel_pipeline.errors import ConfigError
 from basemodel_pipeline.features.sketch import FeatureEncoder, SourcePlan
 from basemodel_pipeline.model.checkpoint import build_model, publish_checkpoint
 from basemodel_pipeline.progress import Progress
-from basemodel_pipeline.training import loop
+from basemodel_pipeline.training import loop, resume
 from basemodel_pipeline.training.splits import epoch_seconds, random_split_times
 
 FIELD = "training_params.foundation"
@@ -165,8 +167,43 @@ def pretrain(cfg: PipelineConfig, progress: Progress) -> dict[str, Any]:
         model, p.learning_rate, p.weight_decay, p.warmup_steps, total_steps
     )
     progress.start("pretrain", total_steps)
-    history, best, best_state, n_examples, feat_s = [], float("inf"), None, 0, 0.0
-    for epoch in range(p.epochs):
+    state_dir = ws.foundation_root(cfg) / ".resume"
+    key = hashlib.sha256(
+        json.dumps(
+            [
+                p.model_dump(mode="json"),
+                cfg.data_params.model_dump(mode="json"),
+                cache.manifest["fingerprint"],
+            ],
+            sort_keys=True,
+        ).encode()
+    ).hexdigest()
+    run = {
+        "epoch": 0,
+        "batch": 0,
+        "step": 0,
+        "loss_sum": 0.0,
+        "loss_count": 0,
+        "history": [],
+        "best": float("inf"),
+        "n_examples": 0,
+    }
+    kept: dict[str, Any] = {"best_state": None}  # best weights so far (read by the step callback)
+    epoch_rng = None
+    resumed = resume.load_state(state_dir, key, model, opt, sched)
+    if resumed is not None:
+        run, epoch_rng, kept["best_state"] = resumed
+        progress.log(f"resuming from step {run['step']} (epoch {run['epoch'] + 1}, batch {run['batch']})")
+        progress.advance("pretrain", run["step"])
+    feat_s = 0.0
+    for epoch in range(run["epoch"], p.epochs):
+        if epoch_rng is not None and run["batch"] > 0:
+            rng.bit_generator.state = epoch_rng  # replay this epoch's sampling and batch order
+        else:
+            run.update(batch=0, loss_sum=0.0, loss_count=0)
+            if epoch_rng is not None:
+                rng.bit_generator.state = epoch_rng
+        epoch_rng = resume.rng_state(rng)
         t0 = time.perf_counter()
         X, Y = examples(*random_split_times(cache.n_entities, p.split_points_per_entity, lo, hi, rng))
         feat_s += time.perf_counter() - t0
@@ -174,12 +211,24 @@ def pretrain(cfg: PipelineConfig, progress: Progress) -> dict[str, Any]:
             raise ConfigError(
                 f"{FIELD}: the training window is empty (no entity has events before its split points)"
             )
-        if epoch == 0:
+        if epoch == 0 and run["batch"] == 0:
             model.trunk.set_stats(
                 torch.from_numpy(X.mean(0)).to(device), torch.from_numpy(X.std(0)).to(device)
             )
-        n_examples += len(X)
-        train_loss = loop.train_epoch(
+
+        def on_step(loss: float, n: int, epoch: int = epoch, rng_at_start: dict = epoch_rng) -> None:
+            run.update(
+                epoch=epoch,
+                batch=run["batch"] + 1,
+                step=run["step"] + 1,
+                loss_sum=run["loss_sum"] + loss * n,
+                loss_count=run["loss_count"] + n,
+            )
+            progress.advance("pretrain", 1, loss=loss)
+            if p.checkpoint_every_steps and run["step"] % p.checkpoint_every_steps == 0:
+                resume.save_state(state_dir, key, model, opt, sched, kept["best_state"], run, rng_at_start)
+
+        loop.train_epoch(
             model,
             X,
             Y,
@@ -189,14 +238,22 @@ def pretrain(cfg: PipelineConfig, progress: Progress) -> dict[str, Any]:
             p.batch_size,
             rng,
             device,
-            on_step=lambda v: progress.advance("pretrain", 1, loss=v),
+            on_step=on_step,
+            skip_batches=run["batch"],
         )
+        train_loss = run["loss_sum"] / max(run["loss_count"], 1)
         with torch.no_grad():
             val_loss = float(loss_fn(torch.from_numpy(loop.predict(model, Xv, device)), torch.from_numpy(Yv)))
-        history.append({"epoch": epoch + 1, "train_loss": train_loss, "val_loss": val_loss})
+        run["history"].append({"epoch": epoch + 1, "train_loss": train_loss, "val_loss": val_loss})
+        run["n_examples"] += len(X)
         progress.log(f"epoch {epoch + 1}: train_loss={train_loss:.4f} val_loss={val_loss:.4f}")
-        if val_loss < best:
-            best, best_state = val_loss, copy.deepcopy(model.state_dict())
+        if val_loss < run["best"]:
+            run["best"], kept["best_state"] = val_loss, copy.deepcopy(model.state_dict())
+        epoch_rng = resume.rng_state(rng)  # the next epoch starts from here
+        run.update(epoch=epoch + 1, batch=0, loss_sum=0.0, loss_count=0)
+        if p.checkpoint_every_steps:
+            resume.save_state(state_dir, key, model, opt, sched, kept["best_state"], run, epoch_rng)
+    history, best, n_examples, best_state = run["history"], run["best"], run["n_examples"], kept["best_state"]
     assert best_state is not None
     model.load_state_dict(best_state)
     wall = time.perf_counter() - started
@@ -210,6 +267,7 @@ def pretrain(cfg: PipelineConfig, progress: Progress) -> dict[str, Any]:
         "best_val_loss": best,
     }
     version, final = publish_checkpoint(ws.foundation_root(cfg), model, meta)
+    resume.clear_state(state_dir)
     events = sum(s.n_events for s in cache.sources.values())
     return {
         "path": str(final),
