@@ -140,6 +140,9 @@ class FoundationParams(Strict):
     learning_rate: float = Field(default=1e-3, gt=0)
     weight_decay: float = Field(default=1e-4, ge=0)
     warmup_steps: int = Field(default=50, ge=0)
+    validation_entities: int = Field(
+        default=20000, gt=0, description="Entities sampled for the foundation's validation loss."
+    )
     checkpoint_every_steps: int = Field(
         default=200,
         ge=0,

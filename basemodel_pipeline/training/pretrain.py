@@ -30,6 +30,7 @@ from basemodel_pipeline.training import loop, resume
 from basemodel_pipeline.training.splits import epoch_seconds, random_split_times
 
 FIELD = "training_params.foundation"
+CHUNK_EXAMPLES = 131072  # examples featurised at a time: bounds memory whatever the number of entities
 
 
 @dataclass
@@ -134,7 +135,6 @@ def pretrain(cfg: PipelineConfig, progress: Progress) -> dict[str, Any]:
     started = time.perf_counter()
     torch.manual_seed(p.seed)
     loop.set_threads()
-    rng = np.random.default_rng(p.seed)
     device = loop.pick_device(p.device)
     enc = fit_encoder(cache, cfg)
     layout = target_layout(enc)
@@ -145,9 +145,9 @@ def pretrain(cfg: PipelineConfig, progress: Progress) -> dict[str, Any]:
         return enc.history(cache, e, t), future_targets(enc, cache, e, t, horizon)
 
     val_times = np.arange(epoch_seconds(dp.validation_start_date), val_end + 1, 7 * DAY)
-    Xv, Yv = examples(
-        np.repeat(np.arange(cache.n_entities), len(val_times)), np.tile(val_times, cache.n_entities)
-    )
+    n_val = min(cache.n_entities, p.validation_entities)
+    val_entities = np.sort(np.random.default_rng([p.seed, 7]).choice(cache.n_entities, n_val, replace=False))
+    Xv, Yv = examples(np.repeat(val_entities, len(val_times)), np.tile(val_times, n_val))
     if len(Xv) == 0:
         raise ConfigError(
             f"{FIELD}: no entity has history before the validation split points; check data_params"
@@ -162,7 +162,9 @@ def pretrain(cfg: PipelineConfig, progress: Progress) -> dict[str, Any]:
     model = build_model(arch).to(device)
     loss_fn = make_loss(layout)
     per_epoch = cache.n_entities * p.split_points_per_entity
-    total_steps = p.epochs * -(-per_epoch // p.batch_size)
+    chunk_entities = max(1, CHUNK_EXAMPLES // p.split_points_per_entity)
+    n_chunks = -(-cache.n_entities // chunk_entities)
+    total_steps = p.epochs * (-(-per_epoch // p.batch_size) + n_chunks)
     opt, sched = loop.optimizer_and_schedule(
         model, p.learning_rate, p.weight_decay, p.warmup_steps, total_steps
     )
@@ -189,70 +191,79 @@ def pretrain(cfg: PipelineConfig, progress: Progress) -> dict[str, Any]:
         "n_examples": 0,
     }
     kept: dict[str, Any] = {"best_state": None}  # best weights so far (read by the step callback)
-    epoch_rng = None
     resumed = resume.load_state(state_dir, key, model, opt, sched)
     if resumed is not None:
-        run, epoch_rng, kept["best_state"] = resumed
+        run, kept["best_state"] = resumed
         progress.log(f"resuming from step {run['step']} (epoch {run['epoch'] + 1}, batch {run['batch']})")
         progress.advance("pretrain", run["step"])
     feat_s = 0.0
     for epoch in range(run["epoch"], p.epochs):
-        if epoch_rng is not None and run["batch"] > 0:
-            rng.bit_generator.state = epoch_rng  # replay this epoch's sampling and batch order
-        else:
-            run.update(batch=0, loss_sum=0.0, loss_count=0)
-            if epoch_rng is not None:
-                rng.bit_generator.state = epoch_rng
-        epoch_rng = resume.rng_state(rng)
-        t0 = time.perf_counter()
-        X, Y = examples(*random_split_times(cache.n_entities, p.split_points_per_entity, lo, hi, rng))
-        feat_s += time.perf_counter() - t0
-        if len(X) == 0:
+        # everything random in an epoch derives from (seed, epoch[, chunk]): a resumed run replays it exactly
+        erng = np.random.default_rng([p.seed, epoch])
+        e_all, t_all = random_split_times(cache.n_entities, p.split_points_per_entity, lo, hi, erng)
+        keep = _has_history(cache, enc, e_all, t_all)
+        e_all, t_all = e_all[keep], t_all[keep]
+        if len(e_all) == 0:
             raise ConfigError(
                 f"{FIELD}: the training window is empty (no entity has events before its split points)"
             )
-        if epoch == 0 and run["batch"] == 0:
-            model.trunk.set_stats(
-                torch.from_numpy(X.mean(0)).to(device), torch.from_numpy(X.std(0)).to(device)
-            )
+        chunk_of = np.empty(cache.n_entities, np.int64)
+        chunk_of[erng.permutation(cache.n_entities)] = np.arange(cache.n_entities) // chunk_entities
+        by_chunk = np.argsort(chunk_of[e_all], kind="stable")
+        bounds = np.searchsorted(chunk_of[e_all][by_chunk], np.arange(n_chunks + 1))
+        done = 0
+        for ci in range(n_chunks):
+            sel = by_chunk[bounds[ci] : bounds[ci + 1]]
+            n_batches = -(-len(sel) // p.batch_size)
+            if run["batch"] >= done + n_batches:  # finished before an interruption
+                done += n_batches
+                continue
+            t0 = time.perf_counter()
+            X, Y = examples(e_all[sel], t_all[sel])
+            feat_s += time.perf_counter() - t0
+            if run["step"] == 0:
+                model.trunk.set_stats(
+                    torch.from_numpy(X.mean(0)).to(device), torch.from_numpy(X.std(0)).to(device)
+                )
 
-        def on_step(loss: float, n: int, epoch: int = epoch, rng_at_start: dict = epoch_rng) -> None:
-            run.update(
-                epoch=epoch,
-                batch=run["batch"] + 1,
-                step=run["step"] + 1,
-                loss_sum=run["loss_sum"] + loss * n,
-                loss_count=run["loss_count"] + n,
-            )
-            progress.advance("pretrain", 1, loss=loss)
-            if p.checkpoint_every_steps and run["step"] % p.checkpoint_every_steps == 0:
-                resume.save_state(state_dir, key, model, opt, sched, kept["best_state"], run, rng_at_start)
+            def on_step(loss: float, n: int, epoch: int = epoch) -> None:
+                run.update(
+                    epoch=epoch,
+                    batch=run["batch"] + 1,
+                    step=run["step"] + 1,
+                    loss_sum=run["loss_sum"] + loss * n,
+                    loss_count=run["loss_count"] + n,
+                )
+                progress.advance("pretrain", 1, loss=loss)
+                if p.checkpoint_every_steps and run["step"] % p.checkpoint_every_steps == 0:
+                    resume.save_state(state_dir, key, model, opt, sched, kept["best_state"], run)
 
-        loop.train_epoch(
-            model,
-            X,
-            Y,
-            loss_fn,
-            opt,
-            sched,
-            p.batch_size,
-            rng,
-            device,
-            on_step=on_step,
-            skip_batches=run["batch"],
-        )
+            loop.train_epoch(
+                model,
+                X,
+                Y,
+                loss_fn,
+                opt,
+                sched,
+                p.batch_size,
+                np.random.default_rng([p.seed, epoch, ci]),
+                device,
+                on_step=on_step,
+                skip_batches=run["batch"] - done,
+            )
+            done += n_batches
+            run["n_examples"] += len(sel)
+            del X, Y
         train_loss = run["loss_sum"] / max(run["loss_count"], 1)
         with torch.no_grad():
             val_loss = float(loss_fn(torch.from_numpy(loop.predict(model, Xv, device)), torch.from_numpy(Yv)))
         run["history"].append({"epoch": epoch + 1, "train_loss": train_loss, "val_loss": val_loss})
-        run["n_examples"] += len(X)
         progress.log(f"epoch {epoch + 1}: train_loss={train_loss:.4f} val_loss={val_loss:.4f}")
         if val_loss < run["best"]:
             run["best"], kept["best_state"] = val_loss, copy.deepcopy(model.state_dict())
-        epoch_rng = resume.rng_state(rng)  # the next epoch starts from here
         run.update(epoch=epoch + 1, batch=0, loss_sum=0.0, loss_count=0)
         if p.checkpoint_every_steps:
-            resume.save_state(state_dir, key, model, opt, sched, kept["best_state"], run, epoch_rng)
+            resume.save_state(state_dir, key, model, opt, sched, kept["best_state"], run)
     history, best, n_examples, best_state = run["history"], run["best"], run["n_examples"], kept["best_state"]
     assert best_state is not None
     model.load_state_dict(best_state)

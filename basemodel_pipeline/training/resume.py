@@ -12,7 +12,6 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -40,7 +39,6 @@ def save_state(
     sched: torch.optim.lr_scheduler.LRScheduler,
     best_state: dict[str, torch.Tensor] | None,
     info: dict[str, Any],
-    epoch_rng: dict[str, Any],
 ) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
@@ -57,7 +55,6 @@ def save_state(
         "info": info,
         "param_groups": groups,
         "sched_last_epoch": sched.last_epoch,
-        "epoch_rng": epoch_rng,
         "has_best": best_state is not None,
     }
     ws.atomic_write_text(directory / META, json.dumps(meta))
@@ -69,8 +66,8 @@ def load_state(
     model: torch.nn.Module,
     opt: torch.optim.Optimizer,
     sched: torch.optim.lr_scheduler.LRScheduler,
-) -> tuple[dict[str, Any], dict[str, Any], dict[str, torch.Tensor] | None] | None:
-    """Restore model/optimizer/scheduler/torch RNG; returns (info, epoch_rng, best_state) or None."""
+) -> tuple[dict[str, Any], dict[str, torch.Tensor] | None] | None:
+    """Restore model/optimizer/scheduler/torch RNG; returns (info, best_state) or None."""
     meta_file = directory / META
     if not meta_file.exists() or not (directory / TENSORS).exists():
         return None
@@ -88,12 +85,8 @@ def load_state(
     sched.last_epoch = meta["sched_last_epoch"]
     torch.set_rng_state(tensors["torch_rng"])
     best = {k[5:]: v for k, v in tensors.items() if k.startswith("best.")} if meta["has_best"] else None
-    return meta["info"], meta["epoch_rng"], best
+    return meta["info"], best
 
 
 def clear_state(directory: Path) -> None:
     shutil.rmtree(directory, ignore_errors=True)
-
-
-def rng_state(rng: np.random.Generator) -> dict[str, Any]:
-    return json.loads(json.dumps(rng.bit_generator.state))
