@@ -176,6 +176,7 @@ def pretrain(cfg: PipelineConfig, progress: Progress) -> dict[str, Any]:
                 p.model_dump(mode="json"),
                 cfg.data_params.model_dump(mode="json"),
                 cache.manifest["fingerprint"],
+                cache.manifest["created"],  # a rebuilt cache (new data) starts afresh
             ],
             sort_keys=True,
         ).encode()
