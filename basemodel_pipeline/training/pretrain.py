@@ -8,8 +8,6 @@ cross-entropy, per value or per hash partition), counted only where the entity w
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -170,27 +168,13 @@ def pretrain(cfg: PipelineConfig, progress: Progress) -> dict[str, Any]:
     )
     progress.start("pretrain", total_steps)
     state_dir = ws.foundation_root(cfg) / ".resume"
-    key = hashlib.sha256(
-        json.dumps(
-            [
-                p.model_dump(mode="json"),
-                cfg.data_params.model_dump(mode="json"),
-                cache.manifest["fingerprint"],
-                cache.manifest["created"],  # a rebuilt cache (new data) starts afresh
-            ],
-            sort_keys=True,
-        ).encode()
-    ).hexdigest()
-    run = {
-        "epoch": 0,
-        "batch": 0,
-        "step": 0,
-        "loss_sum": 0.0,
-        "loss_count": 0,
-        "history": [],
-        "best": float("inf"),
-        "n_examples": 0,
-    }
+    key = resume.state_key(
+        p.model_dump(mode="json"),
+        cfg.data_params.model_dump(mode="json"),
+        cache.manifest["fingerprint"],
+        cache.manifest["created"],  # a rebuilt cache (new data) starts afresh
+    )
+    run = resume.new_run_info()
     kept: dict[str, Any] = {"best_state": None}  # best weights so far (read by the step callback)
     resumed = resume.load_state(state_dir, key, model, opt, sched)
     if resumed is not None:

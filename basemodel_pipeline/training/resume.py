@@ -7,6 +7,7 @@ step the tensors belong to). A run started again with the same key continues fro
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -19,6 +20,25 @@ from basemodel_pipeline import workspace as ws
 
 TENSORS = "state.safetensors"
 META = "state.json"
+
+
+def state_key(*parts: Any) -> str:
+    """Identity of a training run: a saved state is resumed only by a run with the same key."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def new_run_info() -> dict[str, Any]:
+    """Progress counters saved with the state (JSON)."""
+    return {
+        "epoch": 0,
+        "batch": 0,
+        "step": 0,
+        "loss_sum": 0.0,
+        "loss_count": 0,
+        "history": [],
+        "best": float("inf"),
+        "n_examples": 0,
+    }
 
 
 def _flatten_optimizer(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
