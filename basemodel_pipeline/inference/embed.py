@@ -20,11 +20,10 @@ from basemodel_pipeline.cache.build import cache_dir
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import PipelineConfig
 from basemodel_pipeline.features.sketch import FeatureEncoder
-from basemodel_pipeline.inference.predict import default_as_of
+from basemodel_pipeline.inference.predict import default_as_of, feature_chunks
 from basemodel_pipeline.model.checkpoint import load_checkpoint
 from basemodel_pipeline.progress import Progress
 from basemodel_pipeline.training import loop
-from basemodel_pipeline.training.splits import epoch_seconds
 
 
 @torch.no_grad()
@@ -40,14 +39,11 @@ def entity_embeddings(
     model, meta = load_checkpoint(checkpoint_dir)
     enc = FeatureEncoder.from_dict(meta["encoder"])
     loop.set_threads()
-    t = epoch_seconds(as_of)
     outs = []
-    for a in range(0, len(entity), chunk):
-        e = entity[a : a + chunk]
-        X = enc.history(cache, e, np.full(len(e), t, np.int64))
+    for X in feature_chunks(cache, enc, entity, as_of, chunk):
         outs.append(model.trunk(torch.from_numpy(X)).numpy().astype(np.float16))
         if progress is not None:
-            progress.advance("embed", len(e))
+            progress.advance("embed", len(X))
     return np.concatenate(outs) if outs else np.zeros((0, meta["arch"]["hidden_dim"]), np.float16)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,16 @@ def default_as_of(cache: EventCache) -> dt.date:
     return cache.max_date + dt.timedelta(days=1)
 
 
+def feature_chunks(
+    cache: EventCache, enc: FeatureEncoder, entity: np.ndarray, as_of: dt.date, chunk: int = 16384
+) -> Iterator[np.ndarray]:
+    """History features of `entity` as of a date, `chunk` entities at a time (bounded memory)."""
+    t = epoch_seconds(as_of)
+    for a in range(0, len(entity), chunk):
+        e = entity[a : a + chunk]
+        yield enc.history(cache, e, np.full(len(e), t, np.int64))
+
+
 def score_entities(
     cache: EventCache,
     checkpoint: Path,
@@ -45,10 +56,8 @@ def score_entities(
     model, meta = load_checkpoint(checkpoint)
     enc = FeatureEncoder.from_dict(meta["encoder"])
     loop.set_threads()
-    t = np.full(len(entity), epoch_seconds(as_of), np.int64)
     outs = []
-    for a in range(0, len(entity), chunk):
-        X = enc.history(cache, entity[a : a + chunk], t[a : a + chunk])
+    for X in feature_chunks(cache, enc, entity, as_of, chunk):
         logits = loop.predict(model, X, torch.device("cpu"))
         outs.append(1.0 / (1.0 + np.exp(-logits)))
         if progress is not None:
