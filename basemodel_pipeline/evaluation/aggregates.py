@@ -15,7 +15,7 @@ events strictly before the split time counted (``ts < time``):
 Main-entity attributes follow as their integer codes (numeric attributes as values), named ``attr.<column>``;
 ``categorical_feature_indices`` lists the ones LightGBM should treat as categorical.
 
-Method: one composite sort key per source (``entity * span + ts - ts_min``) turns the per-entity
+Method: ``EventSource.positions`` (one composite sort key per source) turns the per-entity
 ``searchsorted`` into one global ``np.searchsorted``; window sums are differences of prefix sums
 (``cumsum[hi] - cumsum[lo]``). No Python loop over events or entities. The prefix sums of the last cache used
 are kept (one slot), so calling once per split date costs the preparation once.
@@ -44,9 +44,7 @@ class _Prepared:
 
     offsets: np.ndarray  # int64 [n_entities + 1]
     ts: np.ndarray  # int64 [n_events + 1] (one padding element, so that any index in 0..n_events is valid)
-    key: np.ndarray  # int64 [n_events]: entity * span + (ts - ts_min), sorted
-    ts_min: int
-    span: int
+    src: EventSource  # its positions() finds window bounds (one searchsorted over a composite key)
     day: np.ndarray  # int64 [n_events + 1]: UTC day index (padded)
     new_day: np.ndarray  # bool [n_events + 1]: first event of its (entity, day) (padded)
     cum_days: np.ndarray  # int64 [n_events + 1]: prefix sum of new_day
@@ -65,9 +63,6 @@ def _prepare(src: EventSource, n_entities: int) -> _Prepared:
     ts = np.asarray(src.ts, dtype=np.int64)
     n = ts.shape[0]
     ent = np.repeat(np.arange(n_entities, dtype=np.int64), np.diff(offsets))
-    ts_min = int(ts.min()) if n else 0
-    span = (int(ts.max()) - ts_min + 2) if n else 2
-    key = ent * span + (ts - ts_min)
     day = ts // DAY
     new_day = np.ones(n + 1, dtype=bool)
     if n > 1:
@@ -85,9 +80,7 @@ def _prepare(src: EventSource, n_entities: int) -> _Prepared:
     return _Prepared(
         offsets=offsets,
         ts=np.append(ts, 0),
-        key=key,
-        ts_min=ts_min,
-        span=span,
+        src=src,
         day=np.append(day, 0),
         new_day=new_day,
         cum_days=_prefix(new_day[:n], np.int64),
@@ -114,8 +107,7 @@ def _prepared(cache: EventCache) -> dict[str, _Prepared]:
 
 def _bounds(p: _Prepared, entity: np.ndarray, time: np.ndarray) -> np.ndarray:
     """Index of the first event of ``entity`` with ts >= ``time`` (= end of the events before ``time``)."""
-    q = np.clip(time - p.ts_min, 0, p.span - 1)
-    return np.searchsorted(p.key, entity * p.span + q, side="left").astype(np.int64)
+    return p.src.positions(entity, time).astype(np.int64)
 
 
 def _days_between(p: _Prepared, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:

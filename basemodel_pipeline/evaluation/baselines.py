@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from basemodel_pipeline.cache.store import DAY, EventCache
+from basemodel_pipeline.cache.store import DAY, EventCache, expand_ranges
 from basemodel_pipeline.evaluation.aggregates import _bounds, _days_between, _prepared
 
 LGB_PARAMS = {
@@ -123,15 +123,12 @@ def _window_code_counts(
     while start_q < len(entity):
         base = ends[start_q - 1] if start_q else 0
         stop_q = max(int(np.searchsorted(ends, base + chunk_events, side="right")), start_q + 1)
-        q = np.arange(start_q, stop_q)
-        m = n_ev[q]
-        qi = np.repeat(q, m)
-        first = np.repeat(np.cumsum(m) - m, m)
-        ev = np.repeat(lo[q], m) + (np.arange(qi.shape[0]) - first)
+        owner, ev = expand_ranges(lo[start_q:stop_q], hi[start_q:stop_q])
         cls = lut[codes[ev]]
         keep = cls >= 0
-        flat = np.bincount((qi[keep] - start_q) * C + cls[keep], minlength=len(q) * C)
-        counts[start_q:stop_q] = flat.reshape(len(q), C)
+        n_q = stop_q - start_q
+        flat = np.bincount(owner[keep] * C + cls[keep], minlength=n_q * C)
+        counts[start_q:stop_q] = flat.reshape(n_q, C)
         start_q = stop_q
     return total, counts
 
