@@ -69,10 +69,10 @@ def write_summary(cfg: PipelineConfig) -> dict[str, Any]:
     """Collect each scenario's test metrics into workspace/reports/summary.json."""
     scenarios: dict[str, Any] = {}
     for sc in cfg.scenarios:
-        metrics_file = (
-            ws.latest_scenario_dir(cfg, sc.name) / "metrics.json" if ws.has_scenario(cfg, sc.name) else None
-        )
-        if metrics_file is None or not metrics_file.exists():
+        if not ws.has_scenario(cfg, sc.name):
+            continue
+        metrics_file = ws.latest_scenario_dir(cfg, sc.name) / "metrics.json"
+        if not metrics_file.exists():
             continue
         m = json.loads(metrics_file.read_text())
         scenarios[sc.name] = {
