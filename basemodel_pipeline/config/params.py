@@ -1,0 +1,101 @@
+"""Config models of data_params and training_params."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from basemodel_pipeline.config.base import Strict
+
+
+class DataParams(Strict):
+    data_start_date: dt.date = Field(description="Events before this date are ignored.")
+    training_start_date: dt.date | None = Field(
+        default=None,
+        description="First split point for training examples (default: data_start_date + 28 days).",
+    )
+    validation_start_date: dt.date = Field(description="Split points from this date on are validation only.")
+    training_end_date: dt.date = Field(
+        description="No training or validation target window extends past this date; the test split point."
+    )
+    split_interval_days: int = Field(default=7, gt=0, description="Days between scenario split points.")
+
+    @property
+    def first_split(self) -> dt.date:
+        return self.training_start_date or self.data_start_date + dt.timedelta(days=28)
+
+    @property
+    def test_date(self) -> dt.date:
+        return self.training_end_date
+
+    @model_validator(mode="after")
+    def _ordered(self) -> DataParams:
+        order = [
+            ("data_start_date", self.data_start_date),
+            ("training_start_date", self.first_split),
+            ("validation_start_date", self.validation_start_date),
+            ("training_end_date", self.training_end_date),
+        ]
+        for (a, da), (b, db) in zip(order, order[1:], strict=False):
+            if not da < db:
+                raise ValueError(f"{a} ({da}) must be before {b} ({db})")
+        return self
+
+
+class FoundationParams(Strict):
+    horizon_days: int = Field(default=28, gt=0, description="Future window the foundation model predicts.")
+    half_lives_days: list[float] = Field(default=[7.0, 30.0, 120.0], min_length=1)
+    sketch_partitions: int = Field(
+        default=4, gt=0, description="Hash partitions per high-cardinality column."
+    )
+    sketch_width: int = Field(default=32, gt=1, description="Buckets per partition.")
+    max_direct_vocab: int = Field(
+        default=64, gt=0, description="Columns with at most this many values are counted per value."
+    )
+    aggregate_features: bool = Field(
+        default=True,
+        description="Append automatic windowed aggregates (counts, sums, recency...) to the sketches.",
+    )
+    hidden_dim: int = Field(default=512, gt=0)
+    num_blocks: int = Field(default=2, gt=0)
+    dropout: float = Field(default=0.1, ge=0.0, lt=1.0)
+    epochs: int = Field(default=4, gt=0)
+    split_points_per_entity: int = Field(
+        default=8, gt=0, description="Random split points per entity per epoch."
+    )
+    batch_size: int = Field(default=256, gt=0)
+    learning_rate: float = Field(default=1e-3, gt=0)
+    weight_decay: float = Field(default=1e-4, ge=0)
+    warmup_steps: int = Field(default=50, ge=0)
+    validation_entities: int = Field(
+        default=20000, gt=0, description="Entities sampled for the foundation's validation loss."
+    )
+    checkpoint_every_steps: int = Field(
+        default=200,
+        ge=0,
+        description="Save a resumable training state every N steps (0: off).",
+    )
+    seed: int = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+
+class FinetuneParams(Strict):
+    epochs: int = Field(default=12, gt=0)
+    batch_size: int = Field(default=256, gt=0)
+    learning_rate: float = Field(default=1e-3, gt=0)
+    weight_decay: float = Field(default=1e-4, ge=0)
+    patience: int = Field(
+        default=3, gt=0, description="Epochs without validation improvement before stopping."
+    )
+    mode: Literal["full", "frozen"] = Field(
+        default="frozen",
+        description="frozen: train only the head on the foundation trunk (best on small data); full: fine-tune all.",
+    )
+    seed: int = 0
+
+
+class TrainingParams(Strict):
+    foundation: FoundationParams = Field(default_factory=FoundationParams)
+    finetune: FinetuneParams = Field(default_factory=FinetuneParams)
