@@ -17,13 +17,27 @@ from basemodel_pipeline.progress import NullProgress, Progress
 
 
 def run_extract(
-    cfg: PipelineConfig, source: str | None = None, progress: Progress | None = None
+    cfg: PipelineConfig,
+    source: str | None = None,
+    progress: Progress | None = None,
+    days: tuple[dt.date, dt.date] | None = None,
 ) -> dict[str, Any]:
-    """Extract one source (or all) into workspace/extracts/<source>/. Returns {source: {rows, files, path}}."""
+    """Extract one source (or all) into workspace/extracts/<source>/. Returns {source: {rows, files, path}}.
+
+    With ``days=(start, end)`` only the event days in [start, end) are re-extracted: exactly those day files
+    are rewritten (or removed when the source no longer has that day) and every other day stays untouched.
+    Attribute tables are always extracted whole.
+    """
     from basemodel_pipeline.sources.extract import extract_source
 
+    if days is not None and not days[0] < days[1]:
+        from basemodel_pipeline.errors import UserError
+
+        raise UserError(
+            f"day range {days[0]}..{days[1]} is empty; the end day is exclusive and must be later"
+        )
     names = [source] if source else [s.name for s in cfg.data_sources]
-    return {name: extract_source(cfg, cfg.source(name), progress or NullProgress()) for name in names}
+    return {name: extract_source(cfg, cfg.source(name), progress or NullProgress(), days) for name in names}
 
 
 def run_cache(cfg: PipelineConfig, progress: Progress | None = None) -> dict[str, Any]:

@@ -7,6 +7,7 @@ run leaves either the old file or the new one; re-running rewrites the same cont
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import shutil
 from pathlib import Path
@@ -30,7 +31,12 @@ from basemodel_pipeline.sources.parquet import (
 DAY_COLUMN = "__day"
 
 
-def source_select_sql(cfg: PipelineConfig, src: DataSource, available: dict[str, str]) -> str:
+DayRange = tuple[dt.date, dt.date]
+
+
+def source_select_sql(
+    cfg: PipelineConfig, src: DataSource, available: dict[str, str], days: DayRange | None = None
+) -> str:
     cols = selected_columns(src, available)
     items = []
     for c in cols:
@@ -45,13 +51,20 @@ def source_select_sql(cfg: PipelineConfig, src: DataSource, available: dict[str,
     if src.date_column is not None:
         start = quote_literal(cfg.data_params.data_start_date.isoformat())
         conditions.append(f"{timestamp_expr(src, available)} >= CAST({start} AS TIMESTAMP)")
+        if days is not None:
+            lo, hi = (quote_literal(d.isoformat()) for d in days)
+            conditions.append(f"{timestamp_expr(src, available)} >= CAST({lo} AS TIMESTAMP)")
+            conditions.append(f"{timestamp_expr(src, available)} < CAST({hi} AS TIMESTAMP)")
     sql = f"SELECT {', '.join(items)} FROM {read_parquet_sql(src.data_location.path)}"
     if conditions:
         sql += " WHERE " + " AND ".join(conditions)
     return sql
 
 
-def extract_source(cfg: PipelineConfig, src: DataSource, progress: Progress) -> dict[str, Any]:
+def extract_source(
+    cfg: PipelineConfig, src: DataSource, progress: Progress, days: DayRange | None = None
+) -> dict[str, Any]:
+    """Extract one source. With `days` = (start, end), only event days in [start, end) are rewritten."""
     out = ws.extracts_dir(cfg, src.name)
     out.mkdir(parents=True, exist_ok=True)
     ws.clean_stale_tmp(out)
@@ -59,9 +72,9 @@ def extract_source(cfg: PipelineConfig, src: DataSource, progress: Progress) -> 
     con = duckdb.connect()
     try:
         available = describe(con, src)
-        select = source_select_sql(cfg, src, available)
+        select = source_select_sql(cfg, src, available, days if src.type == "event" else None)
         if src.type == "event":
-            files, rows = _extract_days(con, src, select, out)
+            files, rows = _extract_days(con, src, select, out, days)
         else:
             files, rows = _extract_table(con, select, out)
     except duckdb.Error as exc:
@@ -92,7 +105,20 @@ def _extract_table(con: duckdb.DuckDBPyConnection, select: str, out: Path) -> tu
     return 1, int(rows)
 
 
-def _extract_days(con: duckdb.DuckDBPyConnection, src: DataSource, select: str, out: Path) -> tuple[int, int]:
+def _in_range(name: str, days: DayRange | None) -> bool:
+    """Whether the day file `yyyy-mm-dd.parquet` belongs to the extracted range (all days when None)."""
+    if days is None:
+        return True
+    try:
+        day = dt.date.fromisoformat(name.removesuffix(".parquet"))
+    except ValueError:
+        return False
+    return days[0] <= day < days[1]
+
+
+def _extract_days(
+    con: duckdb.DuckDBPyConnection, src: DataSource, select: str, out: Path, days_range: DayRange | None
+) -> tuple[int, int]:
     assert src.date_column is not None
     ts = quote_ident(src.date_column.name)
     staging = out / ".staging.tmp"
@@ -117,12 +143,12 @@ def _extract_days(con: duckdb.DuckDBPyConnection, src: DataSource, select: str, 
             )
             os.replace(merged, target)
         days.add(target.name)
-    for stale in out.glob("*.parquet"):  # days that vanished from the source
-        if stale.name not in days:
+    for stale in out.glob("*.parquet"):  # days of the range that vanished from the source
+        if stale.name not in days and _in_range(stale.name, days_range):
             stale.unlink()
     shutil.rmtree(staging, ignore_errors=True)
     ws.fsync_dir(out)
-    if days:
+    if any(out.glob("*.parquet")):
         rows = con.execute(
             f"SELECT count(*) FROM read_parquet({quote_literal(str(out / '*.parquet'))})"
         ).fetchone()[0]
@@ -133,4 +159,4 @@ def _extract_days(con: duckdb.DuckDBPyConnection, src: DataSource, select: str, 
             f"source '{src.name}' ({src.data_location.path}): no events left after where_condition and "
             f"data_start_date; check both"
         )
-    return len(days), int(rows)
+    return len(list(out.glob("*.parquet"))), int(rows)
