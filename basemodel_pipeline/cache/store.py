@@ -36,20 +36,23 @@ class EventSource:
     def n_events(self) -> int:
         return int(self.ts.shape[0])
 
-    @cached_property
-    def _keys(self) -> tuple[np.ndarray, int, int]:
-        """Sorted composite keys entity * span + (ts - t0): one searchsorted finds positions for any entity."""
-        t0 = int(self.ts.min()) if self.n_events else 0
-        span = (int(self.ts.max()) - t0 + 2) if self.n_events else 2
-        counts = np.diff(self.offsets)
-        ent = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
-        return ent * span + (np.asarray(self.ts) - t0), t0, span
-
     def positions(self, entity: np.ndarray, time: np.ndarray) -> np.ndarray:
-        """Global row of the first event of `entity` at or after `time` (so rows before it have ts < time)."""
-        keys, t0, span = self._keys
-        rel = np.clip(np.asarray(time, dtype=np.int64) - t0, 0, span - 1)
-        return np.searchsorted(keys, np.asarray(entity, dtype=np.int64) * span + rel, side="left")
+        """Global row of the first event of `entity` at or after `time` (so rows before it have ts < time).
+
+        A vectorised binary search inside each entity's [offsets[e], offsets[e+1]) run of the memory-mapped
+        timestamps: ~log2(longest history) passes over the queries, no index array held in memory."""
+        entity = np.asarray(entity, dtype=np.int64)
+        time = np.broadcast_to(np.asarray(time, dtype=np.int64), entity.shape)
+        lo, hi = self.offsets[entity].astype(np.int64), self.offsets[entity + 1].astype(np.int64)
+        ts = self.ts
+        active = np.nonzero(lo < hi)[0]
+        while active.size:
+            mid = (lo[active] + hi[active]) >> 1
+            right = ts[mid] < time[active]  # the answer is after mid
+            lo[active[right]] = mid[right] + 1
+            hi[active[~right]] = mid[~right]
+            active = active[lo[active] < hi[active]]
+        return lo
 
     def window_rows(
         self, entity: np.ndarray, t0: np.ndarray, t1: np.ndarray
