@@ -108,7 +108,7 @@ def validate(config: ConfigArg) -> None:
     for col in ("kind", "name", "details"):
         table.add_column(col)
     for src in cfg.data_sources:
-        table.add_row(f"source ({src.type})", src.name, escape(src.data_location.path))
+        table.add_row(f"source ({src.type})", src.name, escape(src.data_location.display()))
     for sc in cfg.scenarios:
         table.add_row(f"scenario ({sc.task})", sc.name, f"horizon {sc.target.horizon_days} d")
     out.print(table)

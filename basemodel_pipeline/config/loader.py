@@ -13,6 +13,7 @@ import yaml
 from pydantic import ValidationError
 
 from basemodel_pipeline.config.models import PipelineConfig
+from basemodel_pipeline.config.sources import DATABASE_TYPES
 from basemodel_pipeline.errors import ConfigError
 
 ENV_PATTERN = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -66,7 +67,8 @@ def _line_of(root: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
 
 def _clean_loc(loc: tuple[Any, ...]) -> tuple[Any, ...]:
     # pydantic adds discriminator tags ('binary') and validator names to locations; keep real keys only
-    return tuple(p for p in loc if not (isinstance(p, str) and (p in ("binary", "multilabel") or "[" in p)))
+    tags = ("binary", "multilabel", *DATABASE_TYPES)
+    return tuple(p for p in loc if not (isinstance(p, str) and (p in tags or "[" in p)))
 
 
 LEADING_PATH = re.compile(r"^([A-Za-z_]\w*(?:\[\d+\]|\.[A-Za-z_]\w*)*): (.*)$", re.S)
@@ -127,9 +129,7 @@ def resolve_paths(cfg: PipelineConfig, base_dir: Path) -> PipelineConfig:
         return str((base_dir / p).resolve())
 
     sources = [
-        s.model_copy(update={"data_location": s.data_location.model_copy(update={"path": absolute(p)})})
-        for s in cfg.data_sources
-        for p in [s.data_location.path]
+        s.model_copy(update={"data_location": s.data_location.resolved(absolute)}) for s in cfg.data_sources
     ]
     return cfg.model_copy(update={"workspace": absolute(cfg.workspace), "data_sources": sources})
 

@@ -2,18 +2,183 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
 from basemodel_pipeline.config.base import IDENTIFIER, Strict
 
+SECRET = "Secret: write ${ENV_VAR} and export it; never put the value in the file."
 
-class DataLocation(Strict):
-    database_type: Literal["parquet"] = Field(
-        description="Where the data lives. Other backends arrive with the connectors issue."
+
+class S3Options(Strict):
+    """Where and how to reach S3 (or an S3-compatible store). Unset fields come from the AWS_* variables."""
+
+    endpoint: str | None = Field(
+        default=None, description="host:port of an S3-compatible endpoint (MinIO, moto); default AWS."
     )
-    path: str = Field(description="File, directory or glob; relative paths are relative to the config file.")
+    region: str | None = Field(default=None, description="Default: AWS_REGION or AWS_DEFAULT_REGION.")
+    access_key_id: str | None = Field(default=None, description="Default: AWS_ACCESS_KEY_ID.")
+    secret_access_key: str | None = Field(
+        default=None, description=f"Default: AWS_SECRET_ACCESS_KEY. {SECRET}", exclude=True
+    )
+    session_token: str | None = Field(default=None, description="Default: AWS_SESSION_TOKEN.", exclude=True)
+    use_ssl: bool = True
+    url_style: Literal["vhost", "path"] = "vhost"
+
+
+class ParquetLocation(Strict):
+    database_type: Literal["parquet"]
+    path: str = Field(
+        description="File, directory or glob, local or s3://bucket/prefix; relative paths are relative to "
+        "the config file."
+    )
+    s3: S3Options = Field(default_factory=S3Options, description="Only for s3:// paths.")
+    engine: Literal["auto", "duckdb", "pyarrow"] = Field(
+        default="auto",
+        description="s3:// reader: DuckDB httpfs (installed offline from the duckdb-extension-httpfs wheel) "
+        "or pyarrow's S3 filesystem; auto tries httpfs and falls back to pyarrow.",
+    )
+    cache_path: str | None = Field(
+        default=None,
+        description="Local directory: s3:// files are copied here and read locally; later runs copy only "
+        "new or changed files.",
+    )
+
+    def display(self) -> str:
+        return self.path
+
+    def resolved(self, absolute: Callable[[str], str]) -> ParquetLocation:
+        """Local paths made absolute (relative to the config file's directory)."""
+        cache = absolute(self.cache_path) if self.cache_path else None
+        return self.model_copy(update={"path": absolute(self.path), "cache_path": cache})
+
+
+class WarehouseLocation(Strict):
+    table_name: str = Field(description="Table or view to read; qualify it as the warehouse expects.")
+
+    def display(self) -> str:
+        return f"{self.database_type}:{self.table_name}"  # type: ignore[attr-defined]
+
+    def resolved(self, absolute: Callable[[str], str]) -> WarehouseLocation:
+        return self
+
+
+class SnowflakeParams(Strict):
+    account: str
+    user: str
+    password: str | None = Field(default=None, description=SECRET, exclude=True)
+    private_key_file: str | None = Field(default=None, description="Key-pair auth instead of a password.")
+    private_key_file_pwd: str | None = Field(default=None, description=SECRET, exclude=True)
+    authenticator: str | None = None
+    role: str | None = None
+    warehouse: str | None = None
+    database: str
+    schema_name: str = Field(alias="schema")
+    host: str | None = Field(default=None, description="Only for proxies/emulators; default from account.")
+    port: int | None = None
+    protocol: Literal["https", "http"] = "https"
+
+
+class SnowflakeLocation(WarehouseLocation):
+    database_type: Literal["snowflake"]
+    connection_params: SnowflakeParams
+
+
+class BigQueryParams(Strict):
+    project_id: str
+    dataset_id: str
+    credentials_path: str | None = Field(
+        default=None, description="Service-account JSON; default: application default credentials."
+    )
+    location: str | None = None
+    billing_project_id: str | None = Field(default=None, description="Project billed for queries.")
+    api_endpoint: str | None = Field(default=None, description="Only for emulators: http://host:port.")
+    storage_api: bool = Field(default=True, description="Read results through the BigQuery Storage Read API.")
+
+
+class BigQueryLocation(WarehouseLocation):
+    database_type: Literal["bigquery"]
+    connection_params: BigQueryParams
+
+
+class DatabricksParams(Strict):
+    server_hostname: str
+    http_path: str
+    access_token: str = Field(description=SECRET, exclude=True)
+    catalog: str | None = None
+    schema_name: str | None = Field(default=None, alias="schema")
+
+
+class DatabricksLocation(WarehouseLocation):
+    database_type: Literal["databricks"]
+    connection_params: DatabricksParams
+
+
+class SynapseParams(Strict):
+    server: str = Field(description="e.g. myworkspace.sql.azuresynapse.net")
+    port: int = 1433
+    database: str
+    schema_name: str = Field(default="dbo", alias="schema")
+    username: str | None = None
+    password: str | None = Field(default=None, description=SECRET, exclude=True)
+    authentication: str | None = Field(
+        default=None, description="mssql-python Authentication, e.g. ActiveDirectoryServicePrincipal."
+    )
+    encrypt: bool = True
+
+
+class SynapseLocation(WarehouseLocation):
+    database_type: Literal["synapse"]
+    connection_params: SynapseParams
+
+
+class HiveParams(Strict):
+    host: str
+    port: int = 10000
+    username: str | None = None
+    password: str | None = Field(default=None, description=SECRET, exclude=True)
+    database: str = "default"
+    auth: Literal["NONE", "NOSASL", "LDAP", "CUSTOM", "KERBEROS"] = "NONE"
+    kerberos_service_name: str | None = None
+
+
+class HiveLocation(WarehouseLocation):
+    database_type: Literal["hive"]
+    connection_params: HiveParams
+
+
+class ClickHouseParams(Strict):
+    host: str
+    port: int | None = Field(default=None, description="HTTP(S) port; default 8123, or 8443 with secure.")
+    username: str = "default"
+    password: str = Field(default="", description=SECRET, exclude=True)
+    database: str = "default"
+    secure: bool = False
+
+
+class ClickHouseLocation(WarehouseLocation):
+    database_type: Literal["clickhouse"]
+    connection_params: ClickHouseParams
+
+
+DataLocation = Annotated[
+    ParquetLocation
+    | SnowflakeLocation
+    | BigQueryLocation
+    | DatabricksLocation
+    | SynapseLocation
+    | HiveLocation
+    | ClickHouseLocation,
+    Field(discriminator="database_type"),
+]
+DATABASE_TYPES = ("parquet", "snowflake", "bigquery", "databricks", "synapse", "hive", "clickhouse")
+
+
+class SqlLambda(Strict):
+    alias: Annotated[str, Field(pattern=IDENTIFIER)] = Field(description="Name of the computed column.")
+    expression: str = Field(description="One SQL expression in the source's dialect, e.g. price * quantity.")
 
 
 class DateColumn(Strict):
@@ -43,7 +208,12 @@ class DataSource(Strict):
     date_column: DateColumn | None = None
     allowed_columns: list[str] | None = None
     disallowed_columns: list[str] | None = None
-    where_condition: str | None = Field(default=None, description="SQL boolean expression on the source.")
+    where_condition: str | None = Field(
+        default=None, description="SQL boolean expression on the source, in the source's dialect."
+    )
+    sql_lambdas: list[SqlLambda] = Field(
+        default_factory=list, description="Computed columns: [{alias, expression}], evaluated in the source."
+    )
     joined_data_sources: list[JoinedDataSource] = Field(default_factory=list)
     column_types: dict[str, ColumnType] = Field(
         default_factory=dict, description="Override the inferred type of a column."

@@ -1,30 +1,188 @@
-"""Data sources: read a configured source (Parquet, warehouses) and extract it into the workspace."""
+"""Data sources: one interface over Parquet (local, s3://) and the warehouses.
+
+    read_source(cfg, src, days)   Arrow record batches of a source (selection, where_condition,
+                                  sql_lambdas, date column as TIMESTAMP, optional attribute joins)
+    watermark(cfg, src)           the latest event day in a source (one cheap MAX query)
+    source_schema(cfg, src)       column name -> DuckDB type name
+
+The SQL is built once (sources.sql) and rendered in each backend's dialect by sqlglot.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
+import importlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TypeVar
 
-import duckdb
+import pyarrow as pa
 
 from basemodel_pipeline.config.models import DataSource, PipelineConfig
-from basemodel_pipeline.errors import DataError
+from basemodel_pipeline.errors import ConfigError, DataError
+from basemodel_pipeline.sources.base import Backend, with_retry
+from basemodel_pipeline.sources.sql import Join, max_timestamp_query, source_query
+
+T = TypeVar("T")
+DayRange = tuple[dt.date, dt.date]
+
+BACKENDS = {
+    "parquet": "basemodel_pipeline.sources.parquet:ParquetBackend",
+    "snowflake": "basemodel_pipeline.sources.snowflake:SnowflakeBackend",
+    "bigquery": "basemodel_pipeline.sources.bigquery:BigQueryBackend",
+    "clickhouse": "basemodel_pipeline.sources.clickhouse:ClickHouseBackend",
+    "databricks": "basemodel_pipeline.sources.databricks:DatabricksBackend",
+    "synapse": "basemodel_pipeline.sources.synapse:SynapseBackend",
+    "hive": "basemodel_pipeline.sources.hive:HiveBackend",
+}
+
+
+def backend_class(database_type: str) -> type[Backend]:
+    module, _, name = BACKENDS[database_type].partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ImportError as exc:
+        raise ConfigError(
+            f"database_type '{database_type}' needs the connectors extra: pip install "
+            f"'basemodel_pipeline[connectors]' ({exc.name} is missing)"
+        ) from None
+
+
+def what(src: DataSource) -> str:
+    return f"source '{src.name}' ({src.data_location.display()})"
+
+
+def open_backend(cfg: PipelineConfig, src: DataSource) -> Backend:
+    return backend_class(src.data_location.database_type)(src, Path(cfg.workspace))
+
+
+def run_with_backend(cfg: PipelineConfig, src: DataSource, fn: Callable[[Backend], T]) -> T:
+    """Open the source, call fn, close; the whole attempt is retried on transient failures."""
+    cls = backend_class(src.data_location.database_type)
+
+    def attempt() -> T:
+        with cls(src, Path(cfg.workspace)) as backend:
+            return fn(backend)
+
+    return with_retry(attempt, what=what(src), is_transient=cls.is_transient)
+
+
+def same_database(a: DataSource, b: DataSource) -> bool:
+    """Whether two sources can be joined in one query (same backend and connection)."""
+    la, lb = a.data_location, b.data_location
+    return la.database_type == lb.database_type and getattr(la, "connection_params", None) == getattr(
+        lb, "connection_params", None
+    )
+
+
+def _joins(cfg: PipelineConfig, src: DataSource, backend: Backend, available: dict[str, str]) -> list[Join]:
+    joins = []
+    for j in src.joined_data_sources:
+        attr = cfg.source(j.name)
+        if not same_database(src, attr):
+            raise ConfigError(
+                f"source '{src.name}': joined source '{attr.name}' lives in another database; joins in the "
+                "source need both tables in one database (the cache joins extracts of any two sources)"
+            )
+        other = type(backend)(attr, backend.workspace)
+        try:
+            attr_cols = other.schema()
+            table = other.table()
+        finally:
+            other.close()
+        cols = [c for c in attr_cols if c not in available and c not in j.join_on.values()]
+        joins.append(Join(attr, table, dict(j.join_on), cols))
+    return joins
+
+
+def query_for(
+    cfg: PipelineConfig,
+    src: DataSource,
+    backend: Backend,
+    days: DayRange | None = None,
+    *,
+    join_attributes: bool = False,
+    limit: int | None = None,
+) -> str:
+    available = backend.schema()
+    joins = _joins(cfg, src, backend, available) if join_attributes else []
+    start = cfg.data_params.data_start_date if src.date_column is not None else None
+    return source_query(
+        src,
+        backend.table(),
+        available,
+        backend.dialect,
+        location=src.data_location.display(),
+        start=start,
+        days=days if src.date_column is not None else None,
+        joins=joins,
+        limit=limit,
+    )
+
+
+@contextmanager
+def read_source(
+    cfg: PipelineConfig,
+    src: DataSource,
+    days: DayRange | None = None,
+    *,
+    join_attributes: bool = False,
+    limit: int | None = None,
+) -> Iterator[pa.RecordBatchReader]:
+    """Stream a source's rows (events in [days[0], days[1]) when given) as Arrow record batches.
+
+    Opening the query is retried on transient failures; a failure while streaming propagates (callers
+    that write files retry the whole range, see sources.extract).
+    """
+
+    def start(backend: Backend) -> tuple[Backend, pa.RecordBatchReader]:
+        return backend, backend.execute(
+            query_for(cfg, src, backend, days, join_attributes=join_attributes, limit=limit)
+        )
+
+    cls = backend_class(src.data_location.database_type)
+
+    def attempt() -> tuple[Backend, pa.RecordBatchReader]:
+        backend = cls(src, Path(cfg.workspace))
+        try:
+            return start(backend)
+        except BaseException:
+            backend.close()
+            raise
+
+    backend, reader = with_retry(attempt, what=what(src), is_transient=cls.is_transient)
+    try:
+        yield reader
+    finally:
+        backend.close()
+
+
+def source_schema(cfg: PipelineConfig, src: DataSource) -> dict[str, str]:
+    """Column name -> DuckDB type name of a source's table."""
+    return run_with_backend(cfg, src, lambda b: b.schema())
 
 
 def watermark(cfg: PipelineConfig, src: DataSource) -> dt.date | None:
     """The latest event day available in an event source (None when it has no events).
 
-    One cheap aggregate (`max` of the date column; Parquet answers it from row-group statistics). A
+    One aggregate query (MAX of the date column; Parquet answers it from row-group statistics). A Dagster
     sensor compares it with the newest extracted day to decide which days to extract.
     """
-    from basemodel_pipeline.sources.parquet import describe, read_parquet_sql, timestamp_expr
-
     if src.date_column is None:
         raise DataError(f"source '{src.name}' is of type '{src.type}'; only event sources have a watermark")
-    con = duckdb.connect()
-    try:
-        available = describe(con, src)
-        sql = f"SELECT max({timestamp_expr(src, available)}) FROM {read_parquet_sql(src.data_location.path)}"
-        value = con.execute(sql).fetchone()[0]
-    finally:
-        con.close()
-    return None if value is None else value.date()
+    assert src.date_column is not None
+
+    def query(backend: Backend) -> dt.date | None:
+        name = src.date_column.name  # type: ignore[union-attr]
+        available = backend.schema()
+        if name not in available:
+            raise DataError(f"{what(src)}: date column '{name}' not found; available: {', '.join(available)}")
+        dtype = available[name]
+        table = backend.execute(max_timestamp_query(src, backend.table(), dtype, backend.dialect)).read_all()
+        value = table.column(0)[0].as_py() if table.num_rows else None
+        if value is None:
+            return None
+        return value.date() if isinstance(value, dt.datetime) else value
+
+    return run_with_backend(cfg, src, query)
