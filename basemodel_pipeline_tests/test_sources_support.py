@@ -70,3 +70,33 @@ def s3_server() -> Iterator[dict[str, Any]]:
         yield {"endpoint": f"{host}:{port}", "client": client, **creds}
     finally:
         server.stop()
+
+
+def sql_value(value: Any) -> Any:
+    return value.isoformat(sep=" ") if hasattr(value, "isoformat") and not isinstance(value, str) else value
+
+
+def load_tables(
+    cursor: Any, data_dir: Path, names: list[str], types: dict[str, str], placeholder: str = "%s"
+) -> None:
+    """CREATE TABLE + INSERT every tiny-dataset Parquet table through a DB-API cursor (unquoted names)."""
+    import pyarrow as pa
+
+    for name in names:
+        table = pq.read_table(data_dir / f"{name}.parquet")
+        cols = []
+        for field in table.schema:
+            kind = (
+                "TIMESTAMP"
+                if pa.types.is_timestamp(field.type)
+                else types["float"]
+                if pa.types.is_floating(field.type)
+                else types["int"]
+                if pa.types.is_integer(field.type)
+                else types["text"]
+            )
+            cols.append(f"{field.name} {kind}")
+        cursor.execute(f"CREATE TABLE {name} ({', '.join(cols)})")
+        rows = [tuple(sql_value(v) for v in row.values()) for row in table.to_pylist()]
+        marks = ", ".join([placeholder] * table.num_columns)
+        cursor.executemany(f"INSERT INTO {name} VALUES ({marks})", rows)

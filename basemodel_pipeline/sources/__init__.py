@@ -22,7 +22,7 @@ import pyarrow as pa
 from basemodel_pipeline.config.models import DataSource, PipelineConfig
 from basemodel_pipeline.errors import ConfigError, DataError
 from basemodel_pipeline.sources.base import Backend, with_retry
-from basemodel_pipeline.sources.sql import Join, max_timestamp_query, source_query
+from basemodel_pipeline.sources.sql import Join, max_timestamp_query, resolve, source_query
 
 T = TypeVar("T")
 DayRange = tuple[dt.date, dt.date]
@@ -91,8 +91,11 @@ def _joins(cfg: PipelineConfig, src: DataSource, backend: Backend, available: di
             table = other.table()
         finally:
             other.close()
-        cols = [c for c in attr_cols if c not in available and c not in j.join_on.values()]
-        joins.append(Join(attr, table, dict(j.join_on), cols))
+        own = {c.lower() for c in available}
+        keys = {c.lower() for c in j.join_on.values()}
+        cols = [c for c in attr_cols if c.lower() not in own and c.lower() not in keys]
+        on = {a: resolve(b, attr_cols) or b for a, b in j.join_on.items()}
+        joins.append(Join(attr, table, on, cols))
     return joins
 
 
@@ -174,12 +177,9 @@ def watermark(cfg: PipelineConfig, src: DataSource) -> dt.date | None:
     assert src.date_column is not None
 
     def query(backend: Backend) -> dt.date | None:
-        name = src.date_column.name  # type: ignore[union-attr]
-        available = backend.schema()
-        if name not in available:
-            raise DataError(f"{what(src)}: date column '{name}' not found; available: {', '.join(available)}")
-        dtype = available[name]
-        table = backend.execute(max_timestamp_query(src, backend.table(), dtype, backend.dialect)).read_all()
+        table = backend.execute(
+            max_timestamp_query(src, backend.table(), backend.schema(), backend.dialect)
+        ).read_all()
         value = table.column(0)[0].as_py() if table.num_rows else None
         if value is None:
             return None

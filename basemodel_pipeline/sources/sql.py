@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import sqlglot
 from sqlglot import exp
+from sqlglot.optimizer.normalize_identifiers import normalize_identifiers
 
 from basemodel_pipeline.config.models import DataSource
 from basemodel_pipeline.errors import ConfigError
@@ -55,18 +56,30 @@ def parse_fragment(
             f"data source '{src.name}': {what} {text!r} must be one SQL expression on the source's "
             "columns (no statements or subqueries)"
         )
-    node = node.copy()
+    node = normalize_identifiers(
+        node.copy(), dialect=dialect
+    )  # unquoted names follow the dialect's case rule
     for col in node.find_all(exp.Column):
         if not col.table:
-            col.set("table", exp.to_identifier(table))
-        col.this.set("quoted", True)
+            col.set("table", exp.to_identifier(table, quoted=True))
     return node
 
 
-def timestamp_expr(src: DataSource, dtype: str, dialect: str, table: str = SOURCE_ALIAS) -> exp.Expression:
+def table_from_name(name: str, dialect: str) -> exp.Table:
+    """A configured table_name ('db.schema.events', quoted parts kept exact) as a table expression."""
+    try:
+        table = exp.to_table(name, dialect=dialect)
+    except sqlglot.errors.ParseError as err:
+        raise ConfigError(f"table_name {name!r} is not a valid {dialect} table name: {err}") from None
+    return normalize_identifiers(table, dialect=dialect)
+
+
+def timestamp_expr(
+    src: DataSource, dtype: str, dialect: str, table: str = SOURCE_ALIAS, column_name: str | None = None
+) -> exp.Expression:
     """The date column as a TIMESTAMP in `dialect` (text dates parsed with date_column.format)."""
     assert src.date_column is not None
-    col = column(src.date_column.name, table)
+    col = column(column_name or src.date_column.name, table)
     fmt = src.date_column.format
     if not fmt:
         if dtype.upper().startswith(TEXT_TYPES):
@@ -108,24 +121,44 @@ class Join:
     columns: list[str]
 
 
-def selected_columns(src: DataSource, available: dict[str, str], location: str) -> list[str]:
-    """Columns kept from a source: keys plus allowed (or all minus disallowed), minus `ignore` overrides."""
+def resolve(name: str, available: dict[str, str]) -> str | None:
+    """The source column a configured name means: exact, else the one case-insensitive match
+    (Snowflake reports unquoted names in upper case, Hive and Databricks in lower case)."""
+    if name in available:
+        return name
+    matches = [c for c in available if c.lower() == name.lower()]
+    return matches[0] if len(matches) == 1 else None
+
+
+def selected_columns(src: DataSource, available: dict[str, str], location: str) -> dict[str, str]:
+    """Output name -> source column of the columns kept: keys plus allowed (or all minus disallowed),
+    minus `ignore` overrides. Configured names keep the config's spelling in the output."""
     from basemodel_pipeline.errors import DataError
 
     keys = src.key_columns()
     if src.allowed_columns is not None:
         wanted = list(dict.fromkeys([*keys, *src.allowed_columns]))
     else:
-        banned = set(src.disallowed_columns or [])
-        wanted = [c for c in available if c not in banned or c in keys]
-    missing = [c for c in wanted if c not in available]
+        banned = {c.lower() for c in src.disallowed_columns or []}
+        key_of = {c.lower(): c for c in keys}
+        wanted = [
+            key_of.get(c.lower(), c) for c in available if c.lower() not in banned or c.lower() in key_of
+        ]
+    resolved = {c: resolve(c, available) for c in wanted}
+    missing = [c for c, actual in resolved.items() if actual is None]
     if missing:
         raise DataError(
             f"source '{src.name}' ({location}): column(s) {', '.join(missing)} not found; "
             f"available: {', '.join(available)}"
         )
     lambdas = {lam.alias for lam in src.sql_lambdas}
-    return [c for c in wanted if (src.column_types.get(c) != "ignore" or c in keys) and c not in lambdas]
+    return {
+        out: actual
+        for out, actual in resolved.items()
+        if actual is not None
+        and (src.column_types.get(out) != "ignore" or out in keys)
+        and out not in lambdas
+    }
 
 
 def source_query(
@@ -143,10 +176,13 @@ def source_query(
     """SELECT of a source's rows in `dialect`: selected columns, sql_lambdas, the date column as TIMESTAMP,
     where_condition, events in [start, ...) and in the `days` range, LEFT JOINed attribute columns."""
     names = selected_columns(src, available, location)
-    ts = timestamp_expr(src, available[src.date_column.name], dialect) if src.date_column else None
+    ts = None
+    if src.date_column is not None:
+        actual = names[src.date_column.name]
+        ts = timestamp_expr(src, available[actual], dialect, column_name=actual)
     items: list[exp.Expression] = []
-    for name in names:
-        expr = ts if ts is not None and src.date_column and name == src.date_column.name else column(name)
+    for name, actual in names.items():
+        expr = ts if ts is not None and src.date_column and name == src.date_column.name else column(actual)
         items.append(exp.alias_(expr, name, quoted=True))
     for lam in src.sql_lambdas:
         items.append(
@@ -155,7 +191,9 @@ def source_query(
     query = exp.select(*items).from_(exp.alias_(table, SOURCE_ALIAS, table=True))
     for j, join in enumerate(joins):
         alias = f"j{j}"
-        on = exp.and_(*(exp.EQ(this=column(a), expression=column(b, alias)) for a, b in join.on.items()))
+        on = exp.and_(
+            *(exp.EQ(this=column(names[a]), expression=column(b, alias)) for a, b in join.on.items())
+        )
         query = query.join(exp.alias_(join.table, alias, table=True), on=on, join_type="left")
         query = query.select(
             *(exp.alias_(column(c, alias), c, quoted=True) for c in join.columns), copy=False
@@ -175,9 +213,19 @@ def source_query(
     return query.sql(dialect=dialect, identify=True)
 
 
-def max_timestamp_query(src: DataSource, table: exp.Expression, dtype: str, dialect: str) -> str:
+def max_timestamp_query(
+    src: DataSource, table: exp.Expression, available: dict[str, str], dialect: str
+) -> str:
     """SELECT MAX(<date column as TIMESTAMP>) FROM the source."""
-    ts = timestamp_expr(src, dtype, dialect)
+    assert src.date_column is not None
+    actual = resolve(src.date_column.name, available)
+    if actual is None:
+        from basemodel_pipeline.errors import DataError
+
+        raise DataError(
+            f"source '{src.name}': date column '{src.date_column.name}' not found; available: {', '.join(available)}"
+        )
+    ts = timestamp_expr(src, available[actual], dialect, column_name=actual)
     query = exp.select(exp.alias_(exp.Max(this=ts), "watermark", quoted=True))
     return query.from_(exp.alias_(table, SOURCE_ALIAS, table=True)).sql(dialect=dialect, identify=True)
 
