@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import warnings
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
+import torch
 
 from basemodel_pipeline.errors import UserError
 
@@ -31,28 +33,22 @@ class EventSource:
     columns: dict[str, np.ndarray]  # int32 codes or float32 values, [n_events]
     info: dict[str, ColumnInfo] = field(default_factory=dict)
     vocab_dir: Path | None = None
+    device_cache: dict = field(default_factory=dict, repr=False, compare=False)  # features/kernels.py
 
     @property
     def n_events(self) -> int:
         return int(self.ts.shape[0])
 
     def positions(self, entity: np.ndarray, time: np.ndarray) -> np.ndarray:
-        """Global row of the first event of `entity` at or after `time` (so rows before it have ts < time).
-
-        A vectorised binary search inside each entity's [offsets[e], offsets[e+1]) run of the memory-mapped
-        timestamps: ~log2(longest history) passes over the queries, no index array held in memory."""
-        entity = np.asarray(entity, dtype=np.int64)
-        time = np.broadcast_to(np.asarray(time, dtype=np.int64), entity.shape)
-        lo, hi = self.offsets[entity].astype(np.int64), self.offsets[entity + 1].astype(np.int64)
-        ts = self.ts
-        active = np.nonzero(lo < hi)[0]
-        while active.size:
-            mid = (lo[active] + hi[active]) >> 1
-            right = ts[mid] < time[active]  # the answer is after mid
-            lo[active[right]] = mid[right] + 1
-            hi[active[~right]] = mid[~right]
-            active = active[lo[active] < hi[active]]
-        return lo
+        """Global row of the first event of `entity` at or after `time` (so rows before it have ts < time)."""
+        entity = torch.from_numpy(np.ascontiguousarray(entity, dtype=np.int64))
+        time = torch.from_numpy(
+            np.ascontiguousarray(np.broadcast_to(np.asarray(time, np.int64), entity.shape))
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # read-only memory map: only read
+            ts = torch.from_numpy(self.ts)
+        return bisect_rows(ts, torch.from_numpy(np.asarray(self.offsets, np.int64)), entity, time).numpy()
 
     def window_rows(
         self, entity: np.ndarray, t0: np.ndarray, t1: np.ndarray
@@ -68,13 +64,39 @@ class EventSource:
         return [str(v) for v in pq.read_table(file, columns=["value"]).column("value").to_pylist()]
 
 
-def expand_ranges(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def bisect_rows(
+    ts: torch.Tensor, offsets: torch.Tensor, entity: torch.Tensor, time: torch.Tensor
+) -> torch.Tensor:
+    """First row r in [offsets[e], offsets[e+1]) with ts[r] >= time, per query (the run's end if none).
+
+    A vectorised binary search inside each entity's run of the timestamps: ~log2(longest history) passes over
+    the queries, no index array held in memory; works on CPU (memory maps) and GPU tensors alike."""
+    lo, hi = offsets[entity].clone(), offsets[entity + 1].clone()
+    active = torch.nonzero(lo < hi).squeeze(1)
+    while active.numel():
+        mid = (lo[active] + hi[active]) // 2
+        right = ts[mid] < time[active]  # the answer is after mid
+        lo[active[right]] = mid[right] + 1
+        hi[active[~right]] = mid[~right]
+        active = active[lo[active] < hi[active]]
+    return lo
+
+
+def expand_ranges_t(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[lo_q, hi_q) ranges -> (owner q per element, element index), without a Python loop."""
-    lengths = np.maximum(hi - lo, 0)
-    owner = np.repeat(np.arange(len(lo), dtype=np.int64), lengths)
-    starts = np.cumsum(lengths) - lengths
-    rows = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(starts - lo, lengths)
+    lengths = (hi - lo).clamp_min(0)
+    owner = torch.repeat_interleave(torch.arange(len(lo), device=lo.device), lengths)
+    starts = torch.cumsum(lengths, 0) - lengths
+    rows = torch.arange(int(lengths.sum()), device=lo.device) - torch.repeat_interleave(starts - lo, lengths)
     return owner, rows
+
+
+def expand_ranges(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """numpy form of expand_ranges_t."""
+    owner, rows = expand_ranges_t(
+        torch.from_numpy(np.asarray(lo, np.int64)), torch.from_numpy(np.asarray(hi, np.int64))
+    )
+    return owner.numpy(), rows.numpy()
 
 
 def _stem(col: str) -> str:

@@ -15,186 +15,192 @@ events strictly before the split time counted (``ts < time``):
 Main-entity attributes follow as their integer codes (numeric attributes as values), named ``attr.<column>``;
 ``categorical_feature_indices`` lists the ones LightGBM should treat as categorical.
 
-Method: ``EventSource.positions`` (one composite sort key per source) turns the per-entity
-``searchsorted`` into one global ``np.searchsorted``; window sums are differences of prefix sums
-(``cumsum[hi] - cumsum[lo]``). No Python loop over events or entities. The prefix sums of the last cache used
-are kept (one slot), so calling once per split date costs the preparation once.
+Method (features/kernels.py): the windowed sums scatter-add the rows of the last 90 days of each query; the
+all-history sums use the incremental pass over sorted queries (every event read once, whatever the number of
+split points). Memory is bounded by the chunk sizes, not by the number of events: nothing per event is held
+beyond the cache's memory maps.
 """
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
-from basemodel_pipeline.cache.store import DAY, EventCache, EventSource
+from basemodel_pipeline.cache.store import DAY, EventCache, EventSource, expand_ranges_t
+from basemodel_pipeline.features.kernels import (
+    SourceTensors,
+    as_tensor,
+    decayed_sums,
+    entity_chunks,
+    row_chunks,
+    scan,
+    segments,
+    source_tensors,
+)
 
 WINDOWS_DAYS = (7, 30, 90)
 TOP_VALUE_WINDOWS_DAYS = (30, 90)
 TOP_VALUES = 10
 MAX_TOP_VOCAB = 64
 NO_HISTORY_DAYS = 10_000.0
-CHUNK = 1 << 18  # queries per chunk
+CHUNK = 1 << 16  # queries per chunk
 
 
 @dataclass
-class _Prepared:
-    """Per-source arrays derived once from the cache."""
+class _Layout:
+    """Channels of one source: 0 count, 1 new active day, numeric columns, then top-value indicators."""
 
-    offsets: np.ndarray  # int64 [n_entities + 1]
-    ts: np.ndarray  # int64 [n_events + 1] (one padding element, so that any index in 0..n_events is valid)
-    src: EventSource  # its positions() finds window bounds (one searchsorted over a composite key)
-    day: np.ndarray  # int64 [n_events + 1]: UTC day index (padded)
-    new_day: np.ndarray  # bool [n_events + 1]: first event of its (entity, day) (padded)
-    cum_days: np.ndarray  # int64 [n_events + 1]: prefix sum of new_day
-    cum_num: dict[str, np.ndarray]  # float64 [n_events + 1] per numeric column
-    cum_top: dict[tuple[str, int], np.ndarray]  # int64 [n_events + 1] per (categorical column, code)
+    numeric: list[str]
+    tops: list[tuple[str, int]]  # (categorical column, number of top codes)
 
+    @property
+    def base(self) -> int:
+        return 2 + len(self.numeric)
 
-def _prefix(a: np.ndarray, dtype) -> np.ndarray:
-    out = np.zeros(a.shape[0] + 1, dtype=dtype)
-    np.cumsum(a, dtype=dtype, out=out[1:])
-    return out
+    @property
+    def width(self) -> int:
+        return self.base + sum(k for _, k in self.tops) + 1  # + 1 sink channel for codes outside the top
 
 
-def _prepare(src: EventSource, n_entities: int) -> _Prepared:
-    offsets = np.asarray(src.offsets, dtype=np.int64)
-    ts = np.asarray(src.ts, dtype=np.int64)
-    n = ts.shape[0]
-    ent = np.repeat(np.arange(n_entities, dtype=np.int64), np.diff(offsets))
-    day = ts // DAY
-    new_day = np.ones(n + 1, dtype=bool)
-    if n > 1:
-        new_day[1:n] = (day[1:] != day[:-1]) | (ent[1:] != ent[:-1])
-    cum_num = {
-        c: _prefix(np.asarray(v), np.float64) for c, v in src.columns.items() if src.info[c].type == "numeric"
-    }
-    cum_top: dict[tuple[str, int], np.ndarray] = {}
-    for c, v in src.columns.items():
-        info = src.info[c]
-        if info.type == "categorical" and 0 < info.vocab_size <= MAX_TOP_VOCAB:
-            codes = np.asarray(v)
-            for k in range(1, min(TOP_VALUES, info.vocab_size) + 1):
-                cum_top[(c, k)] = _prefix(codes == k, np.int64)
-    return _Prepared(
-        offsets=offsets,
-        ts=np.append(ts, 0),
-        src=src,
-        day=np.append(day, 0),
-        new_day=new_day,
-        cum_days=_prefix(new_day[:n], np.int64),
-        cum_num=cum_num,
-        cum_top=cum_top,
-    )
-
-
-_LOCK = threading.Lock()
-_SLOT: dict[str, object] = {}
-
-
-def _prepared(cache: EventCache) -> dict[str, _Prepared]:
-    """Prepared arrays of every source of ``cache``, reusing the last call's when it was the same object."""
-    with _LOCK:
-        if _SLOT.get("cache") is cache:
-            return _SLOT["prep"]  # type: ignore[return-value]
-    prep = {name: _prepare(src, cache.n_entities) for name, src in cache.sources.items()}
-    with _LOCK:
-        _SLOT.clear()
-        _SLOT.update(cache=cache, prep=prep)
-    return prep
-
-
-def _bounds(p: _Prepared, entity: np.ndarray, time: np.ndarray) -> np.ndarray:
-    """Index of the first event of ``entity`` with ts >= ``time`` (= end of the events before ``time``)."""
-    return p.src.positions(entity, time).astype(np.int64)
-
-
-def _days_between(p: _Prepared, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """Distinct active days among events lo..hi-1 (one entity each)."""
-    first_partial = (hi > lo) & ~p.new_day[lo]  # the window starts inside a day already counted before it
-    return (p.cum_days[hi] - p.cum_days[lo] + first_partial).astype(np.float64)
+def _layout(src: EventSource) -> _Layout:
+    numeric = [c for c, i in src.info.items() if i.type == "numeric"]
+    tops = [
+        (c, min(TOP_VALUES, i.vocab_size))
+        for c, i in src.info.items()
+        if i.type == "categorical" and 0 < i.vocab_size <= MAX_TOP_VOCAB
+    ]
+    return _Layout(numeric, tops)
 
 
 def feature_names(cache: EventCache) -> list[str]:
     """Names of the columns ``aggregate_features`` returns, in order."""
-    return _features(cache, np.zeros(0, np.int64), np.zeros(0, np.int64), names_only=True)[1]
-
-
-def _features(
-    cache: EventCache, entity: np.ndarray, time: np.ndarray, names_only: bool = False
-) -> tuple[list[np.ndarray], list[str]]:
-    cols: list[np.ndarray] = []
     names: list[str] = []
-    prep = {} if names_only else _prepared(cache)
-
-    def add(name: str, value: np.ndarray | None) -> None:
-        names.append(name)
-        if not names_only:
-            cols.append(value)  # type: ignore[arg-type]
-
     for sname, src in cache.sources.items():
-        p = prep.get(sname)
-        numeric = [c for c, i in src.info.items() if i.type == "numeric"]
-        tops = [
-            (c, min(TOP_VALUES, i.vocab_size))
-            for c, i in src.info.items()
-            if i.type == "categorical" and 0 < i.vocab_size <= MAX_TOP_VOCAB
-        ]
-        if p is not None:
-            hi = _bounds(p, entity, time)
-            start = p.offsets[entity]
-            lo = {w: _bounds(p, entity, time - w * DAY) for w in WINDOWS_DAYS}
-            lo["all"] = start
-        counts: dict[object, np.ndarray] = {}
-        days: dict[object, np.ndarray] = {}
+        lay = _layout(src)
         for w in (*WINDOWS_DAYS, "all"):
             tag = f"{w}d" if w != "all" else "all"
-            if p is not None:
-                counts[w] = (hi - lo[w]).astype(np.float64)
-                days[w] = _days_between(p, lo[w], hi)
-            add(f"{sname}.count_{tag}", counts.get(w))
-            add(f"{sname}.days_{tag}", days.get(w))
-            for c in numeric:
-                add(f"{sname}.{c}.sum_{tag}", None if p is None else p.cum_num[c][hi] - p.cum_num[c][lo[w]])
+            names += [f"{sname}.count_{tag}", f"{sname}.days_{tag}"]
+            names += [f"{sname}.{c}.sum_{tag}" for c in lay.numeric]
         for w in TOP_VALUE_WINDOWS_DAYS:
-            for c, n_top in tops:
+            for c, n_top in lay.tops:
                 for k in range(1, n_top + 1):
-                    cnt = share = None
-                    if p is not None:
-                        cs = p.cum_top[(c, k)]
-                        cnt = (cs[hi] - cs[lo[w]]).astype(np.float64)
-                        share = cnt / np.maximum(counts[w], 1.0)
-                    add(f"{sname}.{c}#{k}.count_{w}d", cnt)
-                    add(f"{sname}.{c}#{k}.share_{w}d", share)
-        # recency, tenure, frequency, monetary, inter-event gaps
-        if p is not None:
-            any_hist = hi > start
-            last, first = p.ts[np.maximum(hi - 1, 0)], p.ts[start]
-            recency = np.where(any_hist, (time - last) / DAY, NO_HISTORY_DAYS)
-            tenure = np.where(any_hist, (time - first) / DAY, 0.0)
-        add(f"{sname}.recency_days", None if p is None else recency)
-        add(f"{sname}.tenure_days", None if p is None else tenure)
-        add(
-            f"{sname}.frequency_days_per_30d",
-            None if p is None else days["all"] * 30.0 / np.maximum(tenure, 1.0),
-        )
+                    names += [f"{sname}.{c}#{k}.count_{w}d", f"{sname}.{c}#{k}.share_{w}d"]
+        names += [f"{sname}.recency_days", f"{sname}.tenure_days", f"{sname}.frequency_days_per_30d"]
+        for tag in ("all", "90d"):
+            names += [f"{sname}.{c}.per_active_day_{tag}" for c in lay.numeric]
+            names.append(f"{sname}.mean_gap_days_{tag}")
+    names += [f"attr.{c}" for c in cache.attribute_info]
+    return names
+
+
+def _new_day(st: SourceTensors, rows: torch.Tensor, entity_start: torch.Tensor) -> torch.Tensor:
+    """1.0 where the event is the first of its (entity, UTC day)."""
+    day = torch.div(st.ts[rows], DAY, rounding_mode="floor")
+    prev = torch.div(st.ts[(rows - 1).clamp_min(0)], DAY, rounding_mode="floor")
+    return ((rows == entity_start) | (day != prev)).to(torch.float32)
+
+
+def _channels(
+    st: SourceTensors, lay: _Layout, rows: torch.Tensor, entity_start: torch.Tensor, with_tops: bool
+):
+    """Channel indices [m, K] and values [m, K] of rows for this layout (row-major: see event_channels_t)."""
+    m, dev = len(rows), rows.device
+    chans = [torch.zeros(m, dtype=torch.int64, device=dev), torch.ones(m, dtype=torch.int64, device=dev)]
+    vals = [torch.ones(m, dtype=torch.float32, device=dev), _new_day(st, rows, entity_start)]
+    for j, c in enumerate(lay.numeric):
+        chans.append(torch.full((m,), 2 + j, dtype=torch.int64, device=dev))
+        vals.append(st.columns[c][rows].to(torch.float32))
+    if with_tops:
+        off = lay.base
+        for c, k in lay.tops:
+            code = st.columns[c][rows].to(torch.int64)
+            inside = (code >= 1) & (code <= k)
+            chans.append(torch.where(inside, off + code - 1, torch.full_like(code, lay.width - 1)))
+            vals.append(torch.ones(m, dtype=torch.float32, device=dev))
+            off += k
+    return torch.stack(chans, 1), torch.stack(vals, 1)
+
+
+def _all_history(
+    st: SourceTensors, lay: _Layout, e: torch.Tensor, t: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cumulative (undecayed) sums [n, base] over all events before each sorted query, and its end rows."""
+    sg = segments(st, e, t)
+    rate = torch.zeros(1, device=e.device)
+    out = torch.empty((len(e), lay.base), dtype=torch.float32, device=e.device)
+    for a, b in row_chunks(sg.pos - sg.start, sg.first):
+        owner, rows = expand_ranges_t(sg.start[a:b], sg.pos[a:b])
+        chans, vals = _channels(st, lay, rows, st.offsets[e[a:b]][owner], with_tops=False)
+        sums = decayed_sums(vals, owner, t[a:b][owner] - st.ts[rows], chans, rate, b - a, lay.base)
+        out[a:b] = scan(sums, t[a:b], sg.first[a:b], rate)[:, 0]
+    return out, sg.pos
+
+
+def _windows(
+    st: SourceTensors, lay: _Layout, e: torch.Tensor, t: torch.Tensor, hi: torch.Tensor
+) -> torch.Tensor:
+    """Sums [n, len(WINDOWS_DAYS), width] over the events in each window before each query."""
+    n, W, dev = len(e), len(WINDOWS_DAYS), e.device
+    lo = st.positions(e, t - max(WINDOWS_DAYS) * DAY)
+    out = torch.zeros(n * W * lay.width, dtype=torch.float32, device=dev)
+    for a, b in row_chunks(hi - lo, torch.ones(n, dtype=torch.bool, device=dev)):
+        owner, rows = expand_ranges_t(lo[a:b], hi[a:b])
+        chans, vals = _channels(st, lay, rows, st.offsets[e[a:b]][owner], with_tops=True)
+        dt_s = t[a:b][owner] - st.ts[rows]
+        for wi, w in enumerate(WINDOWS_DAYS):
+            inside = (dt_s <= w * DAY).to(torch.float32).unsqueeze(1)
+            idx = chans + (((owner + a) * W + wi) * lay.width).unsqueeze(1)
+            out.index_add_(0, idx.reshape(-1), (vals * inside).reshape(-1))
+    return out.view(n, W, lay.width)
+
+
+def aggregate_features_t(cache: EventCache, e: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """Aggregate features [n, F] float32 of queries sorted by (entity, time), on e's device."""
+    cols: list[torch.Tensor] = []
+    t64 = t.to(torch.float64)
+    for src in cache.sources.values():
+        st, lay = source_tensors(src, e.device), _layout(src)
+        total, hi = _all_history(st, lay, e, t)
+        win = _windows(st, lay, e, t, hi)
+        start = st.offsets[e]
+        has = hi > start
+        last_row = (hi - 1).clamp_min(0)
+        days: dict[object, torch.Tensor] = {}
+        for wi, w in enumerate(WINDOWS_DAYS):
+            lo_w = st.positions(e, t - w * DAY)
+            partial = (lo_w < hi) & (_new_day(st, lo_w.clamp_max(max(len(st.ts) - 1, 0)), start) == 0)
+            days[w] = win[:, wi, 1] + partial.to(torch.float32)  # the window starts inside a counted day
+            cols += [win[:, wi, 0], days[w], *win[:, wi, 2 : lay.base].unbind(1)]
+        days["all"] = total[:, 1]
+        cols += [total[:, 0], days["all"], *total[:, 2:].unbind(1)]
+        for w in TOP_VALUE_WINDOWS_DAYS:
+            wi = WINDOWS_DAYS.index(w)
+            off = lay.base
+            for _, k in lay.tops:
+                for j in range(k):
+                    cnt = win[:, wi, off + j]
+                    cols += [cnt, cnt / win[:, wi, 0].clamp_min(1.0)]
+                off += k
+        ts_last, ts_first = st.ts[last_row].to(torch.float64), st.ts[start.clamp_max(len(st.ts) - 1)]
+        recency = torch.where(has, (t64 - ts_last) / DAY, torch.full_like(t64, NO_HISTORY_DAYS))
+        tenure = torch.where(has, (t64 - ts_first.to(torch.float64)) / DAY, torch.zeros_like(t64))
+        cols += [recency, tenure, days["all"] * 30.0 / tenure.clamp_min(1.0)]
+        day_last = torch.div(st.ts[last_row], DAY, rounding_mode="floor")
+        lo90 = st.positions(e, t - 90 * DAY).clamp_max(max(len(st.ts) - 1, 0))
+        firsts = {"all": ts_first, 90: st.ts[lo90]}
+        sums = {"all": total[:, 2 : lay.base], 90: win[:, WINDOWS_DAYS.index(90), 2 : lay.base]}
         for w in ("all", 90):
-            tag = f"{w}d" if w != "all" else "all"
-            for c in numeric:
-                val = None
-                if p is not None:
-                    val = (p.cum_num[c][hi] - p.cum_num[c][lo[w]]) / np.maximum(days[w], 1.0)
-                add(f"{sname}.{c}.per_active_day_{tag}", val)
-            gap = None
-            if p is not None:
-                d_first, d_last = p.day[lo[w]], p.day[np.maximum(hi - 1, 0)]
-                with np.errstate(invalid="ignore", divide="ignore"):
-                    gap = np.where(days[w] >= 2, (d_last - d_first) / (days[w] - 1), np.nan)
-            add(f"{sname}.mean_gap_days_{tag}", gap)
+            cols += list((sums[w] / days[w].clamp_min(1.0).unsqueeze(1)).unbind(1))
+            span = (day_last - torch.div(firsts[w], DAY, rounding_mode="floor")).to(torch.float64)
+            gap = torch.where(days[w] >= 2, span / (days[w].to(torch.float64) - 1), torch.nan)
+            cols.append(gap)
     for c in cache.attribute_info:
-        add(f"attr.{c}", None if names_only else np.asarray(cache.attributes[c])[entity].astype(np.float64))
-    return cols, names
+        cols.append(as_tensor(np.asarray(cache.attributes[c]), e.device)[e].to(torch.float64))
+    if not cols:
+        return torch.zeros((len(e), 0), dtype=torch.float32, device=e.device)
+    return torch.stack([c.to(torch.float32) for c in cols], 1)
 
 
 def aggregate_features(
@@ -203,7 +209,7 @@ def aggregate_features(
     """Aggregate features of each query (``entity[i]`` as of ``time[i]``).
 
     Args:
-        cache: the event cache (anything with ``n_entities``, ``sources``, ``attributes``, ``attribute_info``).
+        cache: the event cache.
         entity: int64 [n] entity indices.
         time: int64 [n] (or a scalar) epoch seconds, the split time; only events with ``ts < time`` count.
 
@@ -216,10 +222,12 @@ def aggregate_features(
         raise ValueError(f"entity index out of range [0, {cache.n_entities})")
     names = feature_names(cache)
     X = np.empty((entity.shape[0], len(names)), dtype=np.float32)
-    for s in range(0, entity.shape[0], CHUNK):
-        cols, _ = _features(cache, entity[s : s + CHUNK], time[s : s + CHUNK])
-        for j, col in enumerate(cols):
-            X[s : s + CHUNK, j] = col
+    order = np.lexsort((time, entity))
+    for a, b in entity_chunks(entity[order], CHUNK):
+        idx = order[a:b]
+        X[idx] = aggregate_features_t(
+            cache, torch.from_numpy(entity[idx]), torch.from_numpy(time[idx])
+        ).numpy()
     return X, names
 
 
