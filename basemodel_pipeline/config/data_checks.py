@@ -19,7 +19,7 @@ import yaml
 from sqlglot import exp
 
 from basemodel_pipeline.config.loader import _line_of
-from basemodel_pipeline.config.models import DataSource, MultilabelTarget, PipelineConfig
+from basemodel_pipeline.config.models import DataSource, PipelineConfig
 from basemodel_pipeline.errors import ConfigError
 from basemodel_pipeline.sources.parquet import parquet_glob, quote_ident, read_parquet_sql
 
@@ -117,9 +117,9 @@ class _Checker:
                         {ev.main_entity_column: attrs.main_entity_column},
                     )
         for i, sc in enumerate(self.cfg.scenarios):
-            if isinstance(sc.target, MultilabelTarget):
-                src = self.cfg.source(sc.target.source)
-                self.require(f"scenarios[{i}].target.column", src, sc.target.column, self.joined_columns(src))
+            src = self.cfg.source(sc.target.source)
+            for field, column in sc.target.columns():
+                self.require(f"scenarios[{i}].target.{field}", src, column, self.joined_columns(src))
 
     def joined_columns(self, src: DataSource) -> list[str]:
         own = self.columns[src.name]

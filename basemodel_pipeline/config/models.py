@@ -14,7 +14,17 @@ from basemodel_pipeline.config.params import (
     FoundationParams,
     TrainingParams,
 )
-from basemodel_pipeline.config.scenarios import BinaryTarget, MultilabelTarget, Scenario, Target
+from basemodel_pipeline.config.scenarios import (
+    BinaryTarget,
+    Condition,
+    MulticlassTarget,
+    MultilabelTarget,
+    PythonTarget,
+    RecommendationTarget,
+    RegressionTarget,
+    Scenario,
+    Target,
+)
 from basemodel_pipeline.config.sources import (
     ColumnType,
     DataLocation,
@@ -27,6 +37,7 @@ __all__ = [
     "IDENTIFIER",
     "BinaryTarget",
     "ColumnType",
+    "Condition",
     "DataLocation",
     "DataParams",
     "DataSource",
@@ -34,8 +45,12 @@ __all__ = [
     "FinetuneParams",
     "FoundationParams",
     "JoinedDataSource",
+    "MulticlassTarget",
     "MultilabelTarget",
     "PipelineConfig",
+    "PythonTarget",
+    "RecommendationTarget",
+    "RegressionTarget",
     "Scenario",
     "Strict",
     "Target",

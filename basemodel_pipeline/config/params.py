@@ -63,9 +63,28 @@ class FoundationParams(Strict):
     dropout: float = Field(default=0.1, ge=0.0, lt=1.0)
     epochs: int = Field(default=4, gt=0)
     split_points_per_entity: int = Field(
-        default=8, gt=0, description="Random split points per entity per epoch."
+        default=8, gt=0, description="Random split points per entity per epoch (at most)."
     )
-    batch_size: int = Field(default=256, gt=0)
+    max_examples_per_epoch: int = Field(
+        default=262144,
+        gt=0,
+        description="Cap on training examples per epoch. Above it, each epoch samples entities (one split point "
+        "each when there are more entities than the cap): training time then stops growing with the data.",
+    )
+    batch_size: int | Literal["auto"] = Field(
+        default="auto",
+        description="Examples per step; auto: 256 for small epochs, up to 1024 (CPU) or 4096 (GPU) for large ones.",
+    )
+    loader_workers: int | Literal["auto"] = Field(
+        default="auto",
+        description="Background threads featurising the next chunk while the model trains; auto: 1 with >= 4 "
+        "CPU cores or a GPU, else 0 (inline).",
+    )
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        default="auto",
+        description="Matmul precision of training; auto: bf16 autocast on GPUs and on CPUs with native bf16 "
+        "(AVX512-BF16/AMX), else fp32. Weights and optimizer state stay fp32.",
+    )
     learning_rate: float = Field(default=1e-3, gt=0)
     weight_decay: float = Field(default=1e-4, ge=0)
     warmup_steps: int = Field(default=50, ge=0)
@@ -89,9 +108,10 @@ class FinetuneParams(Strict):
     patience: int = Field(
         default=3, gt=0, description="Epochs without validation improvement before stopping."
     )
-    mode: Literal["full", "frozen"] = Field(
+    mode: Literal["full", "frozen", "lora"] = Field(
         default="frozen",
-        description="frozen: train only the head on the foundation trunk (best on small data); full: fine-tune all.",
+        description="frozen: train only the head on the foundation trunk (best on small data); full: fine-tune "
+        "all; lora: low-rank adapters on the trunk's linear layers + head.",
     )
     seed: int = 0
 

@@ -1,4 +1,10 @@
-"""Config models of scenarios and their targets."""
+"""Config models of scenarios and their targets.
+
+A scenario is a task type plus a target over the window after each split time. Targets are declarative
+(one model per kind below) or a Python function (``kind: python``). Every target names its event
+``source`` and the columns it reads (``columns()``), so validation can reject unknown names before any data
+is read (PipelineConfig._references, config.data_checks).
+"""
 
 from __future__ import annotations
 
@@ -8,14 +14,41 @@ from pydantic import Field, model_validator
 
 from basemodel_pipeline.config.base import IDENTIFIER, Strict
 
+TASKS = ("binary", "multiclass", "multilabel", "regression", "recommendation")
+Task = Literal["binary", "multiclass", "multilabel", "regression", "recommendation"]
 
-class BinaryTarget(Strict):
-    """Positive when an entity has any (event: any) or no (event: none) event of `source` in the window."""
+
+class Condition(Strict):
+    """One predicate on an event column; a list of them is AND-ed. Categorical values are compared as text."""
+
+    column: str
+    op: Literal["==", "!=", "in", "not in", ">", ">=", "<", "<="] = "=="
+    value: str | float | int | list[str | float | int]
+
+    @model_validator(mode="after")
+    def _list_for_in(self) -> Condition:
+        if self.op in ("in", "not in") and not isinstance(self.value, list):
+            raise ValueError(f"op '{self.op}' needs a list value, got {self.value!r}")
+        if self.op not in ("in", "not in") and isinstance(self.value, list):
+            raise ValueError(f"op '{self.op}' needs a single value; use 'in' for a list")
+        return self
+
+
+class _Windowed(Strict):
+    source: str
+    horizon_days: int = Field(gt=0, description="Target window: [split time, split time + horizon_days).")
+    filter: list[Condition] = Field(default_factory=list, description="Only events matching all of these.")
+
+    def columns(self) -> list[tuple[str, str]]:
+        """(YAML field, column name) of every column the target reads from its source."""
+        return [(f"filter[{i}].column", c.column) for i, c in enumerate(self.filter)]
+
+
+class BinaryTarget(_Windowed):
+    """Positive when an entity has any (event: any) or no (event: none) matching event in the window."""
 
     kind: Literal["binary"] = "binary"
-    source: str
     event: Literal["any", "none"] = "any"
-    horizon_days: int = Field(gt=0)
     active_in_last_days: int | None = Field(
         default=None,
         gt=0,
@@ -23,30 +56,146 @@ class BinaryTarget(Strict):
     )
 
 
-class MultilabelTarget(Strict):
-    """One label per value of `column`: did the entity have an event with that value in the window."""
+class MultilabelTarget(_Windowed):
+    """One label per value of `column`: did the entity have a matching event with that value in the window."""
 
     kind: Literal["multilabel"] = "multilabel"
-    source: str
     column: str
-    horizon_days: int = Field(gt=0)
     min_positive_entities: int = Field(
-        default=50, gt=0, description="Keep values with at least this many positive entities in training."
+        default=50,
+        ge=0,
+        description="Keep values with at least this many positive entities in training (0: every value).",
+    )
+    top_k: int | None = Field(default=None, gt=0, description="Keep only the K most frequent values.")
+
+    def columns(self) -> list[tuple[str, str]]:
+        return [("column", self.column), *super().columns()]
+
+
+class MulticlassTarget(_Windowed):
+    """The most frequent value of `column` among the entity's matching events in the window (no event: dropped)."""
+
+    kind: Literal["multiclass"] = "multiclass"
+    column: str
+    top_k: int = Field(default=20, gt=1, description="Classes: the K most frequent target values.")
+    other_class: bool = Field(
+        default=True, description="Group the remaining values into one '(other)' class; false drops them."
     )
 
+    def columns(self) -> list[tuple[str, str]]:
+        return [("column", self.column), *super().columns()]
 
-Target = Annotated[BinaryTarget | MultilabelTarget, Field(discriminator="kind")]
+
+class RegressionTarget(_Windowed):
+    """Sum of `column` (aggregation: sum) or the number of matching events (aggregation: count) in the window."""
+
+    kind: Literal["regression"] = "regression"
+    aggregation: Literal["sum", "count"] = "sum"
+    column: str | None = Field(default=None, description="Numeric column to sum (aggregation: sum).")
+    log1p: bool = Field(default=False, description="Train and evaluate on log(1 + value).")
+    active_in_last_days: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _column_for_sum(self) -> RegressionTarget:
+        if self.aggregation == "sum" and self.column is None:
+            raise ValueError("aggregation 'sum' needs column (a numeric column of the source)")
+        return self
+
+    def columns(self) -> list[tuple[str, str]]:
+        own = [("column", self.column)] if self.column else []
+        return [*own, *super().columns()]
+
+
+class RecommendationTarget(_Windowed):
+    """Items (values of `column`) of the entity's matching events in the window, as a weighted distribution."""
+
+    kind: Literal["recommendation"] = "recommendation"
+    column: str
+    next_basket: bool = Field(
+        default=False, description="Only the items of the first active day in the window."
+    )
+    items: Literal["all", "new", "repeat"] = Field(
+        default="all",
+        description="new: items the entity never had before the split; repeat: only those it had.",
+    )
+    decay: Literal["none", "sequential", "time"] = Field(
+        default="none",
+        description="Weight of an item: none = equal; sequential = gamma ** (order of first appearance); "
+        "time = halves every decay_half_life_days after the split.",
+    )
+    gamma: float = Field(default=0.9, gt=0, le=1)
+    decay_half_life_days: float = Field(default=7.0, gt=0)
+    dense_max_items: int = Field(
+        default=5000,
+        gt=0,
+        description="Catalogues up to this size get a dense softmax head; larger ones a sketch head decoded "
+        "with popularity correction.",
+    )
+    sketch_partitions: int = Field(default=4, gt=0)
+    sketch_width: int = Field(default=2048, gt=1)
+
+    def columns(self) -> list[tuple[str, str]]:
+        return [("column", self.column), *super().columns()]
+
+
+class PythonTarget(Strict):
+    """`function` ("package.module:name") is called per example as target(history, future, attributes, ctx)."""
+
+    kind: Literal["python"] = "python"
+    function: Annotated[str, Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")]
+    source: str = Field(description="Main event source (population: entities with history in it).")
+    horizon_days: int = Field(gt=0)
+    classes: list[str] = Field(
+        default_factory=list, description="Class names (multiclass and multilabel: the output order)."
+    )
+    active_in_last_days: int | None = Field(default=None, gt=0)
+
+    def columns(self) -> list[tuple[str, str]]:
+        return []
+
+
+Target = Annotated[
+    BinaryTarget
+    | MultilabelTarget
+    | MulticlassTarget
+    | RegressionTarget
+    | RecommendationTarget
+    | PythonTarget,
+    Field(discriminator="kind"),
+]
 
 
 class Scenario(Strict):
     name: Annotated[str, Field(pattern=IDENTIFIER)]
-    task: Literal["binary", "multilabel"]
+    task: Task
     target: Target
+    mode: Literal["frozen", "full", "lora"] | None = Field(
+        default=None,
+        description="Fine-tuning mode for this scenario (default: training_params.finetune.mode).",
+    )
+    lora_rank: int = Field(default=8, gt=0, description="Rank of the LoRA adapters (mode: lora).")
+    learning_rate: float | None = Field(default=None, gt=0, description="Overrides training_params.finetune.")
+    epochs: int | None = Field(default=None, gt=0, description="Overrides training_params.finetune.")
+    lightgbm_top_labels: int = Field(
+        default=30,
+        ge=0,
+        description="Multilabel baseline: one LightGBM per most frequent label up to this many; popularity "
+        "for the rest.",
+    )
+    k: int = Field(default=10, gt=0, description="K of the @K metrics (recommendation) and top-k accuracy.")
 
     @model_validator(mode="after")
     def _task_matches_target(self) -> Scenario:
-        if self.task != self.target.kind:
+        kind = self.target.kind
+        if kind == "python":
+            if self.task == "recommendation":
+                raise ValueError("recommendation needs a declarative target (kind: recommendation)")
+            if self.task in ("multiclass", "multilabel") and len(self.target.classes) < 2:
+                raise ValueError(
+                    f"a python target of a {self.task} scenario needs target.classes (>= 2 names)"
+                )
+        elif self.task != kind:
             raise ValueError(
-                f"task '{self.task}' needs a target of kind '{self.task}', got '{self.target.kind}'"
+                f"task '{self.task}' needs a target of kind '{self.task}' or 'python', got '{kind}'"
             )
         return self

@@ -1,11 +1,14 @@
-"""Baselines computed on the same split as the model (DESIGN.md §6): LightGBM on aggregates, popularity."""
+"""Baselines computed on the same split as the model (DESIGN.md §6).
+
+LightGBM on the hand-crafted aggregates (binary, multiclass, one-vs-rest multilabel, regression), popularity
+scores, and for recommendation "repeat what they bought" and item popularity (``recommendation_topk``).
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
 from basemodel_pipeline.cache.store import DAY, EventCache, expand_ranges
-from basemodel_pipeline.evaluation.aggregates import _bounds, _days_between, _prepared
 
 LGB_PARAMS = {
     "objective": "binary",
@@ -29,6 +32,36 @@ def _both(y: np.ndarray) -> bool:
     return bool(np.any(y > 0)) and bool(np.any(y <= 0))
 
 
+def _datasets(X_train, X_val, categorical_features, params):
+    import lightgbm as lgb
+
+    cats = list(categorical_features) if categorical_features else "auto"
+    train = lgb.Dataset(
+        np.asarray(X_train, np.float32),
+        label=np.zeros(len(X_train)),
+        categorical_feature=cats,
+        params=params,
+        free_raw_data=False,
+    ).construct()
+    valid = lgb.Dataset(
+        np.asarray(X_val, np.float32), label=np.zeros(len(X_val)), reference=train, free_raw_data=False
+    ).construct()
+    return train, valid
+
+
+def _fit_predict(params: dict, train, valid, X_test: np.ndarray) -> np.ndarray:
+    import lightgbm as lgb
+
+    booster = lgb.train(
+        params,
+        train,
+        num_boost_round=MAX_ROUNDS,
+        valid_sets=[valid],
+        callbacks=[lgb.early_stopping(EARLY_STOPPING, verbose=False)],
+    )
+    return booster.predict(X_test, num_iteration=booster.best_iteration or None)
+
+
 def lightgbm_scores(
     task: str,
     X_train: np.ndarray,
@@ -42,38 +75,41 @@ def lightgbm_scores(
     """Test scores of gradient-boosted trees trained on (X_train, Y_train), early-stopped on (X_val, Y_val).
 
     Args:
-        task: "binary" (Y [n] of 0/1) or "multilabel" (Y [n, C] of 0/1; one model per class).
+        task: "binary" (Y [n] of 0/1), "multilabel" (Y [n, C] of 0/1; one model per class), "multiclass"
+            (Y [n] class indices; one softmax model) or "regression" (Y [n] values; L2 loss).
         categorical_features: column indices LightGBM treats as categorical (integer codes >= 0).
         seed: LightGBM seed (bagging, feature fraction).
 
-    Binary models stop on validation AUROC (log-loss when the validation labels hold one class), at most
-    ``MAX_ROUNDS`` rounds, patience ``EARLY_STOPPING``. In the multilabel case a class without positives (or
-    without negatives) in training gets the training prevalence as a constant score.
+    Binary models stop on validation AUROC (log-loss when the validation labels hold one class), multiclass
+    on multi-log-loss, regression on L2; at most ``MAX_ROUNDS`` rounds, patience ``EARLY_STOPPING``. In the
+    multilabel case a class without positives (or without negatives) in training gets the training
+    prevalence as a constant score.
 
     Returns:
-        float64 probabilities for X_test: [n_test] (binary) or [n_test, C] (multilabel).
+        float64 for X_test: probabilities [n_test] (binary), [n_test, C] (multilabel, multiclass), or
+        predicted values [n_test] (regression).
     """
-    import lightgbm as lgb
-
-    if task not in ("binary", "multilabel"):
-        raise ValueError(f"lightgbm_scores supports binary and multilabel tasks, not '{task}'")
+    if task not in ("binary", "multilabel", "multiclass", "regression"):
+        raise ValueError(
+            f"lightgbm_scores supports binary, multilabel, multiclass and regression, not '{task}'"
+        )
     Y_train, Y_val = np.asarray(Y_train), np.asarray(Y_val)
+    params = {**LGB_PARAMS, "seed": seed}
+    train, valid = _datasets(X_train, X_val, categorical_features, params)
+    X_test = np.asarray(X_test, np.float32)
+    if task == "regression":
+        train.set_label(Y_train.astype(np.float64))
+        valid.set_label(Y_val.astype(np.float64))
+        return _fit_predict({**params, "objective": "regression", "metric": "l2"}, train, valid, X_test)
+    if task == "multiclass":
+        n_class = int(max(Y_train.max(initial=0), Y_val.max(initial=0))) + 1
+        train.set_label(Y_train.astype(np.float64))
+        valid.set_label(Y_val.astype(np.float64))
+        mc = {**params, "objective": "multiclass", "num_class": n_class, "metric": "multi_logloss"}
+        return np.asarray(_fit_predict(mc, train, valid, X_test)).reshape(len(X_test), n_class)
     single = task == "binary"
     if single:
         Y_train, Y_val = Y_train.reshape(-1, 1), Y_val.reshape(-1, 1)
-    cats = list(categorical_features) if categorical_features else "auto"
-    params = {**LGB_PARAMS, "seed": seed}
-    train = lgb.Dataset(
-        np.asarray(X_train, np.float32),
-        label=np.zeros(len(X_train)),
-        categorical_feature=cats,
-        params=params,
-        free_raw_data=False,
-    ).construct()
-    valid = lgb.Dataset(
-        np.asarray(X_val, np.float32), label=np.zeros(len(X_val)), reference=train, free_raw_data=False
-    ).construct()
-    X_test = np.asarray(X_test, np.float32)
     out = np.empty((len(X_test), Y_train.shape[1]), dtype=np.float64)
     for c in range(Y_train.shape[1]):
         y_tr, y_va = (Y_train[:, c] > 0).astype(np.float64), (Y_val[:, c] > 0).astype(np.float64)
@@ -83,14 +119,7 @@ def lightgbm_scores(
         train.set_label(y_tr)
         valid.set_label(y_va)
         metric = "auc" if _both(y_va) else "binary_logloss"
-        booster = lgb.train(
-            {**params, "metric": metric},
-            train,
-            num_boost_round=MAX_ROUNDS,
-            valid_sets=[valid],
-            callbacks=[lgb.early_stopping(EARLY_STOPPING, verbose=False)],
-        )
-        out[:, c] = booster.predict(X_test, num_iteration=booster.best_iteration or None)
+        out[:, c] = _fit_predict({**params, "metric": metric}, train, valid, X_test)
     return out[:, 0] if single else out
 
 
@@ -106,9 +135,8 @@ def _window_code_counts(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per query: events in [time - days, time) (``[n]``) and those among them per class code (``[n, C]``)."""
     src = cache.source(source)
-    p = _prepared(cache)[source]
-    hi = _bounds(p, entity, time)
-    lo = _bounds(p, entity, time - days * DAY)
+    hi = src.positions(entity, time)
+    lo = src.positions(entity, time - days * DAY)
     total = (hi - lo).astype(np.float64)
     codes = np.asarray(src.columns[column])
     info = src.info[column]
@@ -131,6 +159,14 @@ def _window_code_counts(
         counts[start_q:stop_q] = flat.reshape(n_q, C)
         start_q = stop_q
     return total, counts
+
+
+def active_days(src, entity: np.ndarray, time: np.ndarray, days: int) -> np.ndarray:
+    """Distinct UTC days with an event in [time - days, time), per query (float64 [n])."""
+    owner, rows = src.window_rows(entity, time - days * DAY, time)
+    day = np.asarray(src.ts)[rows] // DAY
+    pairs = np.unique(owner * (1 << 32) + day)
+    return np.bincount(pairs >> 32, minlength=len(entity)).astype(np.float64)
 
 
 def popularity_scores(
@@ -157,9 +193,7 @@ def popularity_scores(
     time = np.broadcast_to(np.asarray(time, dtype=np.int64), entity.shape).ravel()
     cache.source(source)
     if task == "binary":
-        p = _prepared(cache)[source]
-        days = window_days or 28
-        return _days_between(p, _bounds(p, entity, time - days * DAY), _bounds(p, entity, time))
+        return active_days(cache.source(source), entity, time, window_days or 28)
     if task == "multilabel":
         if column is None or class_codes is None:
             raise ValueError("multilabel popularity needs column and class_codes")
@@ -169,4 +203,73 @@ def popularity_scores(
         share = counts / np.maximum(total, 1.0)[:, None]
         glob = counts.sum(axis=0) / max(total.sum(), 1.0)
         return share + 1e-3 * glob[None, :]
-    raise ValueError(f"popularity_scores supports binary and multilabel tasks, not '{task}'")
+    if task == "multiclass":
+        if column is None or class_codes is None:
+            raise ValueError("multiclass popularity needs column and class_codes")
+        total, counts = _window_code_counts(
+            cache, source, entity, time, window_days or 90, column, np.asarray(class_codes)
+        )
+        glob = counts.sum(axis=0) / max(total.sum(), 1.0)
+        return counts / np.maximum(total, 1.0)[:, None] + 1e-3 * glob[None, :]
+    raise ValueError(f"popularity_scores supports binary, multilabel and multiclass tasks, not '{task}'")
+
+
+def _top_k(scores: np.ndarray, k: int) -> np.ndarray:
+    """Column indices of the k highest scores per row, best first."""
+    k = min(k, scores.shape[1])
+    part = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+    order = np.argsort(-np.take_along_axis(scores, part, 1), axis=1, kind="stable")
+    return np.take_along_axis(part, order, 1)
+
+
+def item_popularity(cache: EventCache, source: str, column: str, time: int, days: int = 28) -> np.ndarray:
+    """Events per item (code k -> index k - 1) of all entities in [time - days, time)."""
+    src = cache.source(source)
+    n_items = src.info[column].vocab_size
+    entity = np.arange(cache.n_entities, dtype=np.int64)
+    _, rows = src.window_rows(entity, np.full(len(entity), time - days * DAY), np.full(len(entity), time))
+    codes = np.asarray(src.columns[column])[rows].astype(np.int64)
+    return np.bincount(codes, minlength=n_items + 1)[1:].astype(np.float64)
+
+
+def recommendation_topk(
+    kind: str,
+    cache: EventCache,
+    entity: np.ndarray,
+    time: np.ndarray,
+    source: str,
+    column: str,
+    k: int,
+    half_life_days: float = 30.0,
+    chunk: int = 128,
+) -> np.ndarray:
+    """Top-k item indices [n, k] (item code - 1) of a recommendation baseline, best first.
+
+    - ``popularity``: the items most bought by everyone in the 28 days before each split time.
+    - ``repeat``: "repeat what they bought": the entity's own past items by time-decayed count (half-life
+      ``half_life_days``), then popular items to fill the list.
+    """
+    if kind not in ("popularity", "repeat"):
+        raise ValueError(f"recommendation baseline '{kind}' is not one of: popularity, repeat")
+    entity = np.asarray(entity, dtype=np.int64)
+    time = np.asarray(time, dtype=np.int64)
+    src = cache.source(source)
+    n_items = src.info[column].vocab_size
+    codes = np.asarray(src.columns[column])
+    out = np.zeros((len(entity), min(k, n_items)), dtype=np.int64)
+    pops = {int(t): item_popularity(cache, source, column, int(t)) for t in np.unique(time)}
+    if kind == "popularity":
+        for t, pop in pops.items():
+            out[time == t] = _top_k(pop[None, :], k)[0]
+        return out
+    for a in range(0, len(entity), chunk):
+        e, t = entity[a : a + chunk], time[a : a + chunk]
+        pop = np.stack([pops[int(x)] for x in t])
+        scores = 1e-9 * pop / np.maximum(pop.max(1, keepdims=True), 1.0)
+        owner, rows = src.window_rows(e, src.offsets[e], t)
+        w = 0.5 ** ((t[owner] - np.asarray(src.ts)[rows]) / DAY / half_life_days)
+        item = codes[rows].astype(np.int64) - 1
+        ok = item >= 0
+        np.add.at(scores, (owner[ok], item[ok]), w[ok])
+        out[a : a + chunk] = _top_k(scores, k)
+    return out

@@ -1,21 +1,38 @@
-"""Metrics for binary and multilabel scenarios (sklearn underneath).
+"""Metrics of the five task types (sklearn-compatible definitions, vectorised for thousands of classes).
 
 Conventions: ``y`` holds 0/1 labels, ``score`` any real-valued score (higher = more likely positive);
-multilabel arrays are ``[n, C]``. A metric that is undefined (a single class present) is NaN.
+multilabel arrays are ``[n, C]``; multiclass ``y`` holds class indices [n] and ``score`` probabilities
+[n, C]; recommendation takes ranked item indices ``topk`` [n, K] and the relevant items per row. A metric
+that is undefined (a single class present) is NaN; macro averages skip undefined classes.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from scipy import stats
 from sklearn import metrics as skm
 
-PRIMARY_METRIC = {"binary": "auroc", "multilabel": "macro_auroc"}
+PRIMARY_METRIC = {
+    "binary": "auroc",
+    "multilabel": "macro_auroc",
+    "multiclass": "accuracy",
+    "regression": "rmse",
+    "recommendation": "ndcg@10",
+}
+LOWER_IS_BETTER = {"rmse", "mae", "log_loss", "micro_log_loss", "macro_log_loss"}
 
 
 def _both_classes(y: np.ndarray) -> bool:
     return y.size > 0 and bool(np.any(y > 0)) and bool(np.any(y <= 0))
 
 
+def _nanmean(v: np.ndarray) -> float:
+    v = np.asarray(v, dtype=np.float64)
+    v = v[~np.isnan(v)]
+    return float(v.mean()) if v.size else float("nan")
+
+
+# ---- binary and multilabel -------------------------------------------------------------------------
 def auroc(y: np.ndarray, score: np.ndarray) -> float:
     """Binary AUROC; NaN if ``y`` holds one class only."""
     y, score = np.asarray(y).ravel(), np.asarray(score, dtype=np.float64).ravel()
@@ -24,21 +41,49 @@ def auroc(y: np.ndarray, score: np.ndarray) -> float:
     return float(skm.roc_auc_score(y > 0, score))
 
 
-def _per_class(fn, Y: np.ndarray, S: np.ndarray) -> np.ndarray:
-    Y, S = np.asarray(Y), np.asarray(S)
+def per_class_auroc(Y: np.ndarray, S: np.ndarray) -> np.ndarray:
+    """AUROC of every column at once (Mann-Whitney with average ranks for ties); NaN for one-class columns."""
+    Y, S = np.asarray(Y) > 0, np.asarray(S, dtype=np.float64)
     if Y.ndim == 1:
         Y, S = Y[:, None], S[:, None]
-    return np.array([fn(Y[:, c], S[:, c]) for c in range(Y.shape[1])], dtype=np.float64)
+    pos = Y.sum(0).astype(np.float64)
+    neg = Y.shape[0] - pos
+    ranks = stats.rankdata(S, axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = ((ranks * Y).sum(0) - pos * (pos + 1) / 2) / (pos * neg)
+    out[(pos == 0) | (neg == 0)] = np.nan
+    return out
 
 
-def _nanmean(v: np.ndarray) -> float:
-    v = v[~np.isnan(v)]
-    return float(v.mean()) if v.size else float("nan")
+def per_class_average_precision(Y: np.ndarray, S: np.ndarray) -> np.ndarray:
+    """sklearn's average precision of every column at once (ties form one threshold); NaN without positives."""
+    Y, S = np.asarray(Y) > 0, np.asarray(S, dtype=np.float64)
+    if Y.ndim == 1:
+        Y, S = Y[:, None], S[:, None]
+    n = Y.shape[0]
+    if n == 0:
+        return np.full(Y.shape[1], np.nan)
+    order = np.argsort(-S, axis=0, kind="stable")
+    s = np.take_along_axis(S, order, 0)
+    tp = np.cumsum(np.take_along_axis(Y, order, 0), axis=0)
+    is_end = np.ones_like(s, dtype=bool)
+    is_end[:-1] = s[1:] != s[:-1]  # last row of each group of tied scores
+    is_start = np.ones_like(s, dtype=bool)
+    is_start[1:] = s[1:] != s[:-1]
+    rows = np.arange(n)[:, None]
+    start = np.maximum.accumulate(np.where(is_start, rows, 0), axis=0)
+    tp_before = np.where(start > 0, np.take_along_axis(tp, np.maximum(start - 1, 0), 0), 0)
+    pos = tp[-1].astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        contrib = np.where(is_end, (tp - tp_before) * tp / (rows + 1.0), 0.0)
+        out = contrib.sum(0) / pos
+    out[pos == 0] = np.nan
+    return out
 
 
 def macro_auroc(Y: np.ndarray, S: np.ndarray) -> float:
     """Mean AUROC over the classes (columns) whose labels hold both classes; NaN if none does."""
-    return _nanmean(_per_class(auroc, Y, S))
+    return _nanmean(per_class_auroc(Y, S))
 
 
 def micro_auroc(Y: np.ndarray, S: np.ndarray) -> float:
@@ -46,18 +91,13 @@ def micro_auroc(Y: np.ndarray, S: np.ndarray) -> float:
     return auroc(np.asarray(Y).ravel(), np.asarray(S).ravel())
 
 
-def _ap(y: np.ndarray, s: np.ndarray) -> float:
-    if not np.any(y > 0):
-        return float("nan")
-    return float(skm.average_precision_score(y > 0, np.asarray(s, dtype=np.float64)))
-
-
 def average_precision(y: np.ndarray, score: np.ndarray) -> float:
     """Average precision: binary for 1-D input, macro over classes with a positive for ``[n, C]``."""
-    y = np.asarray(y)
-    if y.ndim == 1:
-        return _ap(y, np.asarray(score))
-    return _nanmean(_per_class(_ap, y, score))
+    return _nanmean(per_class_average_precision(y, score))
+
+
+def micro_average_precision(Y: np.ndarray, S: np.ndarray) -> float:
+    return average_precision(np.asarray(Y).ravel(), np.asarray(S).ravel())
 
 
 def log_loss(y: np.ndarray, p: np.ndarray, eps: float = 1e-7) -> float:
@@ -69,11 +109,135 @@ def log_loss(y: np.ndarray, p: np.ndarray, eps: float = 1e-7) -> float:
     return float(-np.mean(y * np.log(p) + (1 - y) * np.log1p(-p)))
 
 
-_METRICS = {"auroc": auroc, "macro_auroc": macro_auroc, "micro_auroc": micro_auroc}
+def macro_log_loss(Y: np.ndarray, P: np.ndarray, eps: float = 1e-7) -> float:
+    """Mean over classes of each class's binary log-loss."""
+    Y = (np.asarray(Y) > 0).astype(np.float64)
+    P = np.clip(np.asarray(P, dtype=np.float64), eps, 1 - eps)
+    if Y.size == 0:
+        return float("nan")
+    return float(np.mean(-np.mean(Y * np.log(P) + (1 - Y) * np.log1p(-P), axis=0)))
 
 
-def primary_metric(task: str, y: np.ndarray, s: np.ndarray) -> float:
-    """The metric a scenario of kind ``task`` ("binary" | "multilabel") is judged by (PRIMARY_METRIC)."""
+# ---- multiclass ------------------------------------------------------------------------------------
+def accuracy(y: np.ndarray, P: np.ndarray) -> float:
+    return float(np.mean(np.argmax(P, axis=1) == np.asarray(y))) if len(y) else float("nan")
+
+
+def top_k_accuracy(y: np.ndarray, P: np.ndarray, k: int) -> float:
+    """Share of rows whose true class is among the k highest scores (ties broken by class index)."""
+    P = np.asarray(P, dtype=np.float64)
+    k = min(k, P.shape[1])
+    top = np.argsort(-P, axis=1, kind="stable")[:, :k]
+    return float(np.mean((top == np.asarray(y)[:, None]).any(1))) if len(y) else float("nan")
+
+
+def multiclass_log_loss(y: np.ndarray, P: np.ndarray, eps: float = 1e-7) -> float:
+    P = np.clip(np.asarray(P, dtype=np.float64), eps, 1.0)
+    P = P / P.sum(1, keepdims=True)
+    return float(-np.mean(np.log(P[np.arange(len(y)), np.asarray(y)]))) if len(y) else float("nan")
+
+
+# ---- regression ------------------------------------------------------------------------------------
+def rmse(y: np.ndarray, pred: np.ndarray) -> float:
+    return float(np.sqrt(np.mean((np.asarray(y, np.float64) - np.asarray(pred, np.float64)) ** 2)))
+
+
+def mae(y: np.ndarray, pred: np.ndarray) -> float:
+    return float(np.mean(np.abs(np.asarray(y, np.float64) - np.asarray(pred, np.float64))))
+
+
+def spearman(y: np.ndarray, pred: np.ndarray) -> float:
+    y, pred = np.asarray(y, np.float64), np.asarray(pred, np.float64)
+    if np.ptp(y) == 0 or np.ptp(pred) == 0:
+        return float("nan")
+    return float(stats.spearmanr(y, pred).statistic)
+
+
+# ---- recommendation --------------------------------------------------------------------------------
+def ranking_hits(
+    topk: np.ndarray, rel_indptr: np.ndarray, rel_indices: np.ndarray, n_items: int
+) -> np.ndarray:
+    """[n, K] bool: is the item at each rank relevant (rows of a CSR relevance matrix)."""
+    topk = np.asarray(topk, dtype=np.int64)
+    n = len(topk)
+    owner = np.repeat(np.arange(n, dtype=np.int64), np.diff(rel_indptr))
+    rel = np.unique(owner * n_items + rel_indices)
+    return np.isin(np.arange(n, dtype=np.int64)[:, None] * n_items + topk, rel)
+
+
+def ranking_metrics(
+    hits: np.ndarray, n_relevant: np.ndarray, ks: tuple[int, ...] = (10,)
+) -> dict[str, float]:
+    """HitRate@K, Precision@K, Recall@K, MAP@K, NDCG@K for each K, and MRR over the whole list given."""
+    hits = np.asarray(hits, dtype=bool)
+    n_rel = np.asarray(n_relevant, dtype=np.float64)
+    valid = n_rel > 0
+    hits, n_rel = hits[valid], n_rel[valid]
+    out: dict[str, float] = {}
+    if len(hits) == 0:
+        return {"mrr": float("nan")}
+    L = hits.shape[1]
+    discount = 1.0 / np.log2(np.arange(L) + 2.0)
+    for k in ks:
+        h = hits[:, :k].astype(np.float64)
+        kk = h.shape[1]
+        out[f"hitrate@{k}"] = float(h.any(1).mean())
+        out[f"precision@{k}"] = float((h.sum(1) / k).mean())
+        out[f"recall@{k}"] = float((h.sum(1) / n_rel).mean())
+        prec_at = np.cumsum(h, 1) / np.arange(1, kk + 1)
+        out[f"map@{k}"] = float(((prec_at * h).sum(1) / np.minimum(n_rel, k)).mean())
+        ideal = np.cumsum(discount[:kk])[np.minimum(n_rel, kk).astype(np.int64) - 1]
+        out[f"ndcg@{k}"] = float(((h * discount[:kk]).sum(1) / ideal).mean())
+    first = np.where(hits.any(1), hits.argmax(1) + 1.0, np.inf)
+    out["mrr"] = float((1.0 / first).mean())
+    return out
+
+
+# ---- per task --------------------------------------------------------------------------------------
+def evaluate(task: str, y, score, k: int = 10) -> dict[str, float]:
+    """Every metric of a task. Recommendation: ``y`` = (indptr, indices, n_items), ``score`` = topk [n, K]."""
+    if task == "binary":
+        return {
+            "auroc": auroc(y, score),
+            "average_precision": average_precision(y, score),
+            "log_loss": log_loss(y, score),
+        }
+    if task == "multilabel":
+        return {
+            "macro_auroc": macro_auroc(y, score),
+            "micro_auroc": micro_auroc(y, score),
+            "macro_average_precision": average_precision(y, score),
+            "micro_average_precision": micro_average_precision(y, score),
+            "macro_log_loss": macro_log_loss(y, score),
+            "micro_log_loss": log_loss(y, score),
+        }
+    if task == "multiclass":
+        return {
+            "accuracy": accuracy(y, score),
+            f"top{k}_accuracy": top_k_accuracy(y, score, k),
+            "top3_accuracy": top_k_accuracy(y, score, 3),
+            "log_loss": multiclass_log_loss(y, score),
+            "macro_auroc_ovr": macro_auroc(np.eye(score.shape[1])[np.asarray(y)], score),
+        }
+    if task == "regression":
+        return {"rmse": rmse(y, score), "mae": mae(y, score), "spearman": spearman(y, score)}
+    if task == "recommendation":
+        indptr, indices, n_items = y
+        hits = ranking_hits(score, indptr, indices, n_items)
+        return ranking_metrics(hits, np.diff(indptr), tuple(sorted({k, 10, 20})))
+    raise ValueError(f"unknown task '{task}'; known: {', '.join(PRIMARY_METRIC)}")
+
+
+def primary_metric(task: str, y, s) -> float:
+    """The metric a scenario of kind ``task`` is judged by (PRIMARY_METRIC)."""
     if task not in PRIMARY_METRIC:
         raise ValueError(f"no primary metric for task '{task}'; known: {', '.join(PRIMARY_METRIC)}")
-    return _METRICS[PRIMARY_METRIC[task]](y, s)
+    if task == "binary":
+        return auroc(y, s)
+    if task == "multilabel":
+        return macro_auroc(y, s)
+    return evaluate(task, y, s)[PRIMARY_METRIC[task]]
+
+
+def higher_is_better(name: str) -> bool:
+    return name not in LOWER_IS_BETTER

@@ -1,0 +1,1 @@
+"""Per-scenario HTML reports (metric table vs baselines, curves, training history)."""

@@ -1,0 +1,213 @@
+"""One self-contained HTML report per scenario (PNG charts embedded as base64), written beside the checkpoint.
+
+Contents: the test metric table of the model next to the baselines, ROC and precision-recall curves,
+cumulative gain and lift, calibration, and the training curves (train loss, validation metric per epoch).
+Multilabel and multiclass curves are micro-averaged over (example, class) pairs; regression shows predicted
+vs actual, decile calibration and the gain of ranking by prediction; recommendation shows HitRate@K and
+NDCG@K for K = 1..100.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from sklearn import metrics as skm  # noqa: E402
+
+from basemodel_pipeline.config import Scenario  # noqa: E402
+from basemodel_pipeline.evaluation.metrics import higher_is_better, ranking_hits  # noqa: E402
+
+MAX_POINTS = 200_000  # (example, class) pairs drawn for the micro-averaged curves
+COLORS = {
+    "model": "#1f77b4",
+    "lightgbm_aggregates": "#ff7f0e",
+    "popularity": "#2ca02c",
+    "repeat_purchases": "#d62728",
+}
+
+
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return f'<img alt="chart" src="data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}">'
+
+
+def _pairs(
+    task: str, truth: np.ndarray, outputs: dict[str, np.ndarray]
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Flattened (label, score) pairs for binary-style curves, subsampled deterministically."""
+    if task == "multiclass":
+        truth = np.eye(next(iter(outputs.values())).shape[1])[np.asarray(truth)]
+    y = np.asarray(truth).ravel() > 0
+    flat = {k: np.asarray(v, np.float64).ravel() for k, v in outputs.items()}
+    if len(y) > MAX_POINTS:
+        idx = np.random.default_rng(0).choice(len(y), MAX_POINTS, replace=False)
+        y, flat = y[idx], {k: v[idx] for k, v in flat.items()}
+    return y, flat
+
+
+def _binary_charts(y: np.ndarray, scores: dict[str, np.ndarray], probabilistic: set[str]) -> list[str]:
+    charts = []
+    if y.all() or not y.any():
+        return ["<p>ROC, precision-recall and gain need both classes in the test window.</p>"]
+    fig, (roc, pr) = plt.subplots(1, 2, figsize=(10, 4))
+    for name, s in scores.items():
+        fpr, tpr, _ = skm.roc_curve(y, s)
+        roc.plot(fpr, tpr, label=f"{name} (AUROC {skm.auc(fpr, tpr):.3f})", color=COLORS.get(name))
+        prec, rec, _ = skm.precision_recall_curve(y, s)
+        pr.plot(
+            rec, prec, label=f"{name} (AP {skm.average_precision_score(y, s):.3f})", color=COLORS.get(name)
+        )
+    roc.plot([0, 1], [0, 1], "k:", lw=0.8)
+    roc.set(xlabel="false positive rate", ylabel="true positive rate", title="ROC")
+    pr.axhline(y.mean(), color="k", ls=":", lw=0.8)
+    pr.set(xlabel="recall", ylabel="precision", title="Precision-recall")
+    roc.legend(fontsize=8)
+    pr.legend(fontsize=8)
+    charts.append(_png(fig))
+    fig, (gain, lift) = plt.subplots(1, 2, figsize=(10, 4))
+    share = np.arange(1, len(y) + 1) / len(y)
+    for name, s in scores.items():
+        captured = np.cumsum(y[np.argsort(-s, kind="stable")]) / y.sum()
+        gain.plot(share, captured, label=name, color=COLORS.get(name))
+        lift.plot(share, captured / share, label=name, color=COLORS.get(name))
+    gain.plot([0, 1], [0, 1], "k:", lw=0.8)
+    gain.set(
+        xlabel="share of entities contacted (by score)",
+        ylabel="share of positives captured",
+        title="Cumulative gain",
+    )
+    lift.axhline(1.0, color="k", ls=":", lw=0.8)
+    lift.set(xlabel="share of entities contacted (by score)", ylabel="lift", title="Lift", xlim=(0.01, 1))
+    gain.legend(fontsize=8)
+    charts.append(_png(fig))
+    fig, ax = plt.subplots(figsize=(5, 4))
+    for name, s in scores.items():
+        if name not in probabilistic:
+            continue
+        bins = np.clip((s * 10).astype(int), 0, 9)
+        cnt = np.bincount(bins, minlength=10)
+        ok = cnt > 0
+        mean_p = np.bincount(bins, weights=s, minlength=10)[ok] / cnt[ok]
+        mean_y = np.bincount(bins, weights=y, minlength=10)[ok] / cnt[ok]
+        ax.plot(mean_p, mean_y, "o-", label=name, color=COLORS.get(name))
+    ax.plot([0, 1], [0, 1], "k:", lw=0.8)
+    ax.set(xlabel="predicted probability", ylabel="observed frequency", title="Calibration (10 bins)")
+    ax.legend(fontsize=8)
+    charts.append(_png(fig))
+    return charts
+
+
+def _regression_charts(y: np.ndarray, preds: dict[str, np.ndarray]) -> list[str]:
+    y = np.asarray(y, np.float64)
+    fig, (sc, cal, gain) = plt.subplots(1, 3, figsize=(15, 4))
+    idx = np.random.default_rng(0).choice(len(y), min(len(y), 5000), replace=False)
+    share = np.arange(1, len(y) + 1) / len(y)
+    for name, p in preds.items():
+        p = np.asarray(p, np.float64)
+        sc.scatter(p[idx], y[idx], s=3, alpha=0.4, label=name, color=COLORS.get(name))
+        order = np.argsort(p, kind="stable")
+        deciles = np.array_split(order, 10)
+        cal.plot(
+            [p[d].mean() for d in deciles],
+            [y[d].mean() for d in deciles],
+            "o-",
+            label=name,
+            color=COLORS.get(name),
+        )
+        gain.plot(share, np.cumsum(y[order[::-1]]) / max(y.sum(), 1e-12), label=name, color=COLORS.get(name))
+    lo, hi = float(y.min()), float(y.max())
+    sc.plot([lo, hi], [lo, hi], "k:", lw=0.8)
+    sc.set(xlabel="predicted", ylabel="actual", title="Predicted vs actual")
+    cal.plot([lo, hi], [lo, hi], "k:", lw=0.8)
+    cal.set(xlabel="mean predicted (decile)", ylabel="mean actual", title="Calibration by decile")
+    gain.set(xlabel="share of entities (by prediction)", ylabel="share of the total target", title="Gain")
+    for ax in (sc, cal, gain):
+        ax.legend(fontsize=8)
+    return [_png(fig)]
+
+
+def _ranking_charts(truth: tuple, ranked: dict[str, np.ndarray]) -> list[str]:
+    indptr, indices, n_items = truth
+    n_rel = np.diff(indptr).astype(np.float64)
+    fig, (hr, nd) = plt.subplots(1, 2, figsize=(10, 4))
+    for name, top in ranked.items():
+        hits = ranking_hits(top, indptr, indices, n_items)
+        ks = np.arange(1, hits.shape[1] + 1)
+        hr.plot(ks, np.maximum.accumulate(hits, axis=1).mean(0), label=name, color=COLORS.get(name))
+        disc = 1.0 / np.log2(ks + 1.0)
+        dcg = np.cumsum(hits * disc, axis=1)
+        ideal = np.cumsum(disc)[np.minimum(n_rel[:, None], ks[None, :]).astype(int) - 1]
+        nd.plot(ks, (dcg / ideal).mean(0), label=name, color=COLORS.get(name))
+    hr.set(xlabel="K", ylabel="HitRate@K", title="HitRate@K", xscale="log")
+    nd.set(xlabel="K", ylabel="NDCG@K", title="NDCG@K", xscale="log")
+    hr.legend(fontsize=8)
+    return [_png(fig)]
+
+
+def _training_chart(history: list[dict], metric: str) -> str:
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.5))
+    ep = [h["epoch"] for h in history]
+    a.plot(ep, [h["train_loss"] for h in history], "o-")
+    a.set(xlabel="epoch", ylabel="train loss", title="Training loss")
+    b.plot(ep, [h["val_metric"] for h in history], "o-", color="#ff7f0e")
+    b.set(xlabel="epoch", ylabel=f"validation {metric}", title="Validation metric (best epoch kept)")
+    return _png(fig)
+
+
+def _table(all_metrics: dict[str, dict[str, float]]) -> str:
+    models = list(all_metrics)
+    names = list(next(iter(all_metrics.values())))
+    head = "".join(f"<th>{html.escape(m)}</th>" for m in models)
+    rows = []
+    for metric in names:
+        vals = [all_metrics[m].get(metric) for m in models]
+        finite = [v for v in vals if v is not None and np.isfinite(v)]
+        best = (max if higher_is_better(metric) else min)(finite) if finite else None
+        cells = "".join(
+            f"<td{' class=best' if v == best else ''}>{'' if v is None or not np.isfinite(v) else f'{v:.4f}'}</td>"
+            for v in vals
+        )
+        rows.append(f"<tr><th>{html.escape(metric)}</th>{cells}</tr>")
+    return f"<table><tr><th>metric</th>{head}</tr>{''.join(rows)}</table>"
+
+
+def scenario_report(
+    scenario: Scenario, result: dict[str, Any], truth: Any, outputs: dict[str, np.ndarray]
+) -> str:
+    """The report's HTML text. `outputs`: test scores (or ranked items) per model name."""
+    task = result["task"]
+    if task in ("binary", "multilabel", "multiclass"):
+        y, flat = _pairs(task, truth, outputs)
+        note = " (micro-averaged over (entity, class) pairs)" if task != "binary" else ""
+        charts = _binary_charts(y, flat, {n for n in outputs if n != "popularity"})
+    elif task == "regression":
+        note, charts = "", _regression_charts(truth, outputs)
+    else:
+        note, charts = "", _ranking_charts(truth, outputs)
+    charts.append(_training_chart(result["history"], result["metric"]))
+    timing = ", ".join(f"{k} {v} s" for k, v in result.get("timing_s", {}).items())
+    examples = ", ".join(f"{k} {v:,}" for k, v in result["examples"].items())
+    target = html.escape(scenario.target.model_dump_json(exclude_defaults=True))
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>Scenario {html.escape(scenario.name)}</title>
+<style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}}
+table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}
+td.best{{font-weight:bold;background:#eef6ee}}img{{max-width:100%;display:block;margin:1em 0}}
+code{{background:#f4f4f4;padding:2px 4px}}</style></head><body>
+<h1>Scenario <code>{html.escape(scenario.name)}</code> ({task})</h1>
+<p>Target: <code>{target}</code></p>
+<p>Test split point {result["test_date"]}; fine-tuning mode <b>{result["mode"]}</b>; examples: {examples};
+outputs: {result["classes"]}. Primary metric: <b>{result["metric"]}</b>. Timing: {timing}.</p>
+<h2>Test metrics: model vs baselines</h2>{_table(result["test_metrics"])}
+<h2>Charts{note}</h2>{"".join(charts)}
+</body></html>
+"""
