@@ -87,13 +87,14 @@ def timestamp_expr(
                 f"data source '{src.name}': date_column '{src.date_column.name}' is text; set "
                 "date_column.format (strptime syntax, e.g. '%Y-%m-%d %H:%M:%S')"
             )
-        return exp.cast(col, exp.DataType.Type.TIMESTAMP)
+        return exp.cast(col, timestamp_type(dialect))
     text = exp.cast(col, exp.DataType.Type.TEXT)
     if dialect == "clickhouse":
         ch = fmt
         for py, mysql in CLICKHOUSE_FORMAT.items():
             ch = ch.replace(py, mysql)
-        return exp.Anonymous(this="parseDateTime", expressions=[text, exp.Literal.string(ch)])
+        parsed = exp.Anonymous(this="parseDateTime", expressions=[text, exp.Literal.string(ch)])
+        return exp.cast(parsed, timestamp_type(dialect))
     if dialect == "tsql":
         if fmt not in ISO_FORMATS:
             raise ConfigError(
@@ -107,8 +108,15 @@ def timestamp_expr(
     return exp.StrToTime(this=text, format=exp.Literal.string(fmt))
 
 
-def day_literal(day: dt.date) -> exp.Expression:
-    return exp.cast(exp.Literal.string(day.isoformat()), exp.DataType.Type.TIMESTAMP)
+def timestamp_type(dialect: str) -> exp.DataType:
+    """TIMESTAMP; in ClickHouse DateTime64(6), which reaches Arrow as a timestamp (DateTime is a uint32)."""
+    if dialect == "clickhouse":
+        return exp.DataType.build("DateTime64(6)", dialect="clickhouse")
+    return exp.DataType.build("TIMESTAMP")
+
+
+def day_literal(day: dt.date, dialect: str) -> exp.Expression:
+    return exp.cast(exp.Literal.string(day.isoformat()), timestamp_type(dialect))
 
 
 @dataclass(frozen=True)
@@ -202,10 +210,10 @@ def source_query(
     if src.where_condition:
         conditions.append(exp.paren(parse_fragment(src, src.where_condition, dialect, "where_condition")))
     if ts is not None and start is not None:
-        conditions.append(exp.GTE(this=ts.copy(), expression=day_literal(start)))
+        conditions.append(exp.GTE(this=ts.copy(), expression=day_literal(start, dialect)))
     if ts is not None and days is not None:
-        conditions.append(exp.GTE(this=ts.copy(), expression=day_literal(days[0])))
-        conditions.append(exp.LT(this=ts.copy(), expression=day_literal(days[1])))
+        conditions.append(exp.GTE(this=ts.copy(), expression=day_literal(days[0], dialect)))
+        conditions.append(exp.LT(this=ts.copy(), expression=day_literal(days[1], dialect)))
     if conditions:
         query = query.where(exp.and_(*conditions))
     if limit is not None:
