@@ -95,6 +95,9 @@ class BigQueryParams(Strict):
     location: str | None = None
     billing_project_id: str | None = Field(default=None, description="Project billed for queries.")
     api_endpoint: str | None = Field(default=None, description="Only for emulators: http://host:port.")
+    storage_api_endpoint: str | None = Field(
+        default=None, description="Only for emulators: host:port of the Storage Read API (plain gRPC)."
+    )
     storage_api: bool = Field(default=True, description="Read results through the BigQuery Storage Read API.")
 
 
