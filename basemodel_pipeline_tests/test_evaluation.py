@@ -191,3 +191,131 @@ def test_lightgbm_beats_random_on_a_planted_signal() -> None:
     S = lightgbm_scores("multilabel", Xtr, Ytr, Xva, Yva, Xte, categorical_features=[5])
     assert S.shape == (500, 3) and np.all(S[:, 2] == 0.0)
     assert macro_auroc(Yte, S) > 0.85
+
+
+# ---- metrics of every task type, against sklearn/scipy where they have them -----------------------------
+def _ties(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    return np.round(rng.random(shape), 1)  # coarse scores: many ties
+
+
+def test_vectorised_auroc_and_average_precision_match_sklearn_with_ties() -> None:
+    from sklearn import metrics as skm
+
+    from basemodel_pipeline.evaluation.metrics import per_class_auroc, per_class_average_precision
+
+    rng = np.random.default_rng(0)
+    Y = (rng.random((300, 7)) < [0.02, 0.1, 0.3, 0.5, 0.9, 0.0, 1.0]).astype(int)
+    S = _ties(rng, (300, 7)) + 0.3 * Y
+    auc, ap = per_class_auroc(Y, S), per_class_average_precision(Y, S)
+    for c in range(5):
+        assert auc[c] == pytest.approx(skm.roc_auc_score(Y[:, c], S[:, c]))
+        assert ap[c] == pytest.approx(skm.average_precision_score(Y[:, c], S[:, c]))
+    assert np.isnan(auc[5]) and np.isnan(auc[6]) and np.isnan(ap[5]) and ap[6] == pytest.approx(1.0)
+    assert micro_auroc(Y, S) == pytest.approx(skm.roc_auc_score(Y.ravel(), S.ravel()))
+
+
+def test_binary_and_multilabel_log_loss_match_sklearn() -> None:
+    from sklearn import metrics as skm
+
+    from basemodel_pipeline.evaluation.metrics import evaluate
+
+    rng = np.random.default_rng(1)
+    Y = (rng.random((200, 4)) < 0.3).astype(int)
+    P = np.clip(rng.random((200, 4)), 0.01, 0.99)
+    m = evaluate("multilabel", Y, P)
+    assert m["micro_log_loss"] == pytest.approx(skm.log_loss(Y.ravel(), P.ravel()))
+    per_class = [skm.log_loss(Y[:, c], P[:, c]) for c in range(4)]
+    assert m["macro_log_loss"] == pytest.approx(np.mean(per_class))
+    assert m["macro_average_precision"] == pytest.approx(
+        np.mean([skm.average_precision_score(Y[:, c], P[:, c]) for c in range(4)])
+    )
+    b = evaluate("binary", Y[:, 0], P[:, 0])
+    assert b["log_loss"] == pytest.approx(skm.log_loss(Y[:, 0], P[:, 0]))
+    assert b["auroc"] == pytest.approx(skm.roc_auc_score(Y[:, 0], P[:, 0]))
+
+
+def test_multiclass_metrics_match_sklearn() -> None:
+    from sklearn import metrics as skm
+
+    from basemodel_pipeline.evaluation.metrics import evaluate
+
+    rng = np.random.default_rng(2)
+    P = rng.dirichlet(np.ones(6), 400)
+    y = np.array([rng.choice(6, p=p) for p in P])
+    m = evaluate("multiclass", y, P, k=5)
+    assert m["accuracy"] == pytest.approx(skm.accuracy_score(y, P.argmax(1)))
+    assert m["top3_accuracy"] == pytest.approx(skm.top_k_accuracy_score(y, P, k=3, labels=range(6)))
+    assert m["top5_accuracy"] == pytest.approx(skm.top_k_accuracy_score(y, P, k=5, labels=range(6)))
+    assert m["log_loss"] == pytest.approx(skm.log_loss(y, P, labels=range(6)))
+    assert m["macro_auroc_ovr"] == pytest.approx(skm.roc_auc_score(y, P, multi_class="ovr", average="macro"))
+
+
+def test_regression_metrics_match_sklearn_and_scipy() -> None:
+    from scipy import stats
+    from sklearn import metrics as skm
+
+    from basemodel_pipeline.evaluation.metrics import evaluate
+
+    rng = np.random.default_rng(3)
+    y = rng.gamma(2.0, 3.0, 300)
+    pred = y + rng.normal(0, 2, 300)
+    m = evaluate("regression", y, pred)
+    assert m["rmse"] == pytest.approx(np.sqrt(skm.mean_squared_error(y, pred)))
+    assert m["mae"] == pytest.approx(skm.mean_absolute_error(y, pred))
+    assert m["spearman"] == pytest.approx(stats.spearmanr(y, pred).statistic)
+    assert math.isnan(evaluate("regression", y, np.ones(300))["spearman"])
+
+
+def test_ranking_metrics_known_values_and_ndcg_matches_sklearn() -> None:
+    from sklearn import metrics as skm
+
+    from basemodel_pipeline.evaluation.metrics import ranking_hits, ranking_metrics
+
+    # row 0: relevant {1, 4}; ranked [4, 0, 1] -> hits at ranks 1 and 3
+    # row 1: relevant {2};    ranked [0, 3, 1] -> no hit
+    indptr, indices = np.array([0, 2, 3]), np.array([1, 4, 2])
+    top = np.array([[4, 0, 1], [0, 3, 1]])
+    hits = ranking_hits(top, indptr, indices, 5)
+    assert hits.tolist() == [[True, False, True], [False, False, False]]
+    m = ranking_metrics(hits, np.diff(indptr), ks=(2, 3))
+    assert m["hitrate@2"] == 0.5 and m["precision@2"] == pytest.approx((1 / 2) / 2)
+    assert m["recall@3"] == pytest.approx((2 / 2 + 0) / 2)
+    assert m["map@3"] == pytest.approx(((1 + 2 / 3) / 2 + 0) / 2)
+    assert m["mrr"] == pytest.approx((1 + 0) / 2)
+    # NDCG@K with binary relevance over a full ranking equals sklearn's
+    rng = np.random.default_rng(4)
+    rel = (rng.random((50, 30)) < 0.15).astype(int)
+    rel[:, 0] = 1
+    scores = rng.random((50, 30))
+    ranked = np.argsort(-scores, axis=1)
+    ip = np.r_[0, np.cumsum(rel.sum(1))]
+    cols = np.nonzero(rel)[1]
+    got = ranking_metrics(ranking_hits(ranked, ip, cols, 30), rel.sum(1), ks=(10,))["ndcg@10"]
+    assert got == pytest.approx(skm.ndcg_score(rel, scores, k=10))
+
+
+def test_lightgbm_multiclass_and_regression() -> None:
+    rng = np.random.default_rng(5)
+
+    def data(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        X = rng.normal(size=(n, 4)).astype(np.float32)
+        return X, np.digitize(X[:, 0], [-0.5, 0.5]), 3 * X[:, 1] + 0.1 * rng.normal(size=n)
+
+    (Xtr, ctr, rtr), (Xva, cva, rva), (Xte, cte, rte) = data(1200), data(400), data(400)
+    P = lightgbm_scores("multiclass", Xtr, ctr, Xva, cva, Xte)
+    assert P.shape == (400, 3) and np.allclose(P.sum(1), 1.0) and (P.argmax(1) == cte).mean() > 0.85
+    pred = lightgbm_scores("regression", Xtr, rtr, Xva, rva, Xte)
+    assert pred.shape == (400,) and np.corrcoef(pred, rte)[0, 1] > 0.95
+
+
+def test_recommendation_baselines_repeat_and_popularity() -> None:
+    from basemodel_pipeline.evaluation.baselines import recommendation_topk
+
+    cache = _cache()  # entity 0 bought "big" codes 5..11 before T; entity 2 bought code 14
+    rep = recommendation_topk("repeat", cache, np.array([0, 2]), np.array([T, T]), "ev", "big", 3)
+    assert rep[0].tolist() == [10, 9, 8]  # most recent first (codes 11, 10, 9 -> indices 10, 9, 8)
+    assert rep[1, 0] == 13
+    pop = recommendation_topk("popularity", cache, np.array([0, 1]), np.array([T, T]), "ev", "big", 2)
+    assert (pop[0] == pop[1]).all() and set(pop[0]) <= {13, 10, 9, 8, 7}
+    with pytest.raises(ValueError, match="not one of"):
+        recommendation_topk("random", cache, np.array([0]), np.array([T]), "ev", "big", 2)

@@ -1,0 +1,294 @@
+"""Every task type end to end on the tiny dataset: targets, fine-tuning modes, baselines, report, predictions."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from safetensors.torch import load_file
+
+from basemodel_pipeline import workspace as ws
+from basemodel_pipeline.config import load_config
+from basemodel_pipeline.errors import DataError
+from basemodel_pipeline.pipeline import run_cache, run_extract, run_predict, run_pretrain
+from basemodel_pipeline.progress import NullProgress
+from basemodel_pipeline.training.finetune import finetune, finetune_many
+
+TARGET_MODULE = '''
+import numpy as np
+
+def big_spender(history, future, attributes, ctx):
+    """Binary: spends more in the window than in the same number of days before the split."""
+    if not ctx.window_complete:
+        return None
+    tx_f, tx_h = future["transactions"], history["transactions"].within_days(0, ctx.horizon_days)
+    return float(tx_f.sum("sales_value") > tx_h.sum("sales_value"))
+
+def departments(history, future, attributes, ctx):
+    return future["transactions"].group_exists("department", list(ctx.classes))
+
+def visits(history, future, attributes, ctx):
+    return future["transactions"].filter("quantity", ">", 0).count()
+
+def raises(history, future, attributes, ctx):
+    raise KeyError("boom")
+
+def wrong_shape(history, future, attributes, ctx):
+    return np.zeros(3)
+
+def nan(history, future, attributes, ctx):
+    return float("nan")
+'''
+
+SCENARIOS = [
+    {
+        "name": "grocery_buyer",
+        "task": "binary",
+        "target": {
+            "kind": "binary",
+            "source": "transactions",
+            "horizon_days": 14,
+            "filter": [{"column": "department", "op": "==", "value": "GROCERY"}],
+        },
+    },
+    {
+        "name": "top_department",
+        "task": "multiclass",
+        "target": {
+            "kind": "multiclass",
+            "source": "transactions",
+            "column": "department",
+            "horizon_days": 14,
+            "top_k": 4,
+        },
+    },
+    {
+        "name": "manufacturers",
+        "task": "multilabel",
+        "target": {
+            "kind": "multilabel",
+            "source": "transactions",
+            "column": "manufacturer_id",
+            "horizon_days": 14,
+            "min_positive_entities": 0,
+        },
+        "lightgbm_top_labels": 3,
+    },
+    {
+        "name": "spend",
+        "task": "regression",
+        "target": {
+            "kind": "regression",
+            "source": "transactions",
+            "column": "sales_value",
+            "horizon_days": 28,
+            "log1p": True,
+        },
+        "mode": "lora",
+        "lora_rank": 4,
+    },
+    {
+        "name": "next_products",
+        "task": "recommendation",
+        "target": {
+            "kind": "recommendation",
+            "source": "transactions",
+            "column": "product_id",
+            "horizon_days": 14,
+        },
+        "mode": "full",
+    },
+    {
+        "name": "next_products_sketch",
+        "task": "recommendation",
+        "target": {
+            "kind": "recommendation",
+            "source": "transactions",
+            "column": "product_id",
+            "horizon_days": 14,
+            "next_basket": True,
+            "decay": "sequential",
+            "dense_max_items": 10,
+            "sketch_partitions": 3,
+            "sketch_width": 32,
+        },
+    },
+    {
+        "name": "py_big_spender",
+        "task": "binary",
+        "target": {
+            "kind": "python",
+            "function": "tiny_targets:big_spender",
+            "source": "transactions",
+            "horizon_days": 14,
+        },
+    },
+    {
+        "name": "py_departments",
+        "task": "multilabel",
+        "target": {
+            "kind": "python",
+            "function": "tiny_targets:departments",
+            "source": "transactions",
+            "horizon_days": 14,
+            "classes": ["GROCERY", "PRODUCE", "MEAT"],
+        },
+    },
+    {
+        "name": "py_visits",
+        "task": "regression",
+        "target": {
+            "kind": "python",
+            "function": "tiny_targets:visits",
+            "source": "transactions",
+            "horizon_days": 14,
+        },
+    },
+]
+BAD = {
+    name: {
+        "name": f"bad_{name}",
+        "task": "regression",
+        "target": {
+            "kind": "python",
+            "function": f"tiny_targets:{name}",
+            "source": "transactions",
+            "horizon_days": 14,
+        },
+    }
+    for name in ("raises", "wrong_shape", "nan")
+}
+
+
+@pytest.fixture(scope="module")
+def world(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFactory):
+    d = tmp_path_factory.mktemp("tasks")
+    shutil.copytree(tiny_dataset.parent / "data", d / "data")
+    (d / "tiny_targets.py").write_text(TARGET_MODULE)
+    sys.path.insert(0, str(d))
+    raw = yaml.safe_load(tiny_dataset.read_text())
+    raw["scenarios"] = SCENARIOS + list(BAD.values())
+    (d / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    cfg = load_config(d / "config.yaml")
+    run_extract(cfg)
+    run_cache(cfg)
+    run_pretrain(cfg)
+    results = finetune_many(cfg, [cfg.scenario(s["name"]) for s in SCENARIOS], NullProgress())
+    yield cfg, results
+    sys.path.remove(str(d))
+
+
+@pytest.mark.parametrize("name", [s["name"] for s in SCENARIOS])
+def test_every_task_trains_evaluates_and_reports(world, name: str) -> None:
+    cfg, results = world
+    meta = results[name]
+    metrics = json.loads((Path(meta["path"]) / "metrics.json").read_text())
+    task = cfg.scenario(name).task
+    assert set(metrics["test"]) >= {"model", "popularity"}
+    assert np.isfinite(metrics["test"]["model"])
+    if task == "recommendation":
+        assert set(metrics["test_metrics"]) == {"model", "repeat_purchases", "popularity"}
+        assert {"hitrate@10", "ndcg@10", "map@10", "recall@10", "precision@10", "mrr"} <= set(
+            metrics["test_metrics"]["model"]
+        )
+    else:
+        assert "lightgbm_aggregates" in metrics["test_metrics"]
+    report = Path(meta["report_path"])
+    assert report.parent == Path(meta["path"]) and report.exists()
+    text = report.read_text()
+    assert text.count("data:image/png;base64,") >= 2 and "<table>" in text and metrics["metric"] in text
+    assert len(metrics["history"]) == meta["epochs"] >= 1
+
+
+def test_multiclass_and_regression_outputs(world) -> None:
+    cfg, results = world
+    m = json.loads((Path(results["top_department"]["path"]) / "metrics.json").read_text())
+    assert m["classes"] == 5  # 4 departments + "(other)"
+    assert 0 <= m["test_metrics"]["model"]["accuracy"] <= m["test_metrics"]["model"]["top3_accuracy"] <= 1
+    r = json.loads((Path(results["spend"]["path"]) / "metrics.json").read_text())
+    assert r["metric"] == "rmse" and r["mode"] == "lora"
+    assert set(r["test_metrics"]["model"]) == {"rmse", "mae", "spearman"}
+
+
+def test_multilabel_over_all_values_with_lightgbm_for_top_labels(world) -> None:
+    cfg, results = world
+    info = json.loads((Path(results["manufacturers"]["path"]) / "model.json").read_text())
+    assert len(info["target"]["classes"]) == results["manufacturers"]["classes"] >= 10  # every manufacturer
+
+
+def test_lora_is_merged_into_plain_trunk_weights(world) -> None:
+    cfg, results = world
+    weights = load_file(str(Path(results["spend"]["path"]) / "model.safetensors"))
+    foundation = load_file(str(ws.latest_foundation_dir(cfg) / "model.safetensors"))
+    trunk = {k for k in foundation if k.startswith("trunk.")}
+    assert {k for k in weights if k.startswith("trunk.")} == trunk  # no adapter tensors left
+    changed = [k for k in trunk if k.endswith(".weight") and not (weights[k] == foundation[k]).all()]
+    assert "trunk.proj.weight" in changed  # the adapters were folded into the linear layers
+    assert all((weights[k] == foundation[k]).all() for k in trunk if "norm" in k)  # only linears adapted
+
+
+@pytest.mark.parametrize(
+    ("name", "columns"),
+    [
+        ("grocery_buyer", {"entity_id", "as_of", "score"}),
+        ("top_department", {"entity_id", "as_of", "label", "score"}),
+        ("spend", {"entity_id", "as_of", "value"}),
+        ("next_products_sketch", {"entity_id", "as_of", "rank", "item", "score"}),
+    ],
+)
+def test_predictions_per_task_type(world, name: str, columns: set[str]) -> None:
+    cfg, _ = world
+    meta = run_predict(cfg, name)
+    table = pq.read_table(meta["path"])
+    assert set(table.column_names) == columns
+    n = meta["entities"]
+    if name == "top_department":  # the full distribution: sums to 1 per entity
+        df = table.to_pandas()
+        np.testing.assert_allclose(df.groupby("entity_id")["score"].sum(), 1.0, rtol=1e-5)
+    elif name == "spend":
+        assert table.num_rows == n and (table.column("value").to_numpy() >= 0).all()
+    elif name == "next_products_sketch":
+        assert table.num_rows == n * 10
+        df = table.to_pandas()
+        assert (df.groupby("entity_id")["item"].nunique() == 10).all()
+        assert (df.groupby("entity_id")["score"].apply(lambda s: s.is_monotonic_decreasing)).all()
+
+
+def test_multilabel_predictions_top_k_and_threshold(world) -> None:
+    cfg, _ = world
+    table = pq.read_table(run_predict_k(cfg, top_k=2)).to_pandas()
+    assert (table.groupby("entity_id").size() <= 3).all()  # 2, or more on exact ties
+    table = pq.read_table(run_predict_k(cfg, threshold=0.999)).to_pandas()
+    assert (table["score"] >= 0.999).all()
+
+
+def run_predict_k(cfg, **kw) -> str:
+    from basemodel_pipeline.inference.predict import predict
+
+    return predict(cfg, cfg.scenario("manufacturers"), None, NullProgress(), **kw)["path"]
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        (
+            "raises",
+            r"scenario 'bad_raises': target function tiny_targets:raises raised KeyError: 'boom' for entity \d+ at split \d{4}-\d\d-\d\d",
+        ),
+        (
+            "wrong_shape",
+            r"scenario 'bad_wrong_shape': target function tiny_targets:wrong_shape returned shape \(3,\); a regression target needs shape \(1,\) for entity \d+",
+        ),
+        ("nan", r"scenario 'bad_nan': target function tiny_targets:nan returned NaN or inf for entity \d+"),
+    ],
+)
+def test_python_target_errors_name_scenario_and_entity(world, name: str, message: str) -> None:
+    cfg, _ = world
+    with pytest.raises(DataError, match=message):
+        finetune(cfg, cfg.scenario(f"bad_{name}"), NullProgress())

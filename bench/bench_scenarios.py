@@ -1,0 +1,112 @@
+"""Benchmark: the six Complete Journey scenarios (demo.FULL_CONFIG), ours vs LightGBM-on-aggregates vs popularity.
+
+    .venv/bin/python bench/bench_scenarios.py [--workspace bench_workspace/scenarios] [--reuse-foundation]
+
+Runs extract, cache and foundation pretraining (or reuses the workspace's foundation with
+--reuse-foundation), then fine-tunes all six scenarios with one featurisation pass (finetune_many), each with
+its own early stopping, and evaluates every model and baseline on the test window (2017-11-15). Writes
+bench/results/scenarios_completejourney.json and prints a Markdown table for BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import sys
+import time
+from pathlib import Path
+
+from basemodel_pipeline import pipeline
+from basemodel_pipeline import workspace as ws
+from basemodel_pipeline.config import load_config
+from basemodel_pipeline.demo import prepare_demo
+from basemodel_pipeline.progress import NullProgress
+from basemodel_pipeline.training.finetune import finetune_many
+
+COMMAND = "python bench/bench_scenarios.py"
+
+
+def _fmt(v: object) -> str:
+    return f"{v:.4f}" if isinstance(v, float) else "—" if v is None else str(v)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--workspace", default="bench_workspace/scenarios")
+    parser.add_argument("--reuse-foundation", action="store_true")
+    args = parser.parse_args()
+    cfg = load_config(prepare_demo(args.workspace, full=True))
+    started = time.perf_counter()
+    stages: dict[str, float] = {}
+    for name, fn in (("extract", pipeline.run_extract), ("cache", pipeline.run_cache)):
+        t0 = time.perf_counter()
+        fn(cfg)
+        stages[f"{name}_s"] = round(time.perf_counter() - t0, 1)
+    t0 = time.perf_counter()
+    if not (args.reuse_foundation and (ws.foundation_root(cfg) / "LATEST").exists()):
+        pipeline.run_pretrain(cfg)
+    stages["pretrain_s"] = round(time.perf_counter() - t0, 1)
+    t0 = time.perf_counter()
+    results = finetune_many(cfg, list(cfg.scenarios), NullProgress())
+    stages["finetune_all_s"] = round(time.perf_counter() - t0, 1)
+    rows = {}
+    for sc in cfg.scenarios:
+        r = results[sc.name]
+        m = json.loads((Path(r["path"]) / "metrics.json").read_text())
+        t0 = time.perf_counter()
+        pred = pipeline.run_predict(cfg, sc.name)
+        rows[sc.name] = {
+            "task": sc.task,
+            "metric": m["metric"],
+            "outputs": m["classes"],
+            "ours": m["test"]["model"],
+            "lightgbm_aggregates": m["test"].get("lightgbm_aggregates"),
+            "popularity": m["test"]["popularity"],
+            "repeat_purchases": m["test"].get("repeat_purchases"),
+            "test_metrics": m["test_metrics"],
+            "examples": m["examples"],
+            "epochs": len(m["history"]),
+            "timing_s": m["timing_s"],
+            "predict_s": round(time.perf_counter() - t0, 1),
+            "predict_entities_per_s": pred["inference_entities_per_s"],
+            "report": r["report_path"],
+        }
+        print(
+            sc.name,
+            json.dumps({k: v for k, v in rows[sc.name].items() if k != "test_metrics"}),
+            file=sys.stderr,
+        )
+    out = {
+        "benchmark": "scenarios_completejourney",
+        "date": time.strftime("%Y-%m-%d"),
+        "command": COMMAND,
+        "machine": f"{platform.machine()}, {__import__('os').cpu_count()} CPU cores (shared with other jobs)",
+        "stages_s": stages,
+        "total_s": round(time.perf_counter() - started, 1),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "scenarios": rows,
+    }
+    path = Path(__file__).parent / "results" / "scenarios_completejourney.json"
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    print(
+        f"| scenario | task (outputs) | metric | ours | LightGBM on aggregates | popularity | ours train s "
+        f"(featurise shared {results[cfg.scenarios[0].name]['featurise_s']} s) | baselines s |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for name, r in rows.items():
+        lgb = r["lightgbm_aggregates"] if r["task"] != "recommendation" else r["repeat_purchases"]
+        lgb_cell = _fmt(lgb) + (" (repeat purchases)" if r["task"] == "recommendation" else "")
+        t = r["timing_s"]
+        print(
+            f"| {name} | {r['task']} ({r['outputs']}) | {r['metric']} | {_fmt(r['ours'])} | {lgb_cell} | "
+            f"{_fmt(r['popularity'])} | {t['train_s']} | {t['baselines_s']} |"
+        )
+    print(
+        f"\nCommand: `{COMMAND}`; stages {stages}; total {out['total_s']} s; peak RSS {out['peak_rss_mb']} MB"
+    )
+
+
+if __name__ == "__main__":
+    main()
