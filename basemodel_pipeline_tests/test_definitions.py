@@ -8,7 +8,8 @@ import dagster as dg
 import pytest
 
 from basemodel_pipeline.defs import build_definitions
-from basemodel_pipeline.defs.resources import BasemodelConfigResource, resources_for
+from basemodel_pipeline.defs.launcher import Launcher
+from basemodel_pipeline.defs.resources import BasemodelConfigResource, QualityGates, resources_for
 
 EXPECTED = {
     "extracts/transactions": ("extracts", {"duckdb", "parquet"}),
@@ -54,7 +55,12 @@ def test_assets_groups_kinds_partitions(tiny_dataset: Path) -> None:
     for name in ("scenario_model", "predictions"):
         partitions = graph[name].partitions_def
         assert isinstance(partitions, dg.DynamicPartitionsDefinition) and partitions.name == "scenarios"
-    for name in ("foundation_model", "scenario_model", "predictions"):
+    days = graph["extracts/transactions"].partitions_def
+    assert isinstance(days, dg.DailyPartitionsDefinition)
+    assert days.start.date().isoformat() == "2023-01-01"  # data_start_date of the tiny config
+    assert graph["extracts/transactions"].backfill_policy == dg.BackfillPolicy.single_run()
+    assert graph["extracts/products"].partitions_def is None  # attribute tables: whole
+    for name in ("foundation_model", "scenario_model", "predictions", "entity_embeddings"):
         assert graph[name].op.pool == "gpu"
     assert graph["event_cache"].op.pool == "cache_writer"
     deps = defs.resolve_asset_graph()
@@ -62,17 +68,71 @@ def test_assets_groups_kinds_partitions(tiny_dataset: Path) -> None:
     assert cache_parents == {"extracts/transactions", "extracts/products", "extracts/demographics"}
     summary_parents = {k.to_user_string() for k in deps.get(dg.AssetKey("metrics_summary")).parent_keys}
     assert summary_parents == {"scenario_model"}
+    model_parents = {k.to_user_string() for k in deps.get(dg.AssetKey("scenario_model")).parent_keys}
+    assert model_parents == {"foundation_model", "event_cache"}
+    for name, asset in graph.items():
+        if name != "extracts/transactions" and not name.startswith("extracts/"):
+            assert asset.automation_conditions_by_key[asset.key] is not None, f"{name} has no automation"
+
+
+def test_checks_sensors_schedule_jobs(tiny_dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("BASEMODEL_AUTOMATION", raising=False)
+    monkeypatch.delenv("BASEMODEL_LAUNCHER", raising=False)
+    defs = build_definitions(str(tiny_dataset), env="local")
+    checks = {(k.asset_key.to_user_string(), k.name) for k in defs.resolve_asset_graph().asset_check_keys}
+    for source in ("transactions", "products", "demographics"):
+        assert {
+            (f"extracts/{source}", "schema_unchanged"),
+            (f"extracts/{source}", "volume_within_guidelines"),
+        } <= checks
+    assert {
+        ("event_cache", "manifest_sha256"),
+        ("foundation_model", "loss_finite_and_improving"),
+        ("scenario_model", "test_metric_above_floor"),
+        ("scenario_model", "beats_popularity"),
+    } <= checks
+    graph = defs.resolve_asset_graph()
+    for key in checks - {
+        (f"extracts/{s}", "volume_within_guidelines") for s in ("transactions", "products", "demographics")
+    }:
+        assert graph.get(dg.AssetCheckKey(dg.AssetKey.from_user_string(key[0]), key[1])).blocking, key
+    sensors = {s.name: s for s in defs.sensors or []}
+    assert set(sensors) == {"scenario_registry_sensor", "new_data_sensor", "basemodel_automation"}
+    assert all(s.default_status == dg.DefaultSensorStatus.RUNNING for s in sensors.values())
+    schedule = defs.resolve_schedule_def("nightly_refresh")
+    assert schedule.cron_schedule == "0 2 * * *" and schedule.job_name == "refresh"
+    assert {j.name for j in defs.resolve_all_job_defs()} >= {"refresh", "refresh_and_train"}
+    assert defs.resolve_job_def("refresh_and_train").tags["dagster/max_runtime"] == str(24 * 3600)
+
+
+def test_docker_backend_adds_cleanup_sensors(tiny_dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BASEMODEL_LAUNCHER", "docker")
+    monkeypatch.setenv("BASEMODEL_AUTOMATION", "stopped")
+    defs = build_definitions(str(tiny_dataset), env="prod")
+    sensors = {s.name: s for s in defs.sensors or []}
+    assert {
+        "remove_containers_on_success",
+        "remove_containers_on_failure",
+        "remove_containers_on_canceled",
+    } <= set(sensors)
+    assert sensors["new_data_sensor"].default_status == dg.DefaultSensorStatus.STOPPED
 
 
 @pytest.mark.parametrize("env", ["local", "ci", "prod"])
 def test_resources_per_environment(env: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BASEMODEL_CONFIG", "/somewhere/config.yaml")
+    monkeypatch.delenv("BASEMODEL_LAUNCHER", raising=False)
+    monkeypatch.delenv("BASEMODEL_PUBLISH_URL", raising=False)
     resources = resources_for(env)
-    assert set(resources) == {"basemodel_config", "pipes_subprocess_client"}
+    assert set(resources) == {"basemodel_config", "launcher", "quality_gates"}
     assert isinstance(resources["basemodel_config"], BasemodelConfigResource)
-    assert isinstance(resources["pipes_subprocess_client"], dg.PipesSubprocessClient)
+    assert isinstance(resources["launcher"], Launcher) and resources["launcher"].backend == "subprocess"
+    assert isinstance(resources["quality_gates"], QualityGates)
     if env == "ci":
-        assert resources["pipes_subprocess_client"].env["CUDA_VISIBLE_DEVICES"] == ""
+        assert resources["launcher"].env["CUDA_VISIBLE_DEVICES"] == ""
+        assert resources["quality_gates"].metric_floor == 0.0
+    else:
+        assert resources["quality_gates"].metric_floor == 0.55
     if env == "prod":  # read at run time, not frozen into the definitions
         assert isinstance(resources["basemodel_config"].config_path, dg.EnvVar)
     else:
@@ -83,3 +143,11 @@ def test_unknown_environment_is_rejected(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("BASEMODEL_ENV", "staging")
     with pytest.raises(ValueError, match="BASEMODEL_ENV"):
         build_definitions()
+
+
+def test_unknown_launcher_is_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BASEMODEL_LAUNCHER", "slurm")
+    with pytest.raises(
+        ValueError, match="BASEMODEL_LAUNCHER='slurm' is not one of subprocess, docker, k8s, ecs"
+    ):
+        resources_for("local", "/somewhere/config.yaml")

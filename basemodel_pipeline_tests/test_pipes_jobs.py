@@ -9,6 +9,7 @@ from pathlib import Path
 import dagster as dg
 
 from basemodel_pipeline.defs._run import run_pipes_job
+from basemodel_pipeline.defs.launcher import Launcher
 from basemodel_pipeline.jobs._common import flatten_metadata, to_pipes_metadata
 
 
@@ -19,7 +20,7 @@ def _materialize(asset: dg.AssetsDefinition, config: Path, **kwargs: object) -> 
         return dg.materialize(
             [asset],
             instance=instance,
-            resources={"pipes_subprocess_client": dg.PipesSubprocessClient()},
+            resources={"launcher": Launcher(backend="subprocess")},
             raise_on_error=False,
             **kwargs,
         )
@@ -27,12 +28,8 @@ def _materialize(asset: dg.AssetsDefinition, config: Path, **kwargs: object) -> 
 
 def _extract_asset(config: Path) -> dg.AssetsDefinition:
     @dg.asset(name="transactions_extract")
-    def transactions_extract(
-        context: dg.AssetExecutionContext, pipes_subprocess_client: dg.PipesSubprocessClient
-    ) -> dg.MaterializeResult:
-        return run_pipes_job(
-            context, pipes_subprocess_client, "extract", str(config), ["--source", "transactions"]
-        )
+    def transactions_extract(context: dg.AssetExecutionContext, launcher: Launcher) -> dg.MaterializeResult:
+        return run_pipes_job(context, launcher, "extract", str(config), ["--source", "transactions"])
 
     return transactions_extract
 
@@ -51,8 +48,8 @@ def test_user_error_in_job_fails_the_run_with_its_message(tiny_config: Path) -> 
     partitions = dg.DynamicPartitionsDefinition(name="scenarios")
 
     @dg.asset(partitions_def=partitions)
-    def scenario(context: dg.AssetExecutionContext, pipes_subprocess_client: dg.PipesSubprocessClient):
-        return run_pipes_job(context, pipes_subprocess_client, "finetune", str(tiny_config))
+    def scenario(context: dg.AssetExecutionContext, launcher: Launcher):
+        return run_pipes_job(context, launcher, "finetune", str(tiny_config))
 
     result = _materialize(scenario, tiny_config, partition_key="no_such_scenario")
     assert not result.success

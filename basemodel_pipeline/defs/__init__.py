@@ -1,35 +1,54 @@
 """Dagster definitions, one folder per domain. The only package (with definitions.py) that imports dagster.
 
-extracts/     one asset per data source (in-process, DuckDB -> Parquet)
-cache/        event_cache (in-process)
-models/       foundation_model, scenario_model (Pipes subprocess; dynamic partitions "scenarios")
-predictions/  predictions (Pipes subprocess; same partitions)
+extracts/     one asset per data source (events: daily partitions), schema and volume checks, new-data sensor
+cache/        event_cache (in-process) and its manifest check
+models/       foundation_model, scenario_model (Pipes; dynamic partitions "scenarios"), loss/metric checks,
+              the scenario-registry sensor
+predictions/  predictions (per scenario), entity_embeddings (Pipes)
 reports/      metrics_summary (in-process)
+publish/      published_artifacts: finished artifacts to s3:// (when BASEMODEL_PUBLISH_URL is set)
+automation.py declarative automation conditions and the automation sensor
+schedules.py  jobs and the nightly schedule
+launcher.py   the launcher resource (subprocess | docker | k8s | ecs); cleanup.py: docker run-status sensors
 resources.py  the resource set of each environment (BASEMODEL_ENV)
 """
 
 from __future__ import annotations
 
+import os
+
 import dagster as dg
 
+from basemodel_pipeline.defs.automation import automation_sensor
 from basemodel_pipeline.defs.cache.assets import build_cache_asset
-from basemodel_pipeline.defs.extracts.assets import build_extract_assets, extract_key
+from basemodel_pipeline.defs.cache.checks import build_cache_check
+from basemodel_pipeline.defs.cleanup import build_cleanup_sensors
+from basemodel_pipeline.defs.extracts.assets import build_extract_assets, days_partitions, extract_key
+from basemodel_pipeline.defs.extracts.checks import build_extract_checks
+from basemodel_pipeline.defs.extracts.sensors import build_new_data_sensor
 from basemodel_pipeline.defs.models.assets import foundation_model, scenario_model
+from basemodel_pipeline.defs.models.checks import model_checks
 from basemodel_pipeline.defs.models.partitions import scenarios_partitions
-from basemodel_pipeline.defs.models.sensors import scenario_partitions_sensor
+from basemodel_pipeline.defs.models.sensors import build_scenario_registry_sensor
 from basemodel_pipeline.defs.predictions.assets import entity_embeddings, predictions
+from basemodel_pipeline.defs.publish.assets import published_artifacts
 from basemodel_pipeline.defs.reports.assets import metrics_summary
 from basemodel_pipeline.defs.resources import config_path_from_env, current_env, resources_for
-from basemodel_pipeline.defs.shape import data_sources
+from basemodel_pipeline.defs.schedules import build_jobs, build_nightly_schedule
+from basemodel_pipeline.defs.shape import shape_config
 
-__all__ = ["build_assets", "build_definitions", "scenarios_partitions"]
+__all__ = ["build_assets", "build_checks", "build_definitions", "scenarios_partitions"]
+
+# BASEMODEL_AUTOMATION=stopped starts sensors and the schedule stopped (tests, a paused deployment).
+AUTOMATION_ENV_VAR = "BASEMODEL_AUTOMATION"
 
 
-def build_assets(config_path: str) -> list[dg.AssetsDefinition]:
-    sources = data_sources(config_path)
-    extracts = build_extract_assets(sources)
-    cache = build_cache_asset([extract_key(s.name) for s in sources])
-    return [
+def build_assets(config_path: str, publish: bool = False) -> list[dg.AssetsDefinition]:
+    cfg = shape_config(config_path)
+    days = days_partitions(cfg.data_params.data_start_date)
+    extracts = build_extract_assets(list(cfg.data_sources), days)
+    cache = build_cache_asset([extract_key(s.name) for s in cfg.data_sources])
+    assets = [
         *extracts,
         cache,
         foundation_model,
@@ -38,14 +57,37 @@ def build_assets(config_path: str) -> list[dg.AssetsDefinition]:
         entity_embeddings,
         metrics_summary,
     ]
+    return [*assets, published_artifacts] if publish else assets
+
+
+def build_checks(config_path: str) -> list[dg.AssetChecksDefinition]:
+    cfg = shape_config(config_path)
+    checks = [c for s in cfg.data_sources for c in build_extract_checks(s, extract_key(s.name))]
+    return [*checks, build_cache_check(dg.AssetKey("event_cache")), *model_checks]
 
 
 def build_definitions(config_path: str | None = None, env: str | None = None) -> dg.Definitions:
     """All definitions for one config file and environment (defaults: BASEMODEL_CONFIG, BASEMODEL_ENV)."""
     env = env or current_env()
     shape_path = config_path or config_path_from_env()
+    resources = resources_for(env, config_path)
+    running = os.environ.get(AUTOMATION_ENV_VAR, "running") != "stopped"
+    sensor_status = dg.DefaultSensorStatus.RUNNING if running else dg.DefaultSensorStatus.STOPPED
+    schedule_status = dg.DefaultScheduleStatus.RUNNING if running else dg.DefaultScheduleStatus.STOPPED
+    cfg = shape_config(shape_path)
+    event_keys = [extract_key(s.name) for s in cfg.data_sources if s.type == "event"]
+    sensors = [
+        build_scenario_registry_sensor(sensor_status),
+        build_new_data_sensor(event_keys, sensor_status),
+        automation_sensor(sensor_status),
+    ]
+    if resources["launcher"].backend == "docker":
+        sensors += build_cleanup_sensors()
     return dg.Definitions(
-        assets=build_assets(shape_path),
-        sensors=[scenario_partitions_sensor],
-        resources=resources_for(env, config_path),
+        assets=build_assets(shape_path, publish="publisher" in resources),
+        asset_checks=build_checks(shape_path),
+        jobs=build_jobs([extract_key(s.name) for s in cfg.data_sources]),
+        schedules=[build_nightly_schedule(schedule_status)],
+        sensors=sensors,
+        resources=resources,
     )

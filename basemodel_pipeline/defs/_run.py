@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import math
-import sys
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
+from basemodel_pipeline.defs.launcher import Launcher
 from basemodel_pipeline.errors import UserError
-from basemodel_pipeline.jobs._common import ERROR_FILE_EXTRA, data_version_of, flatten_metadata
+from basemodel_pipeline.jobs._common import data_version_of, flatten_metadata
 
 
 def to_dagster_metadata(meta: Mapping[str, Any]) -> dict[str, Any]:
@@ -32,39 +30,43 @@ def to_dagster_metadata(meta: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def materialize_in_process(fn: Callable[[], Mapping[str, Any]]) -> dg.MaterializeResult:
-    """Call a library stage; a UserError fails the step with the user's one-line message."""
+def materialize_in_process(
+    fn: Callable[[], Mapping[str, Any]],
+    extra: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None,
+) -> dg.MaterializeResult:
+    """Call a library stage; a UserError fails the step with the user's one-line message.
+
+    `extra` turns the stage's metadata into additional Dagster metadata (row count, column schema...).
+    """
     try:
         meta = fn()
     except UserError as err:
         raise dg.Failure(description=str(err), allow_retries=False) from None
-    return dg.MaterializeResult(
-        metadata=to_dagster_metadata(meta), data_version=dg.DataVersion(data_version_of(meta))
-    )
+    metadata = to_dagster_metadata(meta)
+    if extra is not None:
+        metadata.update(extra(meta))
+    return dg.MaterializeResult(metadata=metadata, data_version=dg.DataVersion(data_version_of(meta)))
 
 
 def run_pipes_job(
     context: dg.AssetExecutionContext,
-    client: dg.PipesSubprocessClient,
+    launcher: Launcher,
     job: str,
     config_path: str,
     args: Sequence[str] = (),
 ) -> dg.MaterializeResult:
-    """Run ``python -m basemodel_pipeline.jobs.<job>`` through Pipes and return what it reported.
+    """Run ``python -m basemodel_pipeline.jobs.<job>`` through the launcher and return what it reported."""
+    return launcher.run(context, job, config_path, args).get_materialize_result()
 
-    The entrypoint writes a UserError's message to the file named by the ``error_file`` extra; the step then
-    fails with that message (not just "process failed with code 2").
-    """
-    with tempfile.TemporaryDirectory(prefix="basemodel-pipes-") as tmp:
-        error_file = Path(tmp) / "error.txt"
-        command = [sys.executable, "-m", f"basemodel_pipeline.jobs.{job}", "--config", config_path, *args]
-        try:
-            invocation = client.run(
-                context=context, command=command, extras={ERROR_FILE_EXTRA: str(error_file)}
-            )
-        except Exception:
-            message = error_file.read_text().strip() if error_file.exists() else ""
-            if message:
-                raise dg.Failure(description=message, allow_retries=False) from None
-            raise
-        return invocation.get_materialize_result()
+
+def latest_metadata(
+    instance: dg.DagsterInstance, key: dg.AssetKey, partition: str | None = None
+) -> dict[str, Any] | None:
+    """The metadata of an asset's (partition's) latest materialization as plain values, or None."""
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition] if partition else None), limit=1
+    ).records
+    if not records:
+        return None
+    mat = records[0].asset_materialization
+    return {k: v.value for k, v in (mat.metadata if mat else {}).items()}

@@ -1,26 +1,35 @@
 """Materialize the whole asset graph in-process against a DagsterInstance (`basemodel demo`, tests).
 
-Runs: (1) every unpartitioned upstream asset (extracts, event_cache, foundation_model) in one run; (2) one run
-per scenario partition for scenario_model + predictions; (3) metrics_summary. The runs land in the
-instance's event log, so `dagster dev` on the same DAGSTER_HOME shows them.
+Runs: (1) the extracts (event sources: every day partition from data_start_date to the newest event day, as
+one range run), event_cache, foundation_model and entity_embeddings; (2) one run per scenario partition for
+scenario_model + predictions; (3) metrics_summary. Asset checks run with their assets (blocking ones stop a
+run before what depends on them). The runs land in the instance's event log, so `dagster dev` on the same
+DAGSTER_HOME shows them.
 """
 
+import datetime as dt
 import os
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 
 from basemodel_pipeline.config import load_config
-from basemodel_pipeline.defs import build_assets, scenarios_partitions
+from basemodel_pipeline.defs import build_assets, build_checks, scenarios_partitions
+from basemodel_pipeline.defs.extracts.sensors import range_tags
 from basemodel_pipeline.defs.resources import resources_for
 
 DAGSTER_YAML = """\
 # Written by `basemodel demo`: default SQLite storage in this directory; no telemetry.
 telemetry:
   enabled: false
+# pools gpu and cache_writer: one step at a time each (raise gpu with `dagster instance concurrency set`)
+concurrency:
+  pools:
+    default_limit: 1
 """
 
 PER_SCENARIO = ("scenario_model", "predictions")
@@ -49,7 +58,23 @@ def demo_instance(workspace: Path) -> dg.DagsterInstance:
     return dg.DagsterInstance.get()
 
 
+def _failed_checks(result: dg.ExecuteInProcessResult) -> list[str]:
+    out = []
+    for event in result.all_events:
+        if event.event_type_value == "ASSET_CHECK_EVALUATION":
+            evaluation = event.event_specific_data
+            if not evaluation.passed:
+                key = evaluation.asset_check_key
+                out.append(
+                    f"check {key.asset_key.to_user_string()}:{key.name} failed: {evaluation.description}"
+                )
+    return out
+
+
 def _failure_message(result: dg.ExecuteInProcessResult) -> str:
+    checks = _failed_checks(result)
+    if checks:
+        return "; ".join(checks)
     for event in result.get_step_failure_events():
         data = event.step_failure_data
         user = data.user_failure_data
@@ -86,6 +111,7 @@ def materialize_all(
     env: str = "local",
     on_run: Callable[[str], None] | None = None,
     log_level: str = "INFO",
+    resource_overrides: dict[str, Any] | None = None,
 ) -> MaterializeReport:
     """Materialize every asset for `config_path`; raise RunFailed with the failing step's message."""
     config_path = str(Path(config_path).resolve())
@@ -96,28 +122,31 @@ def materialize_all(
         instance.add_dynamic_partitions(scenarios_partitions.name, missing)
 
     assets = build_assets(config_path)
-    resources = resources_for(env, config_path)
+    checks = build_checks(config_path)
+    resources = {**resources_for(env, config_path), **(resource_overrides or {})}
     keys = {key.to_user_string(): key for a in assets for key in a.keys}
     upstream = [k for name, k in keys.items() if name not in PER_SCENARIO + LAST]
-    plan: list[tuple[str, list[dg.AssetKey], str | None]] = [("extract, cache, pretrain", upstream, None)]
-    plan += [(f"scenario {name}", [keys[n] for n in PER_SCENARIO], name) for name in scenarios]
-    plan.append(("summary", [keys[n] for n in LAST], None))
+    plan: list[tuple[str, list[dg.AssetKey], str | None, dict[str, str]]] = [
+        ("extract, cache, pretrain", upstream, None, range_tags(*_event_days(config_path)))
+    ]
+    plan += [(f"scenario {name}", [keys[n] for n in PER_SCENARIO], name, {}) for name in scenarios]
+    plan.append(("summary", [keys[n] for n in LAST], None, {}))
 
     report = MaterializeReport()
     warnings.filterwarnings("ignore", category=dg.PreviewWarning)
     warnings.filterwarnings("ignore", category=dg.BetaWarning)
-    for label, selection, partition in plan:
+    for label, selection, partition, tags in plan:
         if on_run is not None:
             on_run(label)
         result = dg.materialize(
-            assets,
+            [*assets, *checks],
             instance=instance,
             resources=resources,
             selection=selection,
             partition_key=partition,
             raise_on_error=False,
             run_config={"loggers": {"console": {"config": {"log_level": log_level}}}},
-            tags={"basemodel/stage": label},
+            tags={"basemodel/stage": label, **tags},
         )
         report.run_ids.append(result.run_id)
         report.step_seconds.update(
@@ -128,5 +157,19 @@ def materialize_all(
         for event in result.get_asset_materialization_events():
             mat = event.event_specific_data.materialization
             suffix = f"[{mat.partition}]" if mat.partition else ""
-            report.materialized.append(mat.asset_key.to_user_string() + suffix)
+            name = mat.asset_key.to_user_string()
+            if mat.partition and partition is None:  # a day range: one entry per asset
+                suffix, name = "", name if name not in report.materialized else ""
+            if name:
+                report.materialized.append(name + suffix)
     return report
+
+
+def _event_days(config_path: str) -> tuple[dt.date, dt.date]:
+    """(data_start_date, newest event day over all event sources): the day partitions the demo extracts."""
+    from basemodel_pipeline.sources import watermark
+
+    cfg = load_config(config_path)
+    marks = [m for s in cfg.data_sources if s.type == "event" and (m := watermark(cfg, s)) is not None]
+    start = cfg.data_params.data_start_date
+    return start, max([*marks, start])

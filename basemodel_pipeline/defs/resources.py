@@ -1,12 +1,17 @@
 """Resources, chosen per environment in this one place (env var BASEMODEL_ENV = local | ci | prod).
 
-    local  config path from BASEMODEL_CONFIG (default demo_workspace/config.yaml, resolved when loaded);
-           Pipes jobs run as subprocesses of the run worker.
-    ci     as local, but the Pipes jobs see no GPU and a fixed hash seed (reproducible CPU runs).
-    prod   config path read from BASEMODEL_CONFIG at run time (dg.EnvVar; required), longer grace period
-           for training processes to stop after a cancelled run.
+    local  config path from BASEMODEL_CONFIG (default demo_workspace/config.yaml, resolved when loaded).
+    ci     as local, but steps see no GPU and a fixed hash seed (reproducible CPU runs), and the scenario
+           quality gates only record (floor 0, popularity margin -1): CI's tiny synthetic data cannot
+           produce a useful model.
+    prod   config path read from BASEMODEL_CONFIG at run time (dg.EnvVar; required).
 
-Secrets never live here: the YAML config reads them from environment variables (${VAR}) itself.
+The launcher backend (where training and scoring steps run) is BASEMODEL_LAUNCHER = subprocess (default) |
+docker | k8s | ecs, with its settings from BASEMODEL_* variables (see `launcher_from_env`). Publishing to
+object storage is on when BASEMODEL_PUBLISH_URL=s3://bucket/prefix is set (endpoint: AWS_ENDPOINT_URL_S3).
+
+Secrets never live here: the YAML config reads them from environment variables (${VAR}) itself, steps in
+containers get them by name (BASEMODEL_FORWARD_ENV) and boto3 reads AWS credentials from the environment.
 """
 
 import os
@@ -14,11 +19,16 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
+from dagster_aws.s3 import S3Resource
+from pydantic import Field
 
 from basemodel_pipeline.config import PipelineConfig, load_config
+from basemodel_pipeline.defs.launcher import BACKENDS, Launcher
 
 ENV_VAR = "BASEMODEL_ENV"
 CONFIG_ENV_VAR = "BASEMODEL_CONFIG"
+LAUNCHER_ENV_VAR = "BASEMODEL_LAUNCHER"
+PUBLISH_ENV_VAR = "BASEMODEL_PUBLISH_URL"
 DEFAULT_CONFIG = "demo_workspace/config.yaml"
 ENVIRONMENTS = ("local", "ci", "prod")
 
@@ -30,6 +40,39 @@ class BasemodelConfigResource(dg.ConfigurableResource):
 
     def load(self) -> PipelineConfig:
         return load_config(self.config_path)
+
+
+class QualityGates(dg.ConfigurableResource):
+    """Thresholds of the asset checks (set them in the launchpad's resources section or in code)."""
+
+    metric_floor: float = Field(
+        default=0.55, description="A scenario's test metric (AUROC / macro AUROC) must reach this."
+    )
+    metric_floors: dict[str, float] = Field(default_factory=dict, description="Per-scenario floors.")
+    popularity_margin: float = Field(
+        default=0.0, description="The model must beat the popularity baseline by more than this."
+    )
+    min_day_ratio: float = Field(default=0.2, description="A day's rows vs the trailing median: lower bound.")
+    max_day_ratio: float = Field(default=5.0, description="A day's rows vs the trailing median: upper bound.")
+    volume_window_days: int = Field(default=28, gt=0, description="Days in the trailing median.")
+    max_table_shrink: float = Field(
+        default=0.5, description="An attribute table may lose at most this share of rows between extracts."
+    )
+
+    def floor(self, scenario: str) -> float:
+        return self.metric_floors.get(scenario, self.metric_floor)
+
+
+class ArtifactPublisher(dg.ConfigurableResource):
+    """Copies finished artifacts to object storage (basemodel_pipeline.publish) through dagster-aws's S3."""
+
+    url: str = Field(description="s3://bucket/prefix; workspace-relative paths go below it.")
+    s3: S3Resource
+
+    def publish(self, directory: str | Path, workspace: str | Path) -> dict[str, Any]:
+        from basemodel_pipeline.publish import publish_dir
+
+        return publish_dir(self.s3.get_client(), Path(directory), Path(workspace), self.url)
 
 
 def current_env() -> str:
@@ -44,21 +87,68 @@ def config_path_from_env() -> str:
     return str(Path(os.environ.get(CONFIG_ENV_VAR) or DEFAULT_CONFIG).resolve())
 
 
+def _csv(name: str) -> list[str]:
+    return [v.strip() for v in os.environ.get(name, "").split(",") if v.strip()]
+
+
+def launcher_from_env(env: str) -> Launcher:
+    """The launcher of this environment: BASEMODEL_LAUNCHER and its BASEMODEL_* settings."""
+    backend = os.environ.get(LAUNCHER_ENV_VAR, "subprocess")
+    if backend not in BACKENDS:
+        raise ValueError(f"{LAUNCHER_ENV_VAR}={backend!r} is not one of {', '.join(BACKENDS)}")
+    settings = {"CUDA_VISIBLE_DEVICES": "", "PYTHONHASHSEED": "0"} if env == "ci" else {}
+    get = os.environ.get
+    return Launcher(
+        backend=backend,  # type: ignore[arg-type]
+        image=get("BASEMODEL_TRAINER_IMAGE", "basemodel-trainer:latest"),
+        workspace_dir=get("BASEMODEL_WORKSPACE_DIR", ""),
+        gpus=int(get("BASEMODEL_GPUS", "0")),
+        env=settings,
+        forward_env=_csv("BASEMODEL_FORWARD_ENV"),
+        docker_network=get("BASEMODEL_DOCKER_NETWORK", ""),
+        k8s_namespace=get("BASEMODEL_K8S_NAMESPACE", "default"),
+        k8s_pvc=get("BASEMODEL_K8S_PVC", ""),
+        ecs_cluster=get("BASEMODEL_ECS_CLUSTER", ""),
+        ecs_task_definition=get("BASEMODEL_ECS_TASK_DEFINITION", ""),
+        ecs_subnets=_csv("BASEMODEL_ECS_SUBNETS"),
+        ecs_security_groups=_csv("BASEMODEL_ECS_SECURITY_GROUPS"),
+        termination_timeout_seconds=120 if env == "prod" else 30,
+    )
+
+
+def quality_gates_from_env(env: str) -> QualityGates:
+    """Gates from BASEMODEL_METRIC_FLOOR / BASEMODEL_POPULARITY_MARGIN; ci records without blocking."""
+    floor, margin = ("0", "-1") if env == "ci" else ("0.55", "0")
+    return QualityGates(
+        metric_floor=float(os.environ.get("BASEMODEL_METRIC_FLOOR", floor)),
+        popularity_margin=float(os.environ.get("BASEMODEL_POPULARITY_MARGIN", margin)),
+    )
+
+
+def publisher_from_env() -> ArtifactPublisher | None:
+    url = os.environ.get(PUBLISH_ENV_VAR)
+    if not url:
+        return None
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    return ArtifactPublisher(
+        url=url, s3=S3Resource(endpoint_url=endpoint, region_name=os.environ.get("AWS_REGION"))
+    )
+
+
 def resources_for(env: str, config_path: str | None = None) -> dict[str, Any]:
     """The resource set of one environment. `config_path` (tests, the demo) overrides BASEMODEL_CONFIG."""
     if env not in ENVIRONMENTS:
         raise ValueError(f"unknown environment {env!r}; expected one of {', '.join(ENVIRONMENTS)}")
-    if env == "prod":
-        config = (
-            BasemodelConfigResource(config_path=config_path)
-            if config_path
-            else BasemodelConfigResource(config_path=dg.EnvVar(CONFIG_ENV_VAR))
-        )
-        client = dg.PipesSubprocessClient(forward_termination=True, termination_timeout_seconds=120)
-    elif env == "ci":
-        config = BasemodelConfigResource(config_path=config_path or config_path_from_env())
-        client = dg.PipesSubprocessClient(env={"CUDA_VISIBLE_DEVICES": "", "PYTHONHASHSEED": "0"})
+    if env == "prod" and not config_path:
+        config = BasemodelConfigResource(config_path=dg.EnvVar(CONFIG_ENV_VAR))
     else:
         config = BasemodelConfigResource(config_path=config_path or config_path_from_env())
-        client = dg.PipesSubprocessClient()
-    return {"basemodel_config": config, "pipes_subprocess_client": client}
+    resources: dict[str, Any] = {
+        "basemodel_config": config,
+        "launcher": launcher_from_env(env),
+        "quality_gates": quality_gates_from_env(env),
+    }
+    publisher = publisher_from_env()
+    if publisher is not None:
+        resources["publisher"] = publisher
+    return resources

@@ -10,12 +10,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from basemodel_pipeline.config import DataSource, load_config, parse_config
+from basemodel_pipeline.config import DataSource, PipelineConfig, load_config, parse_config
 from basemodel_pipeline.demo import DEMO_CONFIG
 
 
-def data_sources(config_path: str) -> list[DataSource]:
+def shape_config(config_path: str) -> PipelineConfig:
+    """The config that gives the graph its shape (sources, first partition day)."""
     path = Path(config_path)
     if path.is_file():
-        return list(load_config(path).data_sources)
-    return list(parse_config(DEMO_CONFIG, Path("demo_config.yaml")).data_sources)
+        return load_config(path)
+    return parse_config(DEMO_CONFIG, Path("demo_config.yaml"))
+
+
+def data_sources(config_path: str) -> list[DataSource]:
+    return list(shape_config(config_path).data_sources)

@@ -3,6 +3,7 @@
 import dagster as dg
 
 from basemodel_pipeline.defs._run import materialize_in_process
+from basemodel_pipeline.defs.automation import AFTER_DEPS_UPDATED
 from basemodel_pipeline.defs.resources import BasemodelConfigResource
 from basemodel_pipeline.pipeline import run_cache
 from basemodel_pipeline.progress import LogProgress
@@ -18,6 +19,7 @@ def build_cache_asset(extract_keys: list[dg.AssetKey]) -> dg.AssetsDefinition:
         group_name="cache",
         kinds={"duckdb", "parquet"},
         pool=CACHE_POOL,
+        automation_condition=AFTER_DEPS_UPDATED,
     )
     def event_cache(
         context: dg.AssetExecutionContext, basemodel_config: BasemodelConfigResource
@@ -25,10 +27,11 @@ def build_cache_asset(extract_keys: list[dg.AssetKey]) -> dg.AssetsDefinition:
         """Model-ready event store built from the extracts (about 1:1 with the source size).
 
         Keyed by the fingerprint of the config's data part; reused when nothing changed and refreshed
-        incrementally when new days land.
+        when new days land. Automation: rebuilt after any extract (partition) is updated.
         """
         return materialize_in_process(
-            lambda: run_cache(basemodel_config.load(), LogProgress(context.log.info))
+            lambda: run_cache(basemodel_config.load(), LogProgress(context.log.info)),
+            extra=lambda meta: {"dagster/row_count": int(meta["events"])},
         )
 
     return event_cache

@@ -1,13 +1,22 @@
 """One asset per data source: its rows copied from the source into <workspace>/extracts/<source>/.
 
-Extracts run in-process (DuckDB reads the source and writes Parquet; no GPU). Event sources land as daily
-files; the asset itself is unpartitioned and re-extraction is incremental inside the library.
+Event sources are daily-partitioned (one partition = one ``<yyyy-mm-dd>.parquet`` file; a partition range
+runs as one `run_extract(days=(start, end))` call, so a UI backfill of a year is one run). Attribute tables
+are unpartitioned and extracted whole. Extracts run in-process (DuckDB reads the source and writes Parquet;
+no GPU).
 """
+
+import datetime as dt
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 import dagster as dg
 
+from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.config import DataSource
 from basemodel_pipeline.defs._run import materialize_in_process
+from basemodel_pipeline.defs.extracts.files import day_files, extract_files, rows_of, schema_of
 from basemodel_pipeline.defs.resources import BasemodelConfigResource
 from basemodel_pipeline.pipeline import run_extract
 from basemodel_pipeline.progress import LogProgress
@@ -16,9 +25,9 @@ GROUP = "extracts"
 KEY_PREFIX = "extracts"
 
 KIND_DOC = {
-    "event": "Event table (entity, timestamp, attributes), one Parquet file per day.",
-    "attribute": "Attribute table joined to events (e.g. products).",
-    "main_entity_attribute": "Attributes of the main entity (e.g. household demographics).",
+    "event": "Event table (entity, timestamp, attributes), one Parquet file per day (daily partitions).",
+    "attribute": "Attribute table joined to events (e.g. products), extracted whole.",
+    "main_entity_attribute": "Attributes of the main entity (e.g. household demographics), extracted whole.",
 }
 
 
@@ -26,8 +35,34 @@ def extract_key(source: str) -> dg.AssetKey:
     return dg.AssetKey([KEY_PREFIX, source])
 
 
-def build_extract_asset(src: DataSource) -> dg.AssetsDefinition:
+def days_partitions(start: dt.date) -> dg.DailyPartitionsDefinition:
+    """One partition per day from the config's data_start_date; today's (partial) day included."""
+    return dg.DailyPartitionsDefinition(start_date=start.isoformat(), end_offset=1)
+
+
+def _column_schema(schema: dict[str, str]) -> dg.TableSchema:
+    return dg.TableSchema(columns=[dg.TableColumn(name, type_) for name, type_ in schema.items()])
+
+
+def _range_metadata(src: str, meta: dict, files: list, days: tuple[dt.date, dt.date]) -> dict:
+    rows = sum(rows_of(f) for f in files)
+    return {
+        "rows": rows,
+        "days": (days[1] - days[0]).days,
+        "day_files": len(files),
+        "first_day": days[0].isoformat(),
+        "last_day": (days[1] - dt.timedelta(days=1)).isoformat(),
+        "bytes": sum(f.stat().st_size for f in files),
+        "total_rows": meta["rows"],
+        "total_files": meta["files"],
+        "path": meta["path"],
+        "source": src,
+    }
+
+
+def build_extract_asset(src: DataSource, partitions: dg.PartitionsDefinition | None) -> dg.AssetsDefinition:
     name = src.name
+    is_event = src.type == "event"
 
     @dg.asset(
         key=extract_key(name),
@@ -35,16 +70,41 @@ def build_extract_asset(src: DataSource) -> dg.AssetsDefinition:
         kinds={"duckdb", "parquet"},
         description=f"Extract of data source '{name}' ({src.type}). {KIND_DOC[src.type]}",
         metadata={"source_type": src.type, "database_type": src.data_location.database_type},
+        partitions_def=partitions if is_event else None,
+        backfill_policy=dg.BackfillPolicy.single_run() if is_event else None,
+        tags={"basemodel/stage": "extract"},
     )
     def _extract(
         context: dg.AssetExecutionContext, basemodel_config: BasemodelConfigResource
     ) -> dg.MaterializeResult:
-        return materialize_in_process(
-            lambda: run_extract(basemodel_config.load(), name, LogProgress(context.log.info))[name]
-        )
+        progress = LogProgress(context.log.info)
+        if not is_event:
+            return materialize_in_process(
+                lambda: run_extract(basemodel_config.load(), name, progress)[name],
+                extra=_files_extra,
+            )
+        window = context.partition_time_window
+        days = (window.start.date(), window.end.date())
+
+        def stage() -> dict:
+            cfg = basemodel_config.load()
+            meta = run_extract(cfg, name, progress, days=days)[name]
+            return _range_metadata(name, meta, day_files(ws.extracts_dir(cfg, name), *days), days)
+
+        return materialize_in_process(stage, extra=_files_extra)
 
     return _extract
 
 
-def build_extract_assets(sources: list[DataSource]) -> list[dg.AssetsDefinition]:
-    return [build_extract_asset(src) for src in sources]
+def _files_extra(meta: Mapping[str, Any]) -> dict[str, Any]:
+    files = extract_files(Path(meta["path"]))
+    extra: dict = {"dagster/row_count": meta["rows"]}
+    if files:
+        extra["dagster/column_schema"] = _column_schema(schema_of(files[-1]))
+    return extra
+
+
+def build_extract_assets(
+    sources: list[DataSource], partitions: dg.PartitionsDefinition
+) -> list[dg.AssetsDefinition]:
+    return [build_extract_asset(src, partitions) for src in sources]

@@ -1,46 +1,51 @@
-"""Scores of every entity for one scenario, as of the day after the cache's last event day."""
+"""Scores of every entity per scenario and foundation embeddings, as of the day after the cache's last day."""
 
 import dagster as dg
 
 from basemodel_pipeline.defs._run import run_pipes_job
-from basemodel_pipeline.defs.models.assets import GPU_POOL, scenario_model
+from basemodel_pipeline.defs.automation import gated_eager
+from basemodel_pipeline.defs.launcher import Launcher
+from basemodel_pipeline.defs.models.assets import GPU_POOL, TRAIN_TAGS, foundation_model, scenario_model
 from basemodel_pipeline.defs.models.partitions import scenarios_partitions
 from basemodel_pipeline.defs.resources import BasemodelConfigResource
 
+SCORE_TAGS = {**TRAIN_TAGS, "basemodel/stage": "score"}
+
 
 @dg.asset(
-    deps=[scenario_model],
+    deps=[scenario_model, "event_cache"],
     partitions_def=scenarios_partitions,
     group_name="predictions",
     kinds={"pytorch", "parquet"},
     pool=GPU_POOL,
+    automation_condition=gated_eager("scenario_model"),
+    op_tags=SCORE_TAGS,
 )
 def predictions(
-    context: dg.AssetExecutionContext,
-    basemodel_config: BasemodelConfigResource,
-    pipes_subprocess_client: dg.PipesSubprocessClient,
+    context: dg.AssetExecutionContext, basemodel_config: BasemodelConfigResource, launcher: Launcher
 ) -> dg.MaterializeResult:
     """Scores of one scenario (partition) for every entity: <workspace>/predictions/<scenario>/<as_of>/.
 
-    Runs `python -m basemodel_pipeline.jobs.predict` through Dagster Pipes (scenario = partition key).
+    Runs `python -m basemodel_pipeline.jobs.predict` through Dagster Pipes (scenario = partition key), only
+    after the scenario's blocking checks (test metric above its floor and above popularity) passed.
     """
-    return run_pipes_job(context, pipes_subprocess_client, "predict", basemodel_config.config_path)
+    return run_pipes_job(context, launcher, "predict", basemodel_config.config_path)
 
 
 @dg.asset(
-    deps=["foundation_model"],
+    deps=[foundation_model, "event_cache"],
     group_name="predictions",
     kinds={"pytorch", "parquet", "numpy"},
     pool=GPU_POOL,
+    automation_condition=gated_eager("foundation_model", "event_cache"),
+    op_tags=SCORE_TAGS,
 )
 def entity_embeddings(
-    context: dg.AssetExecutionContext,
-    basemodel_config: BasemodelConfigResource,
-    pipes_subprocess_client: dg.PipesSubprocessClient,
+    context: dg.AssetExecutionContext, basemodel_config: BasemodelConfigResource, launcher: Launcher
 ) -> dg.MaterializeResult:
     """Universal float16 behavioural embeddings of every entity from the foundation trunk, as of the day after
     the data: <workspace>/embeddings/<as_of>/ (embeddings.parquet, client_ids.npy + embeddings.npy).
 
     Runs `python -m basemodel_pipeline.jobs.embed` through Dagster Pipes.
     """
-    return run_pipes_job(context, pipes_subprocess_client, "embed", basemodel_config.config_path)
+    return run_pipes_job(context, launcher, "embed", basemodel_config.config_path)

@@ -1,0 +1,51 @@
+"""What the extract area holds, read from Parquet footers only (row counts, schemas): cheap for checks."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+
+def extract_files(directory: Path) -> list[Path]:
+    """The finished Parquet files of one extract (day files or table.parquet), sorted by name."""
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.glob("*.parquet") if not p.name.startswith("."))
+
+
+def day_of(path: Path) -> dt.date | None:
+    try:
+        return dt.date.fromisoformat(path.name.removesuffix(".parquet"))
+    except ValueError:
+        return None
+
+
+def day_files(directory: Path, start: dt.date, end: dt.date) -> list[Path]:
+    """Day files in [start, end)."""
+    return [p for p in extract_files(directory) if (d := day_of(p)) is not None and start <= d < end]
+
+
+def rows_of(path: Path) -> int:
+    return pq.read_metadata(path).num_rows
+
+
+def schema_of(path: Path) -> dict[str, str]:
+    """{column: arrow type} of one Parquet file."""
+    return {field.name: str(field.type) for field in pq.read_schema(path)}
+
+
+def describe_change(before: dict[str, str], after: dict[str, str]) -> str:
+    """One line naming added, removed and retyped columns."""
+    parts = []
+    added = [c for c in after if c not in before]
+    removed = [c for c in before if c not in after]
+    retyped = [f"{c} {before[c]} -> {after[c]}" for c in after if c in before and before[c] != after[c]]
+    if added:
+        parts.append("added " + ", ".join(added))
+    if removed:
+        parts.append("removed " + ", ".join(removed))
+    if retyped:
+        parts.append("retyped " + ", ".join(retyped))
+    return "; ".join(parts) or "column order changed"

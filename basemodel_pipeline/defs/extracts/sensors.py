@@ -1,0 +1,130 @@
+"""New data: request the day partitions of event extracts that the source has and the extract lacks.
+
+Per event source the cursor keeps the latest day already requested (the watermark). A tick asks the
+source for its watermark (one max() query, `sources.watermark`) and requests one run for the days
+[cursor day, watermark] (the cursor day again: it may have been partial). The run key names the source and
+the day range, so a repeated tick or a lost cursor never runs the same range twice.
+
+Parquet sources on s3:// are first listed by prefix: while the listing (keys, sizes, ETags) is unchanged
+the source is not queried at all; when day-named files (``.../2017-03-01.parquet`` or ``day=2017-03-01/``)
+are found, the newest name is the watermark without reading any data.
+"""
+
+import datetime as dt
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+
+from basemodel_pipeline import workspace as ws
+from basemodel_pipeline.config import DataSource, PipelineConfig, load_config
+from basemodel_pipeline.defs.automation import MAX_RUNTIME, MAX_RUNTIME_TAG
+from basemodel_pipeline.defs.extracts.assets import extract_key
+from basemodel_pipeline.defs.extracts.files import day_of, extract_files
+from basemodel_pipeline.defs.resources import BasemodelConfigResource
+
+RANGE_START = "dagster/asset_partition_range_start"
+RANGE_END = "dagster/asset_partition_range_end"
+DAY_IN_KEY = re.compile(r"(\d{4}-\d{2}-\d{2})(?:\.parquet$|/)")
+
+
+def range_tags(start: dt.date, end_inclusive: dt.date) -> dict[str, str]:
+    return {
+        RANGE_START: start.isoformat(),
+        RANGE_END: end_inclusive.isoformat(),
+        MAX_RUNTIME_TAG: str(MAX_RUNTIME["extract"]),
+    }
+
+
+def s3_listing(url: str, client: Any = None) -> tuple[str, dt.date | None]:
+    """(signature of the listing, newest day named in the keys or None) of an s3:// prefix or glob."""
+    if client is None:
+        import boto3
+
+        client = boto3.client("s3", endpoint_url=os.environ.get("AWS_ENDPOINT_URL_S3") or None)
+    bucket, _, rest = url[5:].partition("/")
+    prefix = re.split(r"[*?\[{]", rest, maxsplit=1)[0]
+    digest, newest = hashlib.sha256(), None
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for obj in page.get("Contents", []):
+            digest.update(f"{obj['Key']}\t{obj['Size']}\t{obj.get('ETag', '')}\n".encode())
+            match = DAY_IN_KEY.search(obj["Key"])
+            if match:
+                day = dt.date.fromisoformat(match.group(1))
+                newest = day if newest is None or day > newest else newest
+    return digest.hexdigest()[:16], newest
+
+
+def source_watermark(cfg: PipelineConfig, src: DataSource, state: dict[str, Any]) -> dt.date | None:
+    """The source's newest event day; for s3:// Parquet, None while the listing is unchanged."""
+    from basemodel_pipeline.sources import watermark
+
+    path = str(src.data_location.path) if src.data_location.database_type == "parquet" else ""
+    if path.startswith("s3://"):
+        signature, newest = s3_listing(path)
+        if signature == state.get("listing"):
+            return None
+        state["listing"] = signature
+        if newest is not None:
+            return newest
+    return watermark(cfg, src)
+
+
+def last_extracted_day(cfg: PipelineConfig, src: DataSource) -> dt.date | None:
+    days = [d for f in extract_files(ws.extracts_dir(cfg, src.name)) if (d := day_of(f)) is not None]
+    return max(days) if days else None
+
+
+def new_data_requests(
+    cfg: PipelineConfig, cursor: dict[str, dict[str, Any]], today: dt.date
+) -> list[dg.RunRequest]:
+    """Run requests for every event source with days newer than its cursor; updates `cursor` in place."""
+    requests = []
+    for src in cfg.data_sources:
+        if src.type != "event":
+            continue
+        state = cursor.setdefault(src.name, {})
+        mark = source_watermark(cfg, src, state)
+        if mark is None:
+            continue
+        mark = min(mark, today)
+        known = state.get("day")
+        last = dt.date.fromisoformat(known) if known else last_extracted_day(cfg, src)
+        state["day"] = mark.isoformat()
+        if last is not None and mark <= last:  # nothing newer than what was requested or extracted
+            continue
+        start = last if last is not None else cfg.data_params.data_start_date
+        requests.append(
+            dg.RunRequest(
+                run_key=f"{src.name}:{start.isoformat()}..{mark.isoformat()}",
+                asset_selection=[extract_key(src.name)],
+                tags={**range_tags(start, mark), "basemodel/trigger": "new_data"},
+            )
+        )
+    return requests
+
+
+def build_new_data_sensor(
+    event_keys: list[dg.AssetKey], default_status: dg.DefaultSensorStatus
+) -> dg.SensorDefinition:
+    @dg.sensor(
+        name="new_data_sensor",
+        minimum_interval_seconds=int(os.environ.get("BASEMODEL_NEW_DATA_INTERVAL_S", "300")),
+        target=dg.AssetSelection.assets(*event_keys),
+        default_status=default_status,
+    )
+    def new_data_sensor(
+        context: dg.SensorEvaluationContext, basemodel_config: BasemodelConfigResource
+    ) -> dg.SensorResult | dg.SkipReason:
+        """Extract the days each event source gained since the last tick (cursor = per-source watermark)."""
+        if not Path(basemodel_config.config_path).is_file():
+            return dg.SkipReason(f"config {basemodel_config.config_path} does not exist yet")
+        cursor = json.loads(context.cursor) if context.cursor else {}
+        requests = new_data_requests(load_config(basemodel_config.config_path), cursor, dt.date.today())
+        return dg.SensorResult(run_requests=requests, cursor=json.dumps(cursor, sort_keys=True))
+
+    return new_data_sensor

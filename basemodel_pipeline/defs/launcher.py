@@ -1,0 +1,265 @@
+"""One launcher resource for the training and scoring steps; the backend is chosen per environment.
+
+    subprocess  ``python -m basemodel_pipeline.jobs.<job>`` next to the run worker (local, CI; CPU or the
+                machine's GPUs)
+    docker      a container of the trainer image per step (dagster-docker PipesDockerClient): GPUs through
+                ``device_requests``, the workspace volume mounted at the same path as on the host, labels
+                with the run id, the container removed after success, failure or cancellation
+    k8s         a pod per step (dagster-k8s PipesK8sClient): ``nvidia.com/gpu`` limits, the workspace as a
+                PersistentVolumeClaim at the same path, run-id labels, the pod deleted when done
+    ecs         a task per step (dagster-aws PipesECSClient): GPU resource requirements, run-id tags
+
+Every backend runs the same entrypoint with the same arguments; what each sends to its API is built by a
+``*_spec`` method and tested as data. Training writes only to the POSIX workspace volume: publishing to
+object storage is a separate step (basemodel_pipeline.publish).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+import dagster as dg
+from pydantic import Field
+
+from basemodel_pipeline.jobs._common import ERROR_FILE_EXTRA
+
+Backend = Literal["subprocess", "docker", "k8s", "ecs"]
+BACKENDS: tuple[str, ...] = ("subprocess", "docker", "k8s", "ecs")
+RUN_ID_LABEL = "dagster/run_id"
+STEP_LABEL = "dagster/step_key"
+JOB_LABEL = "basemodel/job"
+K8S_CONTAINER = "dagster-pipes-execution"
+MANAGED_LABEL = "basemodel/managed"
+
+
+def _label_value(value: str) -> str:
+    """Kubernetes label values: at most 63 characters of [A-Za-z0-9_.-]."""
+    cleaned = "".join(c if c.isalnum() or c in "_.-" else "_" for c in value)
+    return cleaned[:63].strip("_.-") or "none"
+
+
+class Launcher(dg.ConfigurableResource):
+    """Runs a Pipes entrypoint of basemodel_pipeline.jobs on the configured backend."""
+
+    backend: Backend = "subprocess"
+    image: str = Field(default="basemodel-trainer:latest", description="Trainer image (container backends).")
+    workspace_dir: str = Field(
+        default="",
+        description="Workspace path, mounted at the same path in the container (docker: host path; "
+        "k8s: mount path of the PVC; ecs: the task definition's mount point).",
+    )
+    gpus: int = Field(default=0, ge=0, description="GPUs per step (0: CPU). -1 is not allowed.")
+    user: str = Field(default="1000:1000", description="uid:gid the container runs as (never root).")
+    env: dict[str, str] = Field(default_factory=dict, description="Plain settings for the step.")
+    forward_env: list[str] = Field(
+        default_factory=list,
+        description="Names of environment variables (secrets) passed on from the run worker by value.",
+    )
+    docker_network: str = ""
+    shm_size: str = "8g"
+    k8s_namespace: str = "default"
+    k8s_pvc: str = Field(default="", description="PersistentVolumeClaim holding the workspace.")
+    k8s_node_selector: dict[str, str] = Field(default_factory=dict)
+    ecs_cluster: str = ""
+    ecs_task_definition: str = ""
+    ecs_container: str = "trainer"
+    ecs_subnets: list[str] = Field(default_factory=list)
+    ecs_security_groups: list[str] = Field(default_factory=list)
+    termination_timeout_seconds: int = 120
+
+    # ------------------------------------------------------------------ specs (pure data)
+
+    def command(self, job: str, config_path: str, args: Sequence[str] = ()) -> list[str]:
+        python = sys.executable if self.backend == "subprocess" else "python"
+        return [python, "-m", f"basemodel_pipeline.jobs.{job}", "--config", config_path, *args]
+
+    def step_env(self) -> dict[str, str]:
+        """Settings plus the forwarded variables' current values (never logged, never in metadata)."""
+        forwarded = {name: os.environ[name] for name in self.forward_env if name in os.environ}
+        return {**self.env, **forwarded}
+
+    def labels(self, run_id: str, step_key: str, job: str) -> dict[str, str]:
+        return {
+            RUN_ID_LABEL: run_id,
+            STEP_LABEL: _label_value(step_key),
+            JOB_LABEL: job,
+            MANAGED_LABEL: "true",
+        }
+
+    def docker_spec(self, run_id: str, step_key: str, job: str) -> dict[str, Any]:
+        """``container_kwargs`` for PipesDockerClient.run (passed on to docker's containers.create)."""
+        from docker.types import DeviceRequest
+
+        spec: dict[str, Any] = {
+            "labels": self.labels(run_id, step_key, job),
+            "user": self.user,
+            "environment": self.step_env(),
+            "shm_size": self.shm_size,
+        }
+        if self.workspace_dir:
+            spec["volumes"] = {self.workspace_dir: {"bind": self.workspace_dir, "mode": "rw"}}
+            spec["working_dir"] = self.workspace_dir
+        if self.gpus:
+            spec["device_requests"] = [DeviceRequest(count=self.gpus, capabilities=[["gpu"]])]
+        if self.docker_network:
+            spec["network"] = self.docker_network
+        return spec
+
+    def k8s_pod(self, run_id: str, step_key: str, job: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(base_pod_meta, base_pod_spec) for PipesK8sClient.run."""
+        uid, _, gid = self.user.partition(":")
+        container: dict[str, Any] = {
+            "name": K8S_CONTAINER,
+            "image": self.image,
+            "env": [{"name": k, "value": v} for k, v in sorted(self.step_env().items())],
+            "security_context": {"run_as_non_root": True, "allow_privilege_escalation": False},
+        }
+        spec: dict[str, Any] = {
+            "containers": [container],
+            "restart_policy": "Never",
+            "security_context": {
+                "run_as_user": int(uid),
+                "run_as_group": int(gid or uid),
+                "fs_group": int(gid or uid),
+            },
+        }
+        if self.gpus:
+            container["resources"] = {"limits": {"nvidia.com/gpu": str(self.gpus)}}
+            spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+        if self.k8s_node_selector:
+            spec["node_selector"] = dict(self.k8s_node_selector)
+        if self.k8s_pvc:
+            container["volume_mounts"] = [{"name": "workspace", "mount_path": self.workspace_dir}]
+            spec["volumes"] = [{"name": "workspace", "persistent_volume_claim": {"claim_name": self.k8s_pvc}}]
+        meta = {
+            "labels": {
+                _label_value(k): _label_value(v) for k, v in self.labels(run_id, step_key, job).items()
+            }
+        }
+        return meta, spec
+
+    def ecs_spec(self, run_id: str, step_key: str, job: str, command: Sequence[str]) -> dict[str, Any]:
+        """``run_task_params`` for PipesECSClient.run (boto3 ecs.run_task arguments)."""
+        override: dict[str, Any] = {
+            "name": self.ecs_container,
+            "command": list(command),
+            "environment": [{"name": k, "value": v} for k, v in sorted(self.step_env().items())],
+        }
+        if self.gpus:
+            override["resourceRequirements"] = [{"type": "GPU", "value": str(self.gpus)}]
+        params: dict[str, Any] = {
+            "cluster": self.ecs_cluster,
+            "taskDefinition": self.ecs_task_definition,
+            "count": 1,
+            "overrides": {"containerOverrides": [override]},
+            "tags": [{"key": k, "value": v} for k, v in self.labels(run_id, step_key, job).items()],
+            "propagateTags": "TASK_DEFINITION",
+        }
+        if self.ecs_subnets:  # awsvpc networking (Fargate or EC2 with awsvpc)
+            params["networkConfiguration"] = {
+                "awsvpcConfiguration": {
+                    "subnets": list(self.ecs_subnets),
+                    "securityGroups": list(self.ecs_security_groups),
+                    "assignPublicIp": "DISABLED",
+                }
+            }
+        return params
+
+    # ------------------------------------------------------------------ running
+
+    @contextmanager
+    def _error_file(self) -> Iterator[Path | None]:
+        """Where the entrypoint writes a UserError's message: a temp dir the step can see, or none."""
+        if self.backend == "subprocess":
+            base = None
+        elif self.backend == "docker" and self.workspace_dir:
+            base = Path(self.workspace_dir) / ".pipes"
+            base.mkdir(parents=True, exist_ok=True)
+        else:
+            yield None
+            return
+        with tempfile.TemporaryDirectory(prefix="basemodel-pipes-", dir=base) as tmp:
+            yield Path(tmp) / "error.txt"
+
+    def run(
+        self, context: dg.AssetExecutionContext, job: str, config_path: str, args: Sequence[str] = ()
+    ) -> dg.PipesClientCompletedInvocation:
+        """Run the entrypoint; a UserError in it fails the step with the user's one-line message."""
+        command = self.command(job, config_path, args)
+        with self._error_file() as error_file:
+            extras = {ERROR_FILE_EXTRA: str(error_file)} if error_file else {}
+            try:
+                return self._launch(context, job, command, extras)
+            except Exception:
+                message = error_file.read_text().strip() if error_file and error_file.exists() else ""
+                if message:
+                    raise dg.Failure(description=message, allow_retries=False) from None
+                raise
+
+    def _launch(
+        self, context: dg.AssetExecutionContext, job: str, command: list[str], extras: Mapping[str, Any]
+    ) -> dg.PipesClientCompletedInvocation:
+        run_id, step_key = context.run.run_id, str(context.op_handle)
+        if self.backend == "subprocess":
+            client = dg.PipesSubprocessClient(
+                env=self.step_env(),
+                forward_termination=True,
+                termination_timeout_seconds=self.termination_timeout_seconds,
+            )
+            return client.run(context=context, command=command, extras=extras)
+        if self.backend == "docker":
+            from dagster_docker import PipesDockerClient
+
+            try:
+                return PipesDockerClient().run(
+                    context=context,
+                    image=self.image,
+                    command=command,
+                    extras=extras,
+                    container_kwargs=self.docker_spec(run_id, step_key, job),
+                )
+            finally:  # PipesDockerClient stops its container but never removes it
+                remove_run_containers(run_id)
+        if self.backend == "k8s":
+            from dagster_k8s import PipesK8sClient
+
+            meta, spec = self.k8s_pod(run_id, step_key, job)
+            return PipesK8sClient().run(
+                context=context,
+                command=command,
+                namespace=self.k8s_namespace,
+                base_pod_meta=meta,
+                base_pod_spec=spec,
+                extras=extras,
+            )
+        from dagster_aws.pipes import PipesECSClient
+
+        return PipesECSClient().run(
+            context=context,
+            run_task_params=self.ecs_spec(run_id, step_key, job, command),  # type: ignore[arg-type]
+            extras=dict(extras),
+            pipes_container_name=self.ecs_container,
+        )
+
+
+def remove_run_containers(run_id: str, client: Any = None) -> list[str]:
+    """Remove every container labelled with this run id (stopped first); returns their ids.
+
+    Called after each docker step and by the run-status sensors, so that a cancelled or crashed run
+    leaves no containers behind either.
+    """
+    if client is None:
+        import docker
+
+        client = docker.from_env()
+    removed = []
+    for container in client.containers.list(all=True, filters={"label": f"{RUN_ID_LABEL}={run_id}"}):
+        container.remove(force=True)
+        removed.append(container.id)
+    return removed

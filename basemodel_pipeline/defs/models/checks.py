@@ -1,0 +1,124 @@
+"""Model checks: the foundation's loss is finite and improving; a scenario beats its floor and popularity.
+
+The scenario checks are partitioned like the scenario (one result per scenario) and blocking: when one
+fails, the run stops before the scenario's predictions are written and published.
+"""
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+
+from basemodel_pipeline.defs._run import latest_metadata
+from basemodel_pipeline.defs.models.assets import foundation_model, scenario_model
+from basemodel_pipeline.defs.models.partitions import scenarios_partitions
+from basemodel_pipeline.defs.resources import QualityGates
+
+
+def loss_verdict(history: list[dict[str, Any]]) -> tuple[bool, dg.AssetCheckSeverity, str]:
+    """(passed, severity, why) for a training history [{epoch, train_loss, val_loss}, ...]."""
+    if not history:
+        return False, dg.AssetCheckSeverity.ERROR, "the checkpoint records no training history"
+    bad = [
+        f"epoch {h.get('epoch')}: {k}={h[k]}"
+        for h in history
+        for k in ("train_loss", "val_loss")
+        if k in h and not math.isfinite(float(h[k]))
+    ]
+    if bad:
+        return False, dg.AssetCheckSeverity.ERROR, "non-finite loss: " + ", ".join(bad[:3])
+    val = [float(h["val_loss"]) for h in history if "val_loss" in h]
+    train = [float(h["train_loss"]) for h in history if "train_loss" in h]
+    if len(val) >= 2 and not min(val[1:]) < val[0]:
+        return False, dg.AssetCheckSeverity.WARN, f"validation loss never improved on epoch 1 ({val[0]:.4f})"
+    if len(train) >= 2 and not train[-1] < train[0]:
+        return (
+            False,
+            dg.AssetCheckSeverity.WARN,
+            f"training loss did not fall ({train[0]:.4f} -> {train[-1]:.4f})",
+        )
+    return (
+        True,
+        dg.AssetCheckSeverity.ERROR,
+        f"losses finite; best validation loss {min(val or [math.nan]):.4f}",
+    )
+
+
+@dg.asset_check(
+    asset=foundation_model,
+    blocking=True,
+    description="Every epoch's train and validation loss is finite (blocks scenarios) and they improve (warns).",
+)
+def loss_finite_and_improving(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+    meta = latest_metadata(context.instance, foundation_model.key)
+    if not meta or "path" not in meta:
+        return dg.AssetCheckResult(passed=False, description="foundation_model has no materialization yet")
+    info = json.loads((Path(meta["path"]) / "model.json").read_text())
+    history = info.get("history") or info.get("meta", {}).get("history") or []
+    passed, severity, why = loss_verdict(history)
+    return dg.AssetCheckResult(
+        passed=passed,
+        severity=severity,
+        description=why,
+        metadata={"epochs": len(history), "history": dg.MetadataValue.json(history)},
+    )
+
+
+def floor_verdict(meta: dict[str, Any], floor: float) -> tuple[bool, str, dict[str, Any]]:
+    value = float(meta["test_model"])
+    why = f"test {meta.get('metric')} {value:.4f} vs floor {floor:.4f}"
+    return math.isfinite(value) and value >= floor, why, {"value": value, "floor": floor}
+
+
+def popularity_verdict(meta: dict[str, Any], margin: float) -> tuple[bool, str, dict[str, Any]]:
+    model, popularity = float(meta["test_model"]), float(meta["test_popularity"])
+    why = f"test {meta.get('metric')}: model {model:.4f}, popularity {popularity:.4f} (+{margin:g} needed)"
+    passed = math.isfinite(model) and model > popularity + margin
+    return passed, why, {"model": model, "popularity": popularity, "lift": model - popularity}
+
+
+def scenario_check(name: str, description: str, verdict: Any) -> dg.AssetChecksDefinition:
+    """A blocking check per scenario partition on the metrics its materialization recorded."""
+
+    @dg.asset_check(
+        asset=scenario_model,
+        name=name,
+        partitions_def=scenarios_partitions,
+        blocking=True,
+        description=description,
+    )
+    def _check(context: dg.AssetCheckExecutionContext, quality_gates: QualityGates) -> dg.AssetCheckResult:
+        scenario = context.partition_key
+        meta = latest_metadata(context.instance, scenario_model.key, scenario)
+        if not meta or "test_model" not in meta or "test_popularity" not in meta:
+            return dg.AssetCheckResult(
+                passed=False, description=f"scenario_model[{scenario}] has no test metrics"
+            )
+        threshold = (
+            quality_gates.floor(scenario) if verdict is floor_verdict else quality_gates.popularity_margin
+        )
+        passed, why, values = verdict(meta, threshold)
+        return dg.AssetCheckResult(
+            passed=passed,
+            severity=dg.AssetCheckSeverity.ERROR,
+            description=why,
+            metadata={"metric": str(meta.get("metric")), **values},
+        )
+
+    return _check
+
+
+test_metric_above_floor = scenario_check(
+    "test_metric_above_floor",
+    "The scenario's test metric reaches the configured floor (QualityGates.metric_floor / metric_floors).",
+    floor_verdict,
+)
+beats_popularity = scenario_check(
+    "beats_popularity",
+    "The scenario's test metric beats the popularity baseline on the same split (+ popularity_margin).",
+    popularity_verdict,
+)
+
+model_checks = [loss_finite_and_improving, test_metric_above_floor, beats_popularity]

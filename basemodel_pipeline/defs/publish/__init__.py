@@ -1,0 +1,1 @@
+"""Publishing finished artifacts to object storage."""

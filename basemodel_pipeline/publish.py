@@ -1,0 +1,113 @@
+"""Publish finished artifacts (checkpoints, reports, predictions) from the POSIX workspace to s3://.
+
+Training and scoring write only to the local workspace; this module copies what is finished to object
+storage afterwards, keeping the path relative to the workspace:
+
+    <workspace>/checkpoints/scenarios/churn/<version>/model.safetensors
+        -> s3://bucket/prefix/checkpoints/scenarios/churn/<version>/model.safetensors
+
+Only finished artifacts are published: hidden paths (``.resume/``, ``.tmp`` staging names) are never
+uploaded. Each object carries its sha256 as object metadata, and a re-run skips objects whose sha256 already
+matches, so publishing is idempotent and a killed upload is completed by the next run. The directory's
+``_PUBLISHED.json`` (files, sizes, sha256) is written last: a reader that sees it sees a complete copy.
+
+The client is any boto3 S3 client (dagster-aws's S3Resource gives one in Dagster; ``boto3.client("s3")``
+in a notebook). Credentials come from the environment (boto3's chain), never from here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from basemodel_pipeline import workspace as ws
+from basemodel_pipeline.errors import ConfigError, DataError
+
+MARKER = "_PUBLISHED.json"
+SHA_KEY = "sha256"
+
+
+def parse_s3_url(url: str) -> tuple[str, str]:
+    """``s3://bucket/some/prefix`` -> (bucket, "some/prefix")."""
+    if not url.startswith("s3://") or len(url) <= 5:
+        raise ConfigError(f"publish url '{url}' is not an s3:// url; write s3://bucket/prefix")
+    bucket, _, prefix = url[5:].partition("/")
+    if not bucket:
+        raise ConfigError(f"publish url '{url}' has no bucket; write s3://bucket/prefix")
+    return bucket, prefix.strip("/")
+
+
+def finished_files(directory: Path) -> list[Path]:
+    """Files under `directory`, skipping hidden (staging, resume) paths, sorted."""
+    return sorted(
+        p
+        for p in directory.rglob("*")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(directory).parts)
+    )
+
+
+def _remote_sha(client: Any, bucket: str, key: str) -> str | None:
+    from botocore.exceptions import ClientError
+
+    try:
+        head = client.head_object(Bucket=bucket, Key=key)
+    except ClientError as err:
+        if err.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            return None
+        raise
+    return head.get("Metadata", {}).get(SHA_KEY)
+
+
+def publish_dir(client: Any, directory: Path, workspace: Path, url: str) -> dict[str, Any]:
+    """Upload one finished artifact directory (or file) under `workspace` to `url`; returns what was done."""
+    directory, workspace = Path(directory).resolve(), Path(workspace).resolve()
+    if not directory.exists():
+        raise DataError(f"cannot publish {directory}: it does not exist; materialize it first")
+    if not directory.is_relative_to(workspace):
+        raise DataError(f"cannot publish {directory}: it is outside the workspace {workspace}")
+    bucket, prefix = parse_s3_url(url)
+    files = [directory] if directory.is_file() else finished_files(directory)
+    if not files:
+        raise DataError(f"cannot publish {directory}: it holds no finished files")
+    manifest: dict[str, dict[str, Any]] = {}
+    uploaded = skipped = 0
+    for path in files:
+        rel = path.relative_to(workspace).as_posix()
+        key = f"{prefix}/{rel}" if prefix else rel
+        sha = ws.sha256_file(path)
+        manifest[rel] = {"bytes": path.stat().st_size, SHA_KEY: sha}
+        if _remote_sha(client, bucket, key) == sha:
+            skipped += 1
+            continue
+        client.upload_file(str(path), bucket, key, ExtraArgs={"Metadata": {SHA_KEY: sha}})
+        uploaded += 1
+    rel_dir = directory.relative_to(workspace).as_posix()
+    marker_rel = f"{rel_dir}/{MARKER}" if directory.is_dir() else f"{rel_dir}.{MARKER}"
+    marker_key = f"{prefix}/{marker_rel}" if prefix else marker_rel
+    client.put_object(
+        Bucket=bucket,
+        Key=marker_key,
+        Body=json.dumps({"files": manifest}, indent=2, sort_keys=True).encode(),
+        ContentType="application/json",
+    )
+    return {
+        "url": f"s3://{bucket}/{marker_key.rsplit('/', 1)[0]}" if "/" in marker_key else f"s3://{bucket}",
+        "files": len(files),
+        "bytes": sum(f["bytes"] for f in manifest.values()),
+        "uploaded": uploaded,
+        "skipped": skipped,
+    }
+
+
+def published_manifest(client: Any, url: str, rel_dir: str) -> dict[str, Any] | None:
+    """The ``_PUBLISHED.json`` of a published directory, or None when it is not (completely) published."""
+    from botocore.exceptions import ClientError
+
+    bucket, prefix = parse_s3_url(url)
+    key = "/".join(p for p in (prefix, rel_dir.strip("/"), MARKER) if p)
+    try:
+        body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+    except ClientError:
+        return None
+    return json.loads(body)
