@@ -126,10 +126,13 @@ class SynapseParams(Strict):
     schema_name: str = Field(default="dbo", alias="schema")
     username: str | None = None
     password: str | None = Field(default=None, description=SECRET, exclude=True)
-    authentication: str | None = Field(
-        default=None, description="mssql-python Authentication, e.g. ActiveDirectoryServicePrincipal."
+    access_token: str | None = Field(
+        default=None,
+        description=f"Microsoft Entra ID access token instead of a password. {SECRET}",
+        exclude=True,
     )
     encrypt: bool = True
+    ca_file: str | None = Field(default=None, description="CA bundle for TLS; default: certifi's bundle.")
 
 
 class SynapseLocation(WarehouseLocation):

@@ -9,6 +9,7 @@ the source, the table and the driver's first line).
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from abc import ABC, abstractmethod
@@ -117,8 +118,8 @@ def with_retry(
     *,
     what: str,
     is_transient: Callable[[BaseException], bool],
-    attempts: int = ATTEMPTS,
-    base_delay: float = BASE_DELAY_S,
+    attempts: int | None = None,
+    base_delay: float | None = None,
     max_delay: float = MAX_DELAY_S,
     sleep: Callable[[float], None] = time.sleep,
     on_retry: Callable[[int, BaseException, float], None] | None = None,
@@ -129,6 +130,9 @@ def with_retry(
     sees which source failed and why, on one line; secrets never appear because drivers' messages do not
     carry them and connection parameters are not formatted into it.
     """
+    attempts = attempts or int(os.environ.get("BASEMODEL_SOURCE_ATTEMPTS", ATTEMPTS))
+    if base_delay is None:
+        base_delay = float(os.environ.get("BASEMODEL_SOURCE_RETRY_BASE_S", BASE_DELAY_S))
     for attempt in range(1, attempts + 1):
         try:
             return fn()
