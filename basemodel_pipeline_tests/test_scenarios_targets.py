@@ -252,3 +252,16 @@ def test_lora_starts_as_identity_and_merges_exactly() -> None:
     adapted = net(x).detach()
     merge_lora(net)
     assert isinstance(net[0], nn.Linear) and torch.allclose(net(x), adapted, atol=1e-5)
+
+
+def test_own_history_bonus_lifts_past_items_by_the_chosen_weight() -> None:
+    spec = TargetSpec("recommendation", [], [], {"n_items": 6, "head": "dense", "popularity": [1] * 6})
+    head = Head(spec)
+    logits = np.log(
+        np.array([[0.5, 0.3, 0.1, 0.05, 0.03, 0.02], [0.5, 0.3, 0.1, 0.05, 0.03, 0.02]], np.float32)
+    )
+    history = (np.array([1]), np.array([4]), np.array([3.0]))  # row 1 bought item 4 (decayed count 3)
+    assert head.top_items(logits, 2, history=history, weight=0.0)[0].tolist() == [[0, 1], [0, 1]]
+    items, scores = head.top_items(logits, 2, history=history, weight=4.0)
+    assert items.tolist() == [[0, 1], [4, 0]]
+    assert scores[1, 0] == pytest.approx(np.log(0.03) + 4.0 * np.log1p(3.0), rel=1e-5)

@@ -18,6 +18,7 @@ from basemodel_pipeline.config import load_config
 from basemodel_pipeline.errors import DataError
 from basemodel_pipeline.pipeline import run_cache, run_extract, run_predict, run_pretrain
 from basemodel_pipeline.progress import NullProgress
+from basemodel_pipeline.scenarios.heads import REPEAT_WEIGHTS
 from basemodel_pipeline.training.finetune import finetune, finetune_many
 
 TARGET_MODULE = '''
@@ -194,6 +195,9 @@ def test_every_task_trains_evaluates_and_reports(world, name: str) -> None:
     assert np.isfinite(metrics["test"]["model"])
     if task == "recommendation":
         assert set(metrics["test_metrics"]) == {"model", "repeat_purchases", "popularity"}
+        assert metrics["repeat_weight"] in REPEAT_WEIGHTS  # chosen on validation, stored with the model
+        stored = json.loads((Path(meta["path"]) / "model.json").read_text())["target"]
+        assert stored["repeat_weight"] == metrics["repeat_weight"]
         assert {"hitrate@10", "ndcg@10", "map@10", "recall@10", "precision@10", "mrr"} <= set(
             metrics["test_metrics"]["model"]
         )

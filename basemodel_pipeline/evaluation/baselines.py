@@ -255,7 +255,6 @@ def recommendation_topk(
     time = np.asarray(time, dtype=np.int64)
     src = cache.source(source)
     n_items = src.info[column].vocab_size
-    codes = np.asarray(src.columns[column])
     out = np.zeros((len(entity), min(k, n_items)), dtype=np.int64)
     pops = {int(t): item_popularity(cache, source, column, int(t)) for t in np.unique(time)}
     if kind == "popularity":
@@ -266,10 +265,22 @@ def recommendation_topk(
         e, t = entity[a : a + chunk], time[a : a + chunk]
         pop = np.stack([pops[int(x)] for x in t])
         scores = 1e-9 * pop / np.maximum(pop.max(1, keepdims=True), 1.0)
-        owner, rows = src.window_rows(e, src.offsets[e], t)
-        w = 0.5 ** ((t[owner] - np.asarray(src.ts)[rows]) / DAY / half_life_days)
-        item = codes[rows].astype(np.int64) - 1
-        ok = item >= 0
-        np.add.at(scores, (owner[ok], item[ok]), w[ok])
+        owner, item, w = decayed_history_items(src, column, e, t, half_life_days)
+        np.add.at(scores, (owner, item), w)
         out[a : a + chunk] = _top_k(scores, k)
     return out
+
+
+def decayed_history_items(
+    src, column: str, entity: np.ndarray, time: np.ndarray, half_life_days: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The entity's own past items before ``time``: (query index, item index = code - 1, time-decayed count)
+    per distinct (query, item), sorted by query."""
+    owner, rows = src.window_rows(entity, src.offsets[entity], time)
+    w = 0.5 ** ((time[owner] - np.asarray(src.ts)[rows]) / DAY / half_life_days)
+    item = np.asarray(src.columns[column])[rows].astype(np.int64) - 1
+    ok = item >= 0
+    n_items = src.info[column].vocab_size
+    key, inv = np.unique(owner[ok] * n_items + item[ok], return_inverse=True)
+    weight = np.bincount(inv, weights=w[ok], minlength=len(key))
+    return key // n_items, key % n_items, weight

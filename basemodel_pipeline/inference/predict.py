@@ -29,8 +29,8 @@ from basemodel_pipeline.errors import UserError
 from basemodel_pipeline.features.sketch import FeatureEncoder
 from basemodel_pipeline.model.checkpoint import load_checkpoint
 from basemodel_pipeline.progress import Progress
-from basemodel_pipeline.scenarios.heads import Head
-from basemodel_pipeline.scenarios.targets import TargetSpec
+from basemodel_pipeline.scenarios.heads import Head, own_history
+from basemodel_pipeline.scenarios.targets import Examples, TargetSpec
 from basemodel_pipeline.training import loop
 from basemodel_pipeline.training.splits import epoch_seconds
 
@@ -78,9 +78,17 @@ def score_entities(
     enc = FeatureEncoder.from_dict(meta["encoder"])
     loop.set_threads()
     outs: list = []
-    for X in feature_chunks(cache, enc, entity, as_of, chunk):
+    t = epoch_seconds(as_of)
+    for a, X in zip(
+        range(0, len(entity), chunk), feature_chunks(cache, enc, entity, as_of, chunk), strict=True
+    ):
         logits = loop.predict(model, X, torch.device("cpu"))
-        outs.append(head.top_items(logits, top_k) if head.task == "recommendation" else head.scores(logits))
+        if head.task == "recommendation":
+            e = entity[a : a + chunk]
+            own = own_history(cache, head.spec, Examples(e, np.full(len(e), t, np.int64), np.zeros(len(e))))
+            outs.append(head.top_items(logits, top_k, history=own))
+        else:
+            outs.append(head.scores(logits))
         if progress is not None:
             progress.advance("predict", len(X))
     if head.task == "recommendation":

@@ -268,6 +268,8 @@ def choose_classes(cache: EventCache, scenario: Scenario, train_times: np.ndarra
         "width": target.sketch_width,
         "seed": 12345,
         "popularity": pop.astype(int).tolist(),
+        "source": target.source,
+        "column": target.column,
         "items": [str(v) for v in values[1:]],
     }
     return TargetSpec("recommendation", [], [], extra)

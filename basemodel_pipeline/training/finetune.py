@@ -31,7 +31,7 @@ from basemodel_pipeline.features.sketch import FeatureEncoder
 from basemodel_pipeline.model.checkpoint import build_model, load_trunk_state, publish_checkpoint
 from basemodel_pipeline.model.trunk import TrunkWithHead
 from basemodel_pipeline.progress import Progress
-from basemodel_pipeline.scenarios.heads import Head
+from basemodel_pipeline.scenarios.heads import REPEAT_HALF_LIFE_DAYS, REPEAT_WEIGHTS, Bonus, Head, own_history
 from basemodel_pipeline.scenarios.lora import add_lora, merge_lora
 from basemodel_pipeline.scenarios.targets import (
     Examples,
@@ -47,6 +47,7 @@ from basemodel_pipeline.training import loop
 from basemodel_pipeline.training.splits import scenario_split_times
 
 RANKED_ITEMS = 100  # recommendation: items ranked per entity for the metrics (MRR over this list)
+REPEAT_TUNE_EXAMPLES = 3000  # recommendation: validation examples used to weigh the own purchase history
 
 
 @dataclass
@@ -132,10 +133,28 @@ def _truth(task: str, ex: Examples) -> Any:
     return dense_labels(ex.labels) if task == "multilabel" else ex.labels
 
 
-def _outputs(head: Head, logits: np.ndarray) -> np.ndarray:
+def _outputs(
+    head: Head, logits: np.ndarray, history: Bonus | None = None, weight: float | None = None
+) -> np.ndarray:
     if head.task == "recommendation":
-        return head.top_items(logits, RANKED_ITEMS)[0]
+        return head.top_items(logits, RANKED_ITEMS, history=history, weight=weight)[0]
     return head.scores(logits)
+
+
+def _tune_repeat_weight(
+    shared: Shared, head: Head, net: nn.Module, inputs: np.ndarray, rows: np.ndarray, val: Examples, device
+) -> float:
+    """The weight of the entity's own history in recommendation scores that maximises validation NDCG@10."""
+    rng = np.random.default_rng(0)
+    idx = np.sort(rng.choice(len(val), min(len(val), REPEAT_TUNE_EXAMPLES), replace=False))
+    part = val.subset(idx)
+    logits = loop.predict(net, inputs[rows[idx]], device)
+    history, truth = own_history(shared.cache, head.spec, part), _truth("recommendation", part)
+    score = {
+        w: metrics.primary_metric("recommendation", truth, _outputs(head, logits, history, w))
+        for w in REPEAT_WEIGHTS
+    }
+    return max(score, key=lambda w: (score[w], -w))
 
 
 def _popularity(shared: Shared, scenario: Scenario, spec: TargetSpec, ex: dict[str, Examples]) -> np.ndarray:
@@ -308,6 +327,12 @@ def _train(
                 break
     assert best_state is not None
     net.load_state_dict(best_state)
+    if spec.task == "recommendation":
+        spec.extra["repeat_weight"] = _tune_repeat_weight(
+            shared, head, net, inputs, rows["val"], ex["val"], device
+        )
+        spec.extra["repeat_half_life_days"] = REPEAT_HALF_LIFE_DAYS
+        progress.log(f"{scenario.name}: weight of the own purchase history {spec.extra['repeat_weight']}")
     test_logits = loop.predict(net, inputs[rows["test"]], device)
     if mode == "lora":
         merge_lora(model.trunk)
@@ -357,7 +382,7 @@ def _finish(
     t0 = time.perf_counter()
     model, head, history, best, test_logits = _train(shared, scenario, spec, ex, progress)
     timing["train_s"] = time.perf_counter() - t0
-    outputs = {"model": _outputs(head, test_logits)}
+    outputs = {"model": _outputs(head, test_logits, own_history(shared.cache, spec, ex["test"]))}
     t0 = time.perf_counter()
     outputs.update(evaluate_baselines(shared, scenario, spec, ex))
     timing["baselines_s"] = time.perf_counter() - t0
@@ -377,6 +402,7 @@ def _finish(
         "best_val": best,
         "examples": {k: len(v) for k, v in ex.items()},
         "classes": len(spec.classes) or spec.extra.get("n_items", 1),
+        "repeat_weight": spec.extra.get("repeat_weight"),
         "history": history,
         "timing_s": {k: round(v, 2) for k, v in timing.items()},
         "test_date": cfg.data_params.test_date.isoformat(),
