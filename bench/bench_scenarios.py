@@ -36,6 +36,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--workspace", default="bench_workspace/scenarios")
     parser.add_argument("--reuse-foundation", action="store_true")
+    parser.add_argument(
+        "--only", nargs="*", default=None, help="rerun these scenarios; keep the others' rows of the last run"
+    )
     args = parser.parse_args()
     cfg = load_config(prepare_demo(args.workspace, full=True))
     started = time.perf_counter()
@@ -49,10 +52,13 @@ def main() -> None:
         pipeline.run_pretrain(cfg)
     stages["pretrain_s"] = round(time.perf_counter() - t0, 1)
     t0 = time.perf_counter()
-    results = finetune_many(cfg, list(cfg.scenarios), NullProgress())
+    chosen = [sc for sc in cfg.scenarios if args.only is None or sc.name in args.only]
+    results = finetune_many(cfg, chosen, NullProgress())
     stages["finetune_all_s"] = round(time.perf_counter() - t0, 1)
-    rows = {}
-    for sc in cfg.scenarios:
+    path = Path(__file__).parent / "results" / "scenarios_completejourney.json"
+    previous = json.loads(path.read_text()) if args.only is not None and path.exists() else {}
+    rows = dict(previous.get("scenarios", {}))
+    for sc in chosen:
         r = results[sc.name]
         m = json.loads((Path(r["path"]) / "metrics.json").read_text())
         t0 = time.perf_counter()
@@ -72,6 +78,8 @@ def main() -> None:
             "predict_s": round(time.perf_counter() - t0, 1),
             "predict_entities_per_s": pred["inference_entities_per_s"],
             "report": r["report_path"],
+            "run": time.strftime("%Y-%m-%d %H:%M"),
+            "featurise_s_shared": r["featurise_s"],
         }
         print(
             sc.name,
@@ -88,14 +96,21 @@ def main() -> None:
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "scenarios": rows,
     }
-    path = Path(__file__).parent / "results" / "scenarios_completejourney.json"
+    if previous:
+        out["earlier_runs"] = [
+            *previous.get("earlier_runs", []),
+            {k: v for k, v in previous.items() if k != "scenarios"},
+        ]
+        out["command"] = (
+            f"{COMMAND} --reuse-foundation --only {' '.join(args.only or [])} (other rows: earlier run)"
+        )
     path.write_text(json.dumps(out, indent=2) + "\n")
     print(
-        f"| scenario | task (outputs) | metric | ours | LightGBM on aggregates | popularity | ours train s "
-        f"(featurise shared {results[cfg.scenarios[0].name]['featurise_s']} s) | baselines s |"
+        "| scenario | task (outputs) | metric | ours | LightGBM on aggregates | popularity | ours train s | baselines s |"
     )
     print("|---|---|---|---|---|---|---|---|")
-    for name, r in rows.items():
+    for name in [sc.name for sc in cfg.scenarios if sc.name in rows]:
+        r = rows[name]
         lgb = r["lightgbm_aggregates"] if r["task"] != "recommendation" else r["repeat_purchases"]
         lgb_cell = _fmt(lgb) + (" (repeat purchases)" if r["task"] == "recommendation" else "")
         t = r["timing_s"]
