@@ -91,6 +91,7 @@ def synapse_config(
         "username": "etl",
         "password": "${TEST_SYNAPSE_PASSWORD}",
         "encrypt": False,
+        "login_timeout_s": 2,
     }
     locations = {
         name: {"database_type": "synapse", "connection_params": params, "table_name": tables.get(name, name)}

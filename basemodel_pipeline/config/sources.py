@@ -133,6 +133,7 @@ class SynapseParams(Strict):
     )
     encrypt: bool = True
     ca_file: str | None = Field(default=None, description="CA bundle for TLS; default: certifi's bundle.")
+    login_timeout_s: int = 30
 
 
 class SynapseLocation(WarehouseLocation):

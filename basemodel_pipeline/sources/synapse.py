@@ -33,7 +33,7 @@ def connect_kwargs(p: SynapseParams) -> dict[str, Any]:
         "server": p.server,
         "port": p.port,
         "database": p.database,
-        "login_timeout": 30,
+        "login_timeout": p.login_timeout_s,
         "timeout": 3600,
         "disable_connect_retry": True,  # retries are ours, with backoff
         "autocommit": True,
