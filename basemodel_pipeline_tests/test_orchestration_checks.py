@@ -1,0 +1,147 @@
+"""Asset checks: real extracts, a real cache and a real (tiny) training run, with their verdicts."""
+
+import datetime as dt
+import math
+import shutil
+from pathlib import Path
+
+import dagster as dg
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from basemodel_pipeline.config import load_config
+from basemodel_pipeline.defs import build_assets, build_checks, build_definitions
+from basemodel_pipeline.defs.cache.checks import manifest_problems
+from basemodel_pipeline.defs.extracts.checks import day_volume_problems
+from basemodel_pipeline.defs.materialize import RunFailed, materialize_all
+from basemodel_pipeline.defs.models.checks import loss_verdict
+from basemodel_pipeline.defs.resources import QualityGates
+from basemodel_pipeline.pipeline import run_cache, run_extract
+
+PRODUCTS = dg.AssetKey(["extracts", "products"])
+
+
+def _run(config: Path, instance: dg.DagsterInstance, selection, **kwargs) -> dg.ExecuteInProcessResult:
+    return dg.materialize(
+        [*build_assets(str(config)), *build_checks(str(config))],
+        instance=instance,
+        selection=selection,
+        resources=build_definitions(str(config), env="ci").resources,
+        raise_on_error=False,
+        **kwargs,
+    )
+
+
+def _check_results(result: dg.ExecuteInProcessResult) -> dict[str, dg.AssetCheckEvaluation]:
+    return {e.asset_check_key.name: e for e in result.get_asset_check_evaluations()}
+
+
+def test_schema_change_blocks_the_cache_until_accepted(tiny_config: Path) -> None:
+    with dg.instance_for_test() as instance:
+        first = _run(tiny_config, instance, [PRODUCTS])
+        assert first.success and _check_results(first)["schema_unchanged"].passed
+
+        path = tiny_config.parent / "data" / "products.parquet"
+        table = pq.read_table(path)
+        ids = table.column("manufacturer_id").cast(pa.string())  # the feed now sends ids as text
+        pq.write_table(
+            table.set_column(table.schema.get_field_index("manufacturer_id"), "manufacturer_id", ids), path
+        )
+        changed = _run(tiny_config, instance, [PRODUCTS, dg.AssetKey("event_cache")])
+        assert not changed.success  # blocking: the cache does not run on a changed schema
+        verdict = _check_results(changed)["schema_unchanged"]
+        assert not verdict.passed and "retyped manufacturer_id int64 -> string" in verdict.description
+        assert not any(
+            m.asset_key == dg.AssetKey("event_cache")
+            for m in changed.get_asset_materialization_events()
+            and [e.event_specific_data.materialization for e in changed.get_asset_materialization_events()]
+        )
+
+        accept = _run(
+            tiny_config,
+            instance,
+            dg.AssetSelection.checks(dg.AssetCheckKey(PRODUCTS, "schema_unchanged")),
+            run_config={
+                "ops": {"extracts__products_schema_unchanged": {"config": {"accept_new_schema": True}}}
+            },
+        )
+        assert accept.success and _check_results(accept)["schema_unchanged"].passed
+        again = _run(tiny_config, instance, [PRODUCTS])
+        assert again.success and _check_results(again)["schema_unchanged"].passed  # the new baseline
+
+
+def test_cache_manifest_check_finds_corruption(tiny_config: Path, tmp_path: Path) -> None:
+    cfg = load_config(tiny_config)
+    run_extract(cfg)
+    cache_dir = Path(run_cache(cfg)["path"])
+    copy = Path(shutil.copytree(cache_dir, tmp_path / "cache_copy"))
+    problems, files, size = manifest_problems(copy)
+    assert problems == [] and files > 5 and size > 0
+
+    victim = next(p for p in sorted(copy.rglob("*.npy")) if p.stat().st_size > 200)
+    data = bytearray(victim.read_bytes())
+    data[-1] ^= 0xFF  # same size, different content
+    victim.write_bytes(bytes(data))
+    (copy / "stray.bin").write_bytes(b"x")
+    (copy / "entities.parquet").unlink()
+    problems, _, _ = manifest_problems(copy)
+    rel = str(victim.relative_to(copy))
+    assert f"{rel}: sha256 differs from the manifest" in problems
+    assert "entities.parquet: missing" in problems and "stray.bin: not in the manifest" in problems
+    assert manifest_problems(tmp_path)[0] == [f"{tmp_path / 'manifest.json'} is missing"]
+
+
+def test_volume_guidelines_flag_days_far_from_the_trailing_median() -> None:
+    start = dt.date(2024, 1, 1)
+    rows = {start + dt.timedelta(days=i): 100 for i in range(30)}
+    rows[start + dt.timedelta(days=30)] = 5  # a feed that broke
+    rows[start + dt.timedelta(days=31)] = 100
+    gates = QualityGates()
+    problems, meta = day_volume_problems(
+        rows, (start + dt.timedelta(days=29), start + dt.timedelta(days=32)), gates
+    )
+    assert problems == ["2024-01-31: 5 rows, 0.05x the trailing median 100"]
+    assert meta == {"days_checked": 3, "days_flagged": 1}
+    assert day_volume_problems(rows, None, gates)[0] == []  # the newest day is fine
+    few = {start: 100, start + dt.timedelta(days=1): 1}
+    assert day_volume_problems(few, None, gates) == ([], {"days_checked": 0, "days_flagged": 0})
+
+
+def test_loss_verdicts() -> None:
+    ok = [{"epoch": 1, "train_loss": 2.0, "val_loss": 1.5}, {"epoch": 2, "train_loss": 1.0, "val_loss": 1.2}]
+    assert loss_verdict(ok)[0] is True
+    nan = [{"epoch": 1, "train_loss": math.nan, "val_loss": 1.0}]
+    passed, severity, why = loss_verdict(nan)
+    assert not passed and severity == dg.AssetCheckSeverity.ERROR and "train_loss=nan" in why
+    flat = [
+        {"epoch": 1, "train_loss": 2.0, "val_loss": 1.0},
+        {"epoch": 2, "train_loss": 1.9, "val_loss": 1.1},
+    ]
+    passed, severity, why = loss_verdict(flat)
+    assert not passed and severity == dg.AssetCheckSeverity.WARN and "never improved" in why
+    assert loss_verdict([])[1] == dg.AssetCheckSeverity.ERROR
+
+
+@pytest.mark.timeout(400)
+def test_scenario_below_its_floor_is_not_scored(tiny_config: Path) -> None:
+    cfg = yaml.safe_load(tiny_config.read_text())
+    cfg["scenarios"] = [s for s in cfg["scenarios"] if s["name"] == "churn"]
+    tiny_config.write_text(yaml.safe_dump(cfg))
+    gates = QualityGates(metric_floor=0.999, popularity_margin=0.0)
+    with dg.instance_for_test() as instance:
+        with pytest.raises(
+            RunFailed,
+            match=r"scenario churn: check scenario_model:.*test_metric_above_floor failed: test auroc 0\.\d+ vs floor 0\.9990",
+        ):
+            materialize_all(tiny_config, instance, env="ci", resource_overrides={"quality_gates": gates})
+        # the model trained and was checked; the blocking check kept its predictions from being written
+        assert instance.get_latest_materialization_event(dg.AssetKey("scenario_model")) is not None
+        assert instance.get_latest_materialization_event(dg.AssetKey("predictions")) is None
+        assert instance.get_latest_materialization_event(dg.AssetKey("foundation_model")) is not None
+        check = instance.event_log_storage.get_latest_asset_check_execution_by_key(
+            [dg.AssetCheckKey(dg.AssetKey("foundation_model"), "loss_finite_and_improving")]
+        )
+        assert check  # the foundation's loss check ran in the upstream run
+    assert not (tiny_config.parent / "predictions").exists()

@@ -1,0 +1,169 @@
+"""Sensors and the schedule on a persistent test instance: cursors advance, run keys repeat for the same
+range (so Dagster de-duplicates them), nothing is requested twice, scenario partitions follow the config."""
+
+import datetime as dt
+from pathlib import Path
+
+import dagster as dg
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from basemodel_pipeline.defs import build_assets, build_checks, build_definitions
+from basemodel_pipeline.defs.resources import BasemodelConfigResource
+
+TX = dg.AssetKey(["extracts", "transactions"])
+
+
+@pytest.fixture
+def defs(tiny_config: Path, monkeypatch: pytest.MonkeyPatch) -> dg.Definitions:
+    monkeypatch.delenv("BASEMODEL_PUBLISH_URL", raising=False)
+    return build_definitions(str(tiny_config), env="ci")
+
+
+def _tick(defs: dg.Definitions, name: str, instance: dg.DagsterInstance, config: Path, cursor: str | None):
+    sensor = next(s for s in defs.sensors if s.name == name)
+    context = dg.build_sensor_context(
+        instance=instance,
+        cursor=cursor,
+        resources={"basemodel_config": BasemodelConfigResource(config_path=str(config))},
+    )
+    return sensor.evaluate_tick(context)
+
+
+def _add_day(config: Path, day: dt.date) -> None:
+    """A new day lands in the source: copy the last event to `day`, noon."""
+    path = config.parent / "data" / "transactions.parquet"
+    table = pq.read_table(path)
+    last = table.slice(table.num_rows - 1, 1)
+    ts = pa.array(
+        [dt.datetime.combine(day, dt.time(12))], type=table.schema.field("transaction_timestamp").type
+    )
+    last = last.set_column(last.schema.get_field_index("transaction_timestamp"), "transaction_timestamp", ts)
+    pq.write_table(pa.concat_tables([table, last]), path)
+
+
+def _extract(config: Path, instance: dg.DagsterInstance, tags: dict[str, str]) -> dg.ExecuteInProcessResult:
+    return dg.materialize(
+        [*build_assets(str(config)), *build_checks(str(config))],
+        instance=instance,
+        selection=[TX],
+        resources=build_definitions(str(config), env="ci").resources,
+        tags=tags,
+    )
+
+
+def test_new_data_sensor_cursor_run_keys_and_no_repeats(defs: dg.Definitions, tiny_config: Path) -> None:
+    with dg.instance_for_test() as instance:
+        first = _tick(defs, "new_data_sensor", instance, tiny_config, None)
+        (request,) = first.run_requests
+        assert request.run_key == "transactions:2023-01-01..2023-04-30"
+        assert request.asset_selection == [TX]
+        assert request.tags["dagster/asset_partition_range_start"] == "2023-01-01"
+        assert request.tags["dagster/asset_partition_range_end"] == "2023-04-30"
+        assert request.tags["dagster/max_runtime"]
+        replay = _tick(defs, "new_data_sensor", instance, tiny_config, None)
+        assert (
+            replay.run_requests[0].run_key == request.run_key
+        )  # a lost cursor repeats the key: de-duplicated
+
+        second = _tick(defs, "new_data_sensor", instance, tiny_config, first.cursor)
+        assert second.run_requests == [] and second.cursor == first.cursor  # nothing new
+
+        assert _extract(tiny_config, instance, request.tags).success
+        days = {
+            mat.partition
+            for mat in instance.fetch_materializations(TX, limit=1000).records
+            and [r.asset_materialization for r in instance.fetch_materializations(TX, limit=1000).records]
+        }
+        assert {"2023-01-01", "2023-04-30"} <= days and len(days) == 120
+
+        _add_day(tiny_config, dt.date(2023, 5, 2))
+        third = _tick(defs, "new_data_sensor", instance, tiny_config, second.cursor)
+        (new,) = third.run_requests
+        assert (
+            new.run_key == "transactions:2023-04-30..2023-05-02"
+        )  # the cursor day again: it may have been partial
+        assert '"day": "2023-05-02"' in third.cursor
+
+        assert _extract(tiny_config, instance, new.tags).success
+        assert (tiny_config.parent / "extracts" / "transactions" / "2023-05-02.parquet").exists()
+        # a sensor that lost its cursor starts from the newest extracted day: nothing to request
+        assert _tick(defs, "new_data_sensor", instance, tiny_config, None).run_requests == []
+
+
+def test_scenario_registry_adds_and_removes_partitions(defs: dg.Definitions, tiny_config: Path) -> None:
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("scenarios", ["churn", "retired_scenario"])
+        result = _tick(defs, "scenario_registry_sensor", instance, tiny_config, None)
+        adds = [
+            r for r in result.dynamic_partitions_requests if isinstance(r, dg.AddDynamicPartitionsRequest)
+        ]
+        deletes = [
+            r for r in result.dynamic_partitions_requests if isinstance(r, dg.DeleteDynamicPartitionsRequest)
+        ]
+        assert [list(r.partition_keys) for r in adds] == [["department_propensity"]]
+        assert [list(r.partition_keys) for r in deletes] == [["retired_scenario"]]
+        # what the sensor daemon then applies
+        instance.add_dynamic_partitions("scenarios", ["department_propensity"])
+        instance.delete_dynamic_partition("scenarios", "retired_scenario")
+        again = _tick(defs, "scenario_registry_sensor", instance, tiny_config, None)
+        assert not again.dynamic_partitions_requests and again.skip_message
+
+        cfg = yaml.safe_load(tiny_config.read_text())
+        cfg["scenarios"] = [s for s in cfg["scenarios"] if s["name"] != "churn"]
+        tiny_config.write_text(yaml.safe_dump(cfg))
+        removed = _tick(defs, "scenario_registry_sensor", instance, tiny_config, None)
+        (delete,) = removed.dynamic_partitions_requests
+        assert isinstance(delete, dg.DeleteDynamicPartitionsRequest) and list(delete.partition_keys) == [
+            "churn"
+        ]
+
+
+def test_sensors_skip_until_the_config_exists(defs: dg.Definitions, tmp_path: Path) -> None:
+    with dg.instance_for_test() as instance:
+        for name in ("new_data_sensor", "scenario_registry_sensor"):
+            result = _tick(defs, name, instance, tmp_path / "missing.yaml", None)
+            assert "does not exist yet" in (result.skip_message or "")
+
+
+def test_nightly_schedule_requests_the_new_days_once_per_night(
+    defs: dg.Definitions, tiny_config: Path
+) -> None:
+    schedule = defs.resolve_schedule_def("nightly_refresh")
+    with dg.instance_for_test() as instance:
+        context = dg.build_schedule_context(
+            instance=instance,
+            scheduled_execution_time=dt.datetime(2023, 5, 3, 2, tzinfo=dt.UTC),
+            resources={"basemodel_config": BasemodelConfigResource(config_path=str(tiny_config))},
+        )
+        (request,) = schedule.evaluate_tick(context).run_requests
+        assert request.run_key == "nightly-2023-05-03"
+        assert request.tags["dagster/asset_partition_range_start"] == "2023-01-01"  # nothing extracted yet
+        assert request.tags["dagster/asset_partition_range_end"] == "2023-05-03"
+
+
+def test_extract_rows_per_day_match_the_source(tiny_config: Path) -> None:
+    with dg.instance_for_test() as instance:
+        tags = {
+            "dagster/asset_partition_range_start": "2023-02-01",
+            "dagster/asset_partition_range_end": "2023-02-07",
+        }
+        result = _extract(tiny_config, instance, tags)
+        assert result.success
+        mats = result.asset_materializations_for_node("extracts__transactions")
+        assert sorted(m.partition for m in mats) == [f"2023-02-0{d}" for d in range(1, 8)]
+        source = pq.read_table(tiny_config.parent / "data" / "transactions.parquet")
+        ts = source.column("transaction_timestamp")
+        in_range = pc.and_(  # the config's where_condition: quantity > 0
+            pc.and_(
+                pc.greater_equal(ts, pa.scalar(dt.datetime(2023, 2, 1), ts.type)),
+                pc.less(ts, pa.scalar(dt.datetime(2023, 2, 8), ts.type)),
+            ),
+            pc.greater(source.column("quantity"), 0),
+        )
+        assert mats[0].metadata["rows"].value == pc.sum(in_range).as_py()
+        assert mats[0].metadata["days"].value == 7
+        assert isinstance(mats[0].metadata["dagster/column_schema"].value, dg.TableSchema)
