@@ -6,17 +6,14 @@ statement by transpiling it to DuckDB with sqlglot. Spark's Thrift server (pyspa
 from __future__ import annotations
 
 import threading
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import duckdb
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import sqlglot
-from test_sources_support import edit_config, free_port, local_extract, read_extract, relocate
+from test_sources_support import HiveServer2, edit_config, free_port, local_extract, read_extract, relocate
 
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.errors import DataError
@@ -25,117 +22,6 @@ from basemodel_pipeline.sources import read_source, watermark
 
 TABLES = ["transactions", "products", "demographics"]
 ttypes = pytest.importorskip("TCLIService.ttypes")
-
-
-def hive_type(t: pa.DataType) -> int:
-    if pa.types.is_integer(t):
-        return ttypes.TTypeId.BIGINT_TYPE
-    if pa.types.is_floating(t):
-        return ttypes.TTypeId.DOUBLE_TYPE
-    if pa.types.is_timestamp(t):
-        return ttypes.TTypeId.TIMESTAMP_TYPE
-    if pa.types.is_boolean(t):
-        return ttypes.TTypeId.BOOLEAN_TYPE
-    return ttypes.TTypeId.STRING_TYPE
-
-
-def thrift_column(array: pa.ChunkedArray) -> Any:
-    """A TColumn as HiveServer2 sends it: values plus a little-endian null bitmap."""
-    values = array.to_pylist()
-    nulls = bytearray((len(values) + 7) // 8)
-    for i, v in enumerate(values):
-        if v is None:
-            nulls[i // 8] |= 1 << (i % 8)
-    t = array.type
-    if pa.types.is_integer(t):
-        return ttypes.TColumn(i64Val=ttypes.TI64Column([v or 0 for v in values], bytes(nulls)))
-    if pa.types.is_floating(t):
-        return ttypes.TColumn(doubleVal=ttypes.TDoubleColumn([v or 0.0 for v in values], bytes(nulls)))
-    if pa.types.is_boolean(t):
-        return ttypes.TColumn(boolVal=ttypes.TBoolColumn([bool(v) for v in values], bytes(nulls)))
-    text = [
-        ("" if v is None else v.isoformat(sep=" ") if hasattr(v, "isoformat") else str(v)) for v in values
-    ]
-    return ttypes.TColumn(stringVal=ttypes.TStringColumn(text, bytes(nulls)))
-
-
-class HiveServer2:
-    """TCLIService handler: sessions, statements (Hive SQL run on DuckDB), result metadata, fetches."""
-
-    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
-        self.con = con
-        self.results: dict[bytes, tuple[pa.Table, int]] = {}
-        self.lock = threading.Lock()
-        self.ok = ttypes.TStatus(statusCode=ttypes.TStatusCode.SUCCESS_STATUS)
-
-    @staticmethod
-    def handle() -> Any:
-        return ttypes.THandleIdentifier(guid=uuid.uuid4().bytes, secret=uuid.uuid4().bytes)
-
-    def OpenSession(self, req: Any) -> Any:  # noqa: N802 - Thrift method names
-        return ttypes.TOpenSessionResp(
-            status=self.ok,
-            serverProtocolVersion=req.client_protocol,
-            sessionHandle=ttypes.TSessionHandle(sessionId=self.handle()),
-        )
-
-    def CloseSession(self, req: Any) -> Any:  # noqa: N802
-        return ttypes.TCloseSessionResp(status=self.ok)
-
-    def ExecuteStatement(self, req: Any) -> Any:  # noqa: N802
-        sql = req.statement
-        op = self.handle()
-        if sql.upper().startswith("USE "):
-            return ttypes.TExecuteStatementResp(
-                status=self.ok,
-                operationHandle=ttypes.TOperationHandle(op, ttypes.TOperationType.EXECUTE_STATEMENT, False),
-            )
-        try:
-            duck_sql = sqlglot.transpile(sql, read="hive", write="duckdb")[0]
-            with self.lock:
-                table = self.con.execute(duck_sql).to_arrow_table()
-        except (duckdb.Error, sqlglot.errors.SqlglotError) as exc:
-            message = f"Error while compiling statement: FAILED: SemanticException {str(exc).splitlines()[0]}"
-            status = ttypes.TStatus(ttypes.TStatusCode.ERROR_STATUS, errorMessage=message, sqlState="42000")
-            return ttypes.TExecuteStatementResp(status=status)
-        self.results[op.guid] = (table, 0)
-        return ttypes.TExecuteStatementResp(
-            status=self.ok,
-            operationHandle=ttypes.TOperationHandle(op, ttypes.TOperationType.EXECUTE_STATEMENT, True),
-        )
-
-    def GetOperationStatus(self, req: Any) -> Any:  # noqa: N802
-        return ttypes.TGetOperationStatusResp(
-            status=self.ok, operationState=ttypes.TOperationState.FINISHED_STATE
-        )
-
-    def GetResultSetMetadata(self, req: Any) -> Any:  # noqa: N802
-        table, _ = self.results[req.operationHandle.operationId.guid]
-        columns = [
-            ttypes.TColumnDesc(
-                columnName=f.name,
-                typeDesc=ttypes.TTypeDesc(
-                    [ttypes.TTypeEntry(primitiveEntry=ttypes.TPrimitiveTypeEntry(hive_type(f.type)))]
-                ),
-                position=i + 1,
-            )
-            for i, f in enumerate(table.schema)
-        ]
-        return ttypes.TGetResultSetMetadataResp(status=self.ok, schema=ttypes.TTableSchema(columns))
-
-    def FetchResults(self, req: Any) -> Any:  # noqa: N802
-        key = req.operationHandle.operationId.guid
-        table, offset = self.results[key]
-        chunk = table.slice(offset, req.maxRows)
-        self.results[key] = (table, offset + chunk.num_rows)
-        rows = ttypes.TRowSet(
-            startRowOffset=offset, rows=[], columns=[thrift_column(c) for c in chunk.columns]
-        )
-        return ttypes.TFetchResultsResp(status=self.ok, hasMoreRows=False, results=rows)
-
-    def CloseOperation(self, req: Any) -> Any:  # noqa: N802
-        self.results.pop(req.operationHandle.operationId.guid, None)
-        return ttypes.TCloseOperationResp(status=self.ok)
 
 
 @pytest.fixture(scope="session")
@@ -152,7 +38,7 @@ def hive_server(tiny_dataset: Path) -> Iterator[dict[str, Any]]:
         con.execute(f"CREATE TABLE analytics.{name} AS SELECT * FROM read_parquet('{path}')")
     port = free_port()
     server = TServer.TThreadedServer(
-        TCLIService.Processor(HiveServer2(con)),
+        TCLIService.Processor(HiveServer2(con, ttypes)),
         TSocket.TServerSocket(host="127.0.0.1", port=port),
         TTransport.TBufferedTransportFactory(),
         TBinaryProtocol.TBinaryProtocolFactory(),

@@ -112,6 +112,9 @@ class DatabricksParams(Strict):
     access_token: str = Field(description=SECRET, exclude=True)
     catalog: str | None = None
     schema_name: str | None = Field(default=None, alias="schema")
+    connection_uri: str | None = Field(
+        default=None, description="Only for proxies and test servers: full http(s)://host:port/path."
+    )
 
 
 class DatabricksLocation(WarehouseLocation):
