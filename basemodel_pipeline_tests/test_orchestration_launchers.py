@@ -1,0 +1,149 @@
+"""The launcher's container specs as data, checked with each backend's own client code (no engine here):
+docker's create-args builder, dagster-k8s's pod builder and botocore's RunTask parameter validator."""
+
+import sys
+
+import pytest
+from botocore.session import get_session
+from botocore.validate import ParamValidator
+from dagster_k8s.pipes import build_pod_body
+from docker.models.containers import _create_container_args
+
+from basemodel_pipeline.defs.launcher import Launcher, remove_run_containers
+from basemodel_pipeline.defs.resources import launcher_from_env
+
+RUN_ID = "0f9e8d7c-1111-2222-3333-444455556666"
+
+
+@pytest.fixture
+def gpu_launcher(monkeypatch: pytest.MonkeyPatch) -> Launcher:
+    monkeypatch.setenv("WAREHOUSE_PASSWORD", "s3cret")
+    return Launcher(
+        backend="docker",
+        image="registry.example/basemodel-trainer:1.0",
+        workspace_dir="/srv/basemodel",
+        gpus=2,
+        env={"PYTHONHASHSEED": "0"},
+        forward_env=["WAREHOUSE_PASSWORD", "NOT_SET_ANYWHERE"],
+        docker_network="basemodel",
+        k8s_namespace="ml",
+        k8s_pvc="basemodel-workspace",
+        ecs_cluster="ml-cluster",
+        ecs_task_definition="basemodel-trainer:3",
+        ecs_subnets=["subnet-1"],
+        ecs_security_groups=["sg-1"],
+    )
+
+
+def test_command_is_the_same_entrypoint_everywhere(gpu_launcher: Launcher) -> None:
+    args = ["--scenario", "churn"]
+    assert gpu_launcher.command("finetune", "/srv/basemodel/config.yaml", args) == [
+        "python",
+        "-m",
+        "basemodel_pipeline.jobs.finetune",
+        "--config",
+        "/srv/basemodel/config.yaml",
+        *args,
+    ]
+    local = Launcher(backend="subprocess").command("pretrain", "/c.yaml")
+    assert local[0] == sys.executable and local[1:3] == ["-m", "basemodel_pipeline.jobs.pretrain"]
+
+
+def test_docker_spec(gpu_launcher: Launcher) -> None:
+    spec = gpu_launcher.docker_spec(RUN_ID, "scenario_model", "finetune")
+    args = _create_container_args(
+        {"image": gpu_launcher.image, "command": ["python"], "version": "1.45", **spec}
+    )
+    host = args["host_config"]
+    assert host["DeviceRequests"] == [
+        {"Driver": "", "Count": 2, "DeviceIDs": [], "Capabilities": [["gpu"]], "Options": {}}
+    ]
+    assert host["Binds"] == ["/srv/basemodel:/srv/basemodel:rw"]  # same path in host and container
+    assert host["NetworkMode"] == "basemodel" and host["ShmSize"] == 8 * 1024**3
+    assert args["user"] == "1000:1000" and args["working_dir"] == "/srv/basemodel"
+    assert args["labels"]["dagster/run_id"] == RUN_ID and args["labels"]["basemodel/job"] == "finetune"
+    assert args["environment"] == {"PYTHONHASHSEED": "0", "WAREHOUSE_PASSWORD": "s3cret"}
+    cpu = Launcher(backend="docker").docker_spec(RUN_ID, "x", "predict")
+    assert "device_requests" not in cpu and "volumes" not in cpu
+
+
+def test_k8s_pod(gpu_launcher: Launcher) -> None:
+    meta, spec = gpu_launcher.k8s_pod(RUN_ID, "scenario_model[churn]", "finetune")
+    pod = build_pod_body(
+        "basemodel-x", gpu_launcher.image, ["python", "-m", "x"], {"DAGSTER_PIPES_CONTEXT": "c"}, meta, spec
+    )
+    (container,) = pod.spec.containers
+    assert container.image == gpu_launcher.image and container.command == ["python", "-m", "x"]
+    assert container.resources.limits == {"nvidia.com/gpu": "2"}
+    assert container.volume_mounts[0].mount_path == "/srv/basemodel"
+    assert pod.spec.volumes[0].persistent_volume_claim.claim_name == "basemodel-workspace"
+    assert pod.spec.security_context.run_as_user == 1000 and container.security_context.run_as_non_root
+    assert pod.spec.restart_policy == "Never"
+    assert pod.spec.tolerations[0].key == "nvidia.com/gpu"
+    assert pod.metadata.labels["dagster_run_id"] == RUN_ID
+    assert pod.metadata.labels["dagster_step_key"] == "scenario_model_churn"
+    env = {e.name: e.value for e in container.env}
+    assert env["WAREHOUSE_PASSWORD"] == "s3cret" and env["DAGSTER_PIPES_CONTEXT"] == "c"
+
+
+def test_ecs_run_task_params(gpu_launcher: Launcher) -> None:
+    command = gpu_launcher.command("pretrain", "/srv/basemodel/config.yaml")
+    params = gpu_launcher.ecs_spec(RUN_ID, "foundation_model", "pretrain", command)
+    shape = get_session().get_service_model("ecs").operation_model("RunTask").input_shape
+    report = ParamValidator().validate(params, shape)
+    assert not report.has_errors(), report.generate_report()
+    (override,) = params["overrides"]["containerOverrides"]
+    assert override["resourceRequirements"] == [{"type": "GPU", "value": "2"}]
+    assert override["command"] == command and override["name"] == "trainer"
+    assert {"key": "dagster/run_id", "value": RUN_ID} in params["tags"]
+    assert params["networkConfiguration"]["awsvpcConfiguration"]["subnets"] == ["subnet-1"]
+
+
+class _Container:
+    def __init__(self, cid: str, removed: list[str]) -> None:
+        self.id, self._removed = cid, removed
+
+    def remove(self, force: bool = False) -> None:
+        assert force  # a running container is stopped and removed
+        self._removed.append(self.id)
+
+
+class _Containers:
+    """The part of docker's client that remove_run_containers uses (no engine runs here)."""
+
+    def __init__(self, by_run: dict[str, list[str]]) -> None:
+        self.by_run, self.removed, self.filters = by_run, [], []
+
+    def list(self, all: bool, filters: dict[str, str]) -> list[_Container]:
+        assert all  # stopped containers too
+        self.filters.append(filters)
+        run_id = filters["label"].split("=", 1)[1]
+        return [_Container(c, self.removed) for c in self.by_run.get(run_id, [])]
+
+
+def test_remove_run_containers_by_label() -> None:
+    containers = _Containers({RUN_ID: ["c1", "c2"], "other": ["c3"]})
+    client = type("Client", (), {"containers": containers})()
+    assert remove_run_containers(RUN_ID, client) == ["c1", "c2"]
+    assert containers.filters == [{"label": f"dagster/run_id={RUN_ID}"}] and containers.removed == [
+        "c1",
+        "c2",
+    ]
+
+
+def test_launcher_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BASEMODEL_LAUNCHER", "k8s")
+    monkeypatch.setenv("BASEMODEL_GPUS", "1")
+    monkeypatch.setenv("BASEMODEL_K8S_PVC", "ws")
+    monkeypatch.setenv("BASEMODEL_WORKSPACE_DIR", "/ws")
+    monkeypatch.setenv("BASEMODEL_FORWARD_ENV", "A, B")
+    launcher = launcher_from_env("prod")
+    assert (launcher.backend, launcher.gpus, launcher.k8s_pvc, launcher.workspace_dir) == (
+        "k8s",
+        1,
+        "ws",
+        "/ws",
+    )
+    assert launcher.forward_env == ["A", "B"] and launcher.termination_timeout_seconds == 120
+    monkeypatch.setenv("BASEMODEL_LAUNCHER", "subprocess")
+    assert launcher_from_env("ci").env == {"CUDA_VISIBLE_DEVICES": "", "PYTHONHASHSEED": "0"}
