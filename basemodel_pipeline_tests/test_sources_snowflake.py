@@ -12,7 +12,8 @@ import pytest
 from test_sources_support import edit_config, local_extract, read_extract, relocate
 
 from basemodel_pipeline.config import load_config
-from basemodel_pipeline.errors import DataError
+from basemodel_pipeline.config.data_checks import check_config_against_data
+from basemodel_pipeline.errors import ConfigError, DataError
 from basemodel_pipeline.pipeline import run_extract
 from basemodel_pipeline.sources import read_source, watermark
 
@@ -43,6 +44,11 @@ def snowflake_server(tiny_dataset: Path) -> Iterator[dict[str, Any]]:
             duck.execute(
                 f"CREATE TABLE ANALYTICS.EVENTS.{name.upper()} AS SELECT {cols} FROM read_parquet('{path}')"
             )
+        products = tiny_dataset.parent / "data" / "products.parquet"
+        duck.execute(  # product ids formatted differently from the events' ids: a join that never matches
+            "CREATE TABLE ANALYTICS.EVENTS.PRODUCTS_TEXT_IDS AS SELECT 'P-' || product_id AS PRODUCT_ID, "
+            f"department AS DEPARTMENT FROM read_parquet('{products}')"
+        )
         yield kwargs
 
 
@@ -119,3 +125,31 @@ def test_snowflake_missing_table_fails_fast_naming_source_and_table(
     message = str(info.value)
     assert message.startswith("source 'transactions' (snowflake:NO_SUCH_TABLE):")
     assert "not retried" in message and PASSWORD not in message
+
+
+def test_snowflake_config_checks_run_in_the_warehouse(
+    tiny_config: Path, snowflake_server, monkeypatch
+) -> None:
+    config = snowflake_config(tiny_config, snowflake_server, monkeypatch)
+    check_config_against_data(load_config(config), config)  # upper-case Snowflake columns match the config
+
+    edit_config(config, lambda raw: raw["data_sources"][0].update(where_condition="no_such_column > 0"))
+    with pytest.raises(ConfigError) as info:
+        check_config_against_data(load_config(config), config)
+    assert "data_sources[0]" in str(info.value) and "NO_SUCH_COLUMN" in str(info.value).upper()
+
+
+def test_snowflake_join_that_never_matches_shows_both_sides(
+    tiny_config: Path, snowflake_server, monkeypatch
+) -> None:
+    config = snowflake_config(tiny_config, snowflake_server, monkeypatch, products="PRODUCTS_TEXT_IDS")
+    edit_config(
+        config, lambda raw: raw["data_sources"][1].update(allowed_columns=["product_id", "department"])
+    )
+    with pytest.raises(ConfigError) as info:
+        check_config_against_data(load_config(config), config)
+    message = str(info.value)
+    assert (
+        "data_sources[0].joined_data_sources[0].join_on" in message and "no row of 'transactions'" in message
+    )
+    assert "'P-" in message  # examples of the attribute side's ids next to the events' ids

@@ -1,8 +1,10 @@
 """Check a parsed config against the data it points at, before anything expensive runs.
 
 Every problem raises one ConfigError naming the YAML path (``data_sources[0].date_column.name``), the data
-file and what to do. DuckDB reads the Parquet sources; identifiers and literals are quoted here, and the only
-user SQL that reaches DuckDB is a where_condition that sqlglot parsed and re-rendered.
+file and what to do. DuckDB reads local Parquet sources whole; other sources (s3://, warehouses) are checked
+through their backend: column types from the table's schema, where_condition and sql_lambdas by running the
+source query for one row in the source's own SQL dialect, join keys on a sample of rows loaded into DuckDB.
+Identifiers and literals are quoted here, and user SQL is parsed by sqlglot and re-rendered, never pasted.
 """
 
 from __future__ import annotations
@@ -20,8 +22,12 @@ from sqlglot import exp
 
 from basemodel_pipeline.config.loader import _line_of
 from basemodel_pipeline.config.models import DataSource, PipelineConfig
-from basemodel_pipeline.errors import ConfigError
+from basemodel_pipeline.errors import ConfigError, UserError
 from basemodel_pipeline.sources.parquet import parquet_glob, quote_ident, read_parquet_sql
+from basemodel_pipeline.sources.sql import resolve
+
+SAMPLE_ROWS = 100_000  # rows of a non-local source loaded for the date-format and join checks
+KEY_ROWS = 10_000_000  # join keys of a non-local attribute source are loaded whole (one column)
 
 DATE_TYPES = ("DATE", "TIMESTAMP")  # prefixes: TIMESTAMP_NS, TIMESTAMP WITH TIME ZONE, ...
 TEXT_TYPES = ("VARCHAR",)
@@ -59,6 +65,7 @@ class _Checker:
         self.file = Path(config_file) if config_file else None
         self.con = duckdb.connect()
         self.columns: dict[str, dict[str, str]] = {}
+        self.loaded: set[str] = set()
 
     def fail(self, where: str, message: str) -> NoReturn:
         """Raise '<file>:<line>: <yaml path>: <message>' (file and line when the config file is known)."""
@@ -72,33 +79,80 @@ class _Checker:
             prefix = f"{self.file}:{line}: " if line else f"{self.file}: "
         raise ConfigError(f"{prefix}{where}: {message}")
 
+    @staticmethod
+    def local(src: DataSource) -> bool:
+        loc = src.data_location
+        return loc.database_type == "parquet" and "://" not in loc.path
+
+    @staticmethod
+    def where_is(src: DataSource) -> str:
+        return parquet_glob(src.data_location.path) if _Checker.local(src) else src.data_location.display()
+
     def rel(self, src: DataSource, **options: bool) -> str:
-        return read_parquet_sql(src.data_location.path, **options)
+        if self.local(src):
+            return read_parquet_sql(src.data_location.path, **options)
+        return quote_ident(f"sample_{src.name}")
+
+    def keys_rel(self, src: DataSource, columns: list[str]) -> str:
+        """Every key of a non-local source (one column query, up to KEY_ROWS rows), as a DuckDB table."""
+        if self.local(src):
+            return self.rel(src)
+        from basemodel_pipeline.sources import sample_rows
+
+        name = f"keys_{src.name}_{'_'.join(columns)}"
+        if name not in self.loaded:
+            actual = [resolve(c, self.columns[src.name]) or c for c in columns]
+            table = sample_rows(self.cfg, src, KEY_ROWS, columns=actual).rename_columns(columns)
+            self.con.register(name, table)
+            self.loaded.add(name)
+        return quote_ident(name)
+
+    def load_sample(self, src: DataSource) -> dict[str, str]:
+        """Column types from the source's schema; a sample of its rows as DuckDB table sample_<name>."""
+        from basemodel_pipeline.sources import sample_rows, source_schema
+
+        types = source_schema(self.cfg, src)
+        table = sample_rows(self.cfg, src, SAMPLE_ROWS)
+        name = f"sample_{src.name}"
+        self.con.register(f"{name}_arrow", table)
+        label = src.data_location.display().replace("'", "''")
+        self.con.execute(
+            f"CREATE TEMP TABLE {quote_ident(name)} AS SELECT *, '{label}' AS filename, "
+            f"row_number() OVER () - 1 AS file_row_number FROM {quote_ident(name + '_arrow')}"
+        )
+        return types
 
     def require(self, where: str, src: DataSource, column: str, extra: Iterable[str] = ()) -> None:
         available = [*self.columns[src.name], *extra]
         if column in available:
             return
+        if not self.local(src) and resolve(column, dict.fromkeys(available, "")) is not None:
+            return  # warehouses fold unquoted names (Snowflake: upper case); extraction resolves them
         close = difflib.get_close_matches(column, available, n=1)
         hint = f"did you mean '{close[0]}'? " if close else ""
         self.fail(
             where,
-            f"column '{column}' is not in data source '{src.name}' ({parquet_glob(src.data_location.path)}); "
+            f"column '{column}' is not in data source '{src.name}' ({self.where_is(src)}); "
             f"{hint}available columns: {', '.join(available)}. Fix the name in the config.",
         )
 
     def run(self) -> None:
         for i, src in enumerate(self.cfg.data_sources):
             try:
-                self.columns[src.name] = source_columns(src, self.con)
-            except ConfigError as err:
-                self.fail(f"data_sources[{i}].data_location.path", str(err))
+                self.columns[src.name] = (
+                    source_columns(src, self.con) if self.local(src) else self.load_sample(src)
+                )
+            except UserError as err:
+                where = "path" if src.data_location.database_type == "parquet" else "table_name"
+                self.fail(f"data_sources[{i}].data_location.{where}", str(err))
         for i, src in enumerate(self.cfg.data_sources):
             self.check_columns(f"data_sources[{i}]", src)
             if src.date_column is not None:
                 self.check_dates(f"data_sources[{i}].date_column", src)
             if src.where_condition is not None:
                 self.check_where(f"data_sources[{i}].where_condition", src)
+            if src.sql_lambdas or (src.where_condition is not None and not self.local(src)):
+                self.check_query(f"data_sources[{i}]", src)
         for i, src in enumerate(self.cfg.data_sources):
             for j, join in enumerate(src.joined_data_sources):
                 where = f"data_sources[{i}].joined_data_sources[{j}].join_on"
@@ -138,7 +192,8 @@ class _Checker:
 
     def check_dates(self, where: str, src: DataSource) -> None:
         assert src.date_column is not None
-        name, fmt = src.date_column.name, src.date_column.format
+        fmt = src.date_column.format
+        name = resolve(src.date_column.name, self.columns[src.name]) or src.date_column.name
         dtype = self.columns[src.name][name]
         if dtype.startswith(DATE_TYPES):
             if fmt is not None:
@@ -178,8 +233,25 @@ class _Checker:
                 f"parse with format {fmt!r}; fix the format or the data",
             )
 
+    def check_query(self, where: str, src: DataSource) -> None:
+        """Run the source query (where_condition, sql_lambdas) for one row in the source's own dialect."""
+        from basemodel_pipeline.sources import read_source
+
+        try:
+            with read_source(self.cfg, src, limit=1) as reader:
+                kept = reader.read_all().num_rows
+        except UserError as err:
+            self.fail(where, str(err))
+        if kept == 0 and src.where_condition:
+            self.fail(
+                f"{where}.where_condition",
+                f"{src.where_condition!r} keeps no rows of '{src.name}'; loosen it",
+            )
+
     def check_where(self, where: str, src: DataSource) -> None:
         assert src.where_condition is not None
+        if not self.local(src):
+            return  # written in the source's dialect: checked by check_query
         try:
             statements = sqlglot.parse(src.where_condition, read="duckdb")
         except sqlglot.errors.ParseError as err:
@@ -206,7 +278,7 @@ class _Checker:
         right = self.cfg.source(right_name)
         # compare as text: IDs stored as 1001 in one source and '1001' in the other still match
         on = " AND ".join(f"{_text('l', a)} = {_text('r', b)}" for a, b in keys.items())
-        matches = f"SELECT 1 FROM {self.rel(right)} r WHERE {on}"
+        matches = f"SELECT 1 FROM {self.keys_rel(right, list(keys.values()))} r WHERE {on}"
         sql = f"SELECT 1 FROM {self.rel(left)} l WHERE EXISTS ({matches}) LIMIT 1"
         if self.con.execute(sql).fetchone() is not None:
             return

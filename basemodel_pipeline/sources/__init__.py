@@ -186,3 +186,20 @@ def watermark(cfg: PipelineConfig, src: DataSource) -> dt.date | None:
         return value.date() if isinstance(value, dt.datetime) else value
 
     return run_with_backend(cfg, src, query)
+
+
+def sample_rows(
+    cfg: PipelineConfig, src: DataSource, rows: int, columns: list[str] | None = None
+) -> pa.Table:
+    """Up to `rows` raw rows of a source's table (SELECT * or the named columns, no filter): for checks
+    and config suggestions. Types follow the source's Arrow output."""
+    from sqlglot import exp
+
+    from basemodel_pipeline.sources.sql import SOURCE_ALIAS, column
+
+    def query(backend: Backend) -> pa.Table:
+        items = [column(c) for c in columns] if columns else [exp.Star()]
+        select = exp.select(*items).from_(exp.alias_(backend.table(), SOURCE_ALIAS, table=True)).limit(rows)
+        return backend.execute(select.sql(dialect=backend.dialect, identify=True)).read_all()
+
+    return run_with_backend(cfg, src, query)

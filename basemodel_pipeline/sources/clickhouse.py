@@ -21,6 +21,33 @@ TRANSIENT_CODES = {159, 160, 164, 202, 209, 210, 236, 241, 252, 394, 425, 439}
 CODE = re.compile(r"Code: (\d+)")
 
 
+CH_TYPES = {
+    "String": "VARCHAR",
+    "FixedString": "VARCHAR",
+    "UUID": "VARCHAR",
+    "Bool": "BOOLEAN",
+    "Float32": "FLOAT",
+    "Float64": "DOUBLE",
+    "Date": "DATE",
+    "Date32": "DATE",
+}
+WRAPPERS = re.compile(r"^(?:Nullable|LowCardinality)\((.*)\)$")
+
+
+def duckdb_type(ch_type: str) -> str:
+    """ClickHouse column type -> DuckDB type name (for column checks and date handling)."""
+    while m := WRAPPERS.match(ch_type):
+        ch_type = m.group(1)
+    base = ch_type.split("(", 1)[0]
+    if base.startswith("DateTime"):
+        return "TIMESTAMP"
+    if base.startswith(("Int", "UInt")):
+        return "BIGINT"
+    if base.startswith("Decimal"):
+        return "DOUBLE"
+    return CH_TYPES.get(base, "VARCHAR")
+
+
 class ClickHouseBackend(Backend):
     dialect = "clickhouse"
     transient_types = (ConnectionError, TimeoutError, ch_errors.OperationalError)
@@ -45,6 +72,12 @@ class ClickHouseBackend(Backend):
         if not table.db:  # unqualified: the configured database
             table.set("db", exp.to_identifier(self.location.connection_params.database, quoted=True))
         return table
+
+    def schema(self) -> dict[str, str]:
+        """DESCRIBE TABLE, in DuckDB type names (Arrow output turns DateTime into a plain uint32)."""
+        sql = f"DESCRIBE TABLE {self.table().sql(dialect=self.dialect, identify=True)}"
+        rows = self.client.query(sql).result_rows
+        return {name: duckdb_type(ch_type) for name, ch_type, *_ in rows}
 
     def execute(self, sql: str) -> pa.RecordBatchReader:
         stream = self.client.query_arrow_stream(sql)
