@@ -210,6 +210,12 @@ def test_every_task_trains_evaluates_and_reports(world, name: str) -> None:
     assert len(metrics["history"]) == meta["epochs"] >= 1
 
 
+def test_several_scenarios_share_one_featurisation_pass(world) -> None:
+    _, results = world
+    assert len({r["featurise_s"] for r in results.values()}) == 1
+    assert len({r["version"] for r in results.values()}) == len(results)  # but one checkpoint each
+
+
 def test_multiclass_and_regression_outputs(world) -> None:
     cfg, results = world
     m = json.loads((Path(results["top_department"]["path"]) / "metrics.json").read_text())
