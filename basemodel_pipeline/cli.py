@@ -1,6 +1,7 @@
 """`basemodel`: the pipeline's stages from a terminal, over the same library functions Dagster runs.
 
     basemodel validate CONFIG                check the YAML and that it fits the data
+    basemodel suggest-config CONFIG          profile the sources, write suggested_config.yaml
     basemodel extract|cache|pretrain CONFIG  run one stage
     basemodel finetune CONFIG --scenario NAME
     basemodel predict CONFIG --scenario NAME [--as-of YYYY-MM-DD]
@@ -118,6 +119,23 @@ def validate(config: ConfigArg) -> None:
 def extract(config: ConfigArg) -> None:
     """Extract every data source into <workspace>/extracts/."""
     run_stage("extract", config, lambda cfg, p: pipeline.run_extract(cfg, progress=p))
+
+
+@app.command("suggest-config")
+def suggest_config(
+    config: ConfigArg,
+    out_path: Annotated[
+        Path | None,
+        typer.Option("--out", "-o", help="Where to write it (default: suggested_config.yaml beside CONFIG)."),
+    ] = None,
+    rows: Annotated[int, typer.Option("--rows", help="Rows sampled per source.")] = 200_000,
+) -> None:
+    """Inspect the sources: infer column types, flag ID-like, constant, leakage-like and time-series columns,
+    check that join keys match, and write a suggested config."""
+    from basemodel_pipeline.sources.suggest import suggest_config as suggest
+
+    target = out_path or config.parent / "suggested_config.yaml"
+    run_stage("suggest-config", config, lambda cfg, p: suggest(cfg, config, target, rows))
 
 
 @app.command()
