@@ -19,6 +19,7 @@ from typing import Any
 import duckdb
 import yaml
 
+from basemodel_pipeline.cache.build import FLOAT_PREFIXES, NUMERIC_PREFIXES
 from basemodel_pipeline.config.models import DataSource, PipelineConfig
 from basemodel_pipeline.errors import DataError
 from basemodel_pipeline.sources import sample_rows
@@ -73,9 +74,9 @@ def _type_of(name: str, dtype: str, distinct: int) -> str:
     t = dtype.upper()
     if t.startswith(TIME_TYPES) or t.startswith(("BLOB", "STRUCT", "MAP", "LIST")) or t.endswith("[]"):
         return "ignore"
-    if t.startswith(FLOAT_TYPES):
+    if t.startswith(FLOAT_PREFIXES):
         return "numeric"
-    if t.startswith(INT_TYPES):
+    if t.startswith(NUMERIC_PREFIXES):
         id_name = name.lower().endswith(("id", "_key", "_code"))
         return "categorical" if id_name or distinct <= LOW_CARDINALITY_INT else "numeric"
     return "categorical"
