@@ -33,18 +33,6 @@ LEAKAGE_NAME = re.compile(
     r"(^|_)(label|target|churn|churned|outcome|converted|fraud|is_fraud|response|y)($|_)", re.I
 )
 SNAPSHOT_NAME = re.compile(r"^(last|total|num|count|avg|balance|days_since|lifetime|current)(_|$)", re.I)
-INT_TYPES = (
-    "TINYINT",
-    "SMALLINT",
-    "INTEGER",
-    "BIGINT",
-    "HUGEINT",
-    "UTINYINT",
-    "USMALLINT",
-    "UINTEGER",
-    "UBIGINT",
-)
-FLOAT_TYPES = ("FLOAT", "DOUBLE", "DECIMAL", "REAL")
 TIME_TYPES = ("DATE", "TIME", "TIMESTAMP")
 
 
