@@ -2,6 +2,7 @@
 
     basemodel validate CONFIG                check the YAML and that it fits the data
     basemodel suggest-config CONFIG          profile the sources, write suggested_config.yaml
+    basemodel data-report CONFIG             data volume per event source vs the guidelines
     basemodel extract|cache|pretrain CONFIG  run one stage
     basemodel finetune CONFIG --scenario NAME
     basemodel predict CONFIG --scenario NAME [--as-of YYYY-MM-DD]
@@ -136,6 +137,34 @@ def suggest_config(
 
     target = out_path or config.parent / "suggested_config.yaml"
     run_stage("suggest-config", config, lambda cfg, p: suggest(cfg, config, target, rows))
+
+
+@app.command("data-report")
+def data_report(config: ConfigArg) -> None:
+    """Measured data volume per event source (entities, events per month, history) against the guidelines."""
+    from basemodel_pipeline.sources.volume import volume_report
+
+    with user_errors():
+        report = volume_report(load_config(config))
+    table = Table(title="Data volume (from the extracts)", title_justify="left")
+    for col in ("source", "main entities", "events/month", "months", "interactions", "guidelines"):
+        table.add_column(col, justify="left" if col in ("source", "interactions", "guidelines") else "right")
+    for name, r in report.items():
+        missed = [k for k, ok in r["checks"].items() if not ok]
+        verdict = (
+            "[green]met[/green]"
+            if not missed
+            else "[yellow]below: " + escape("; ".join(missed)) + "[/yellow]"
+        )
+        table.add_row(
+            name,
+            f"{r['main_entities']:,}",
+            f"{r['events_per_month']:,}",
+            f"{r['months_of_history']:.1f}",
+            r["interactions"],
+            verdict,
+        )
+    out.print(table)
 
 
 @app.command()

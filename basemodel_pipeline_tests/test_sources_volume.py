@@ -1,0 +1,48 @@
+"""Data-volume report from the extracts, against the reference product's guidelines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pytest
+from typer.testing import CliRunner
+
+from basemodel_pipeline.cli import app
+from basemodel_pipeline.config import load_config
+from basemodel_pipeline.errors import UserError
+from basemodel_pipeline.pipeline import run_extract
+from basemodel_pipeline.sources.volume import volume_report
+
+
+def test_volume_report_measures_the_extracts(tiny_config: Path) -> None:
+    cfg = load_config(tiny_config)
+    with pytest.raises(UserError, match="run `basemodel extract CONFIG` first"):
+        volume_report(cfg)
+    run_extract(cfg, "transactions")
+    report = volume_report(cfg)["transactions"]
+    data = cfg.source("transactions").data_location.path
+    events, entities, first, last = duckdb.sql(
+        f"SELECT count(*), count(DISTINCT household_id), min(transaction_timestamp), max(transaction_timestamp) "
+        f"FROM '{data}' WHERE quantity > 0"
+    ).fetchone()
+    assert (report["events"], report["main_entities"]) == (events, entities)
+    assert (report["first_day"], report["last_day"]) == (first.date().isoformat(), last.date().isoformat())
+    assert report["months_of_history"] == pytest.approx(((last - first).days + 1) / (365.25 / 12), abs=0.05)
+    assert report["events_per_month"] == pytest.approx(events / report["months_of_history"], rel=0.01)
+    # 60 entities and a few thousand events: below the entity and volume guidelines, enough history
+    assert report["checks"] == {
+        "main entities >= 10,000": False,
+        "events per month >= 100,000": False,
+        f"history >= {3 if report['interactions'] == 'frequent' else 12} months ({report['interactions']} interactions)": (
+            report["interactions"] == "frequent"
+        ),
+    }
+    assert not report["meets_guidelines"]
+
+
+def test_cli_data_report(tiny_config: Path) -> None:
+    run_extract(load_config(tiny_config), "transactions")
+    result = CliRunner().invoke(app, ["data-report", str(tiny_config)])
+    assert result.exit_code == 0, result.output
+    assert "Data volume" in result.output and "below" in result.output
