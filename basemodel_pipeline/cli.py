@@ -3,6 +3,7 @@
     basemodel validate CONFIG                check the YAML and that it fits the data
     basemodel suggest-config CONFIG          profile the sources, write suggested_config.yaml
     basemodel data-report CONFIG             data volume per event source vs the guidelines
+    basemodel cache-info CONFIG              cache sizing and the recommended working volume
     basemodel extract|cache|pretrain CONFIG  run one stage
     basemodel finetune CONFIG --scenario NAME
     basemodel predict CONFIG --scenario NAME [--as-of YYYY-MM-DD]
@@ -165,6 +166,17 @@ def data_report(config: ConfigArg) -> None:
             verdict,
         )
     out.print(table)
+
+
+@app.command("cache-info")
+def cache_info(config: ConfigArg) -> None:
+    """Sizing report of the cache: bytes vs source bytes, entities, events, dates, recommended working volume."""
+    from basemodel_pipeline.sources.volume import cache_sizing
+
+    with user_errors():
+        info = cache_sizing(load_config(config))
+    gib = {k: f"{v / 2**30:.3f} GiB ({v:,} B)" for k, v in info.items() if k.endswith("_bytes")}
+    out.print(metadata_table("cache-info", {**info, **gib}))
 
 
 @app.command()

@@ -46,3 +46,25 @@ def test_cli_data_report(tiny_config: Path) -> None:
     result = CliRunner().invoke(app, ["data-report", str(tiny_config)])
     assert result.exit_code == 0, result.output
     assert "Data volume" in result.output and "below" in result.output
+
+
+def test_cache_sizing_and_cli(tiny_config: Path) -> None:
+    from basemodel_pipeline.pipeline import run_cache
+    from basemodel_pipeline.sources.volume import cache_sizing
+
+    cfg = load_config(tiny_config)
+    with pytest.raises(UserError, match="run `basemodel cache CONFIG` first"):
+        cache_sizing(cfg)
+    run_extract(cfg)
+    meta = run_cache(cfg)
+    info = cache_sizing(cfg)
+    data = tiny_config.parent / "data"
+    assert info["source_bytes"] == sum(p.stat().st_size for p in data.glob("*.parquet"))
+    assert info["cache_bytes"] == meta["bytes"] > 0
+    assert (info["entities"], info["events"]) == (meta["entities"], meta["events"])
+    assert info["recommended_working_volume_bytes"] == int(
+        (info["source_bytes"] + info["checkpoint_bytes"]) * 1.2
+    )
+    result = CliRunner().invoke(app, ["cache-info", str(tiny_config)])
+    assert result.exit_code == 0, result.output
+    assert "recommended_working_volume_bytes" in result.output
