@@ -233,8 +233,12 @@ def max_timestamp_query(
         raise DataError(
             f"source '{src.name}': date column '{src.date_column.name}' not found; available: {', '.join(available)}"
         )
-    ts = timestamp_expr(src, available[actual], dialect, column_name=actual)
-    query = exp.select(exp.alias_(exp.Max(this=ts), "watermark", quoted=True))
+    if not src.date_column.format and available[actual].upper().startswith(("TIMESTAMP", "DATE")):
+        # MAX of the raw column: answered from Parquet statistics / min-max indexes, no cast per row
+        latest: exp.Expression = exp.cast(exp.Max(this=column(actual)), timestamp_type(dialect))
+    else:
+        latest = exp.Max(this=timestamp_expr(src, available[actual], dialect, column_name=actual))
+    query = exp.select(exp.alias_(latest, "watermark", quoted=True))
     return query.from_(exp.alias_(table, SOURCE_ALIAS, table=True)).sql(dialect=dialect, identify=True)
 
 
