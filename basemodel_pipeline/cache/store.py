@@ -41,14 +41,14 @@ class EventSource:
 
     def positions(self, entity: np.ndarray, time: np.ndarray) -> np.ndarray:
         """Global row of the first event of `entity` at or after `time` (so rows before it have ts < time)."""
-        entity = torch.from_numpy(np.ascontiguousarray(entity, dtype=np.int64))
-        time = torch.from_numpy(
-            np.ascontiguousarray(np.broadcast_to(np.asarray(time, np.int64), entity.shape))
-        )
+        entity = np.ascontiguousarray(entity, dtype=np.int64)
+        time = np.ascontiguousarray(np.broadcast_to(np.asarray(time, np.int64), entity.shape))
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # read-only memory map: only read
-            ts = torch.from_numpy(self.ts)
-        return bisect_rows(ts, torch.from_numpy(np.asarray(self.offsets, np.int64)), entity, time).numpy()
+            warnings.simplefilter("ignore", UserWarning)  # read-only arrays: only read
+            tensors = [
+                torch.from_numpy(a) for a in (self.ts, np.asarray(self.offsets, np.int64), entity, time)
+            ]
+        return bisect_rows(*tensors).numpy()
 
     def window_rows(
         self, entity: np.ndarray, t0: np.ndarray, t1: np.ndarray

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -50,7 +50,19 @@ class FoundationParams(Strict):
     sketch_partitions: int = Field(
         default=4, gt=0, description="Hash partitions per high-cardinality column."
     )
-    sketch_width: int = Field(default=32, gt=1, description="Buckets per partition.")
+    sketch_width: int = Field(
+        default=32, gt=1, description="Buckets per partition (a power of two for dlsh)."
+    )
+    sketch_method: Literal["dlsh", "random"] = Field(
+        default="dlsh",
+        description="dlsh: buckets from Cleora embeddings of the values (similar values share buckets); "
+        "random: a seeded hash of each value.",
+    )
+    embedding_dim: int = Field(default=32, gt=0, description="Cleora embedding size (dlsh).")
+    embedding_iterations: int = Field(default=4, gt=0, description="Cleora propagation steps (dlsh).")
+    embedding_max_events: int = Field(
+        default=2_000_000, gt=0, description="Events sampled (whole entities) to build the Cleora graph."
+    )
     max_direct_vocab: int = Field(
         default=64, gt=0, description="Columns with at most this many values are counted per value."
     )
@@ -71,11 +83,11 @@ class FoundationParams(Strict):
         description="Cap on training examples per epoch. Above it, each epoch samples entities (one split point "
         "each when there are more entities than the cap): training time then stops growing with the data.",
     )
-    batch_size: int | Literal["auto"] = Field(
+    batch_size: Annotated[int, Field(gt=0)] | Literal["auto"] = Field(
         default="auto",
         description="Examples per step; auto: 256 for small epochs, up to 1024 (CPU) or 4096 (GPU) for large ones.",
     )
-    loader_workers: int | Literal["auto"] = Field(
+    loader_workers: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
         default="auto",
         description="Background threads featurising the next chunk while the model trains; auto: 1 with >= 4 "
         "CPU cores or a GPU, else 0 (inline).",
@@ -98,6 +110,13 @@ class FoundationParams(Strict):
     )
     seed: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
+
+    @model_validator(mode="after")
+    def _dlsh_width(self) -> FoundationParams:
+        w = self.sketch_width
+        if self.sketch_method == "dlsh" and w & (w - 1):
+            raise ValueError(f"sketch_width must be a power of two with sketch_method dlsh (got {w}); try 32")
+        return self
 
 
 class FinetuneParams(Strict):

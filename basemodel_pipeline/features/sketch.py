@@ -16,6 +16,7 @@ so every event is touched once, whatever the number of split points.
 
 from __future__ import annotations
 
+import base64
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -23,6 +24,8 @@ import torch
 
 from basemodel_pipeline.cache.store import DAY, EventCache, EventSource, expand_ranges_t
 from basemodel_pipeline.evaluation.aggregates import aggregate_features_t, feature_names
+from basemodel_pipeline.features.cleora import cleora, incidence
+from basemodel_pipeline.features.dlsh import dlsh_table
 from basemodel_pipeline.features.kernels import (
     SourceTensors,
     as_tensor,
@@ -38,6 +41,15 @@ from basemodel_pipeline.features.kernels import (
 NO_HISTORY_DAYS = 3650.0
 
 
+def _fit_dlsh(plan: ColumnPlan, src: EventSource, embedding: dict) -> None:
+    """Cleora embeddings of the column's values, then their DLSH bucket table (features/dlsh.py)."""
+    B = incidence(src, plan.name, embedding.get("max_events", 2_000_000), plan.seed)
+    E = cleora(B, embedding.get("dim", 32), embedding.get("iterations", 4), plan.seed)
+    weights = np.asarray(B.sum(0)).ravel()
+    plan.method = "dlsh"
+    plan.set_table(dlsh_table(E, weights, plan.partitions, plan.buckets, plan.seed))
+
+
 @dataclass
 class ColumnPlan:
     name: str
@@ -48,12 +60,23 @@ class ColumnPlan:
     partitions: int = 0
     buckets: int = 0
     seed: int = 0
+    method: str = "random"  # hashed columns: random (seeded hash) | dlsh (Cleora embeddings + DLSH)
+    table_b64: str = ""  # dlsh: the [P, vocab_size + 1] bucket table, uint8/uint16, base64 (JSON-safe)
+
+    def set_table(self, buckets: np.ndarray) -> None:
+        """Store a [P, vocab_size + 1] table of buckets (0..W-1) learned from data."""
+        dtype = np.uint8 if self.buckets <= 256 else np.uint16
+        self.table_b64 = base64.b64encode(np.ascontiguousarray(buckets, dtype).tobytes()).decode()
 
     def hash_table(self) -> np.ndarray:
-        """[P, vocab_size + 1] bucket of each code in each partition (code 0 = missing -> bucket 0)."""
-        rng = np.random.default_rng(self.seed)
-        table = rng.integers(0, self.buckets, size=(self.partitions, self.vocab_size + 1))
-        table[:, 0] = 0
+        """[P, vocab_size + 1] channel (within the column) of each code in each partition; code 0 -> bucket 0."""
+        shape = (self.partitions, self.vocab_size + 1)
+        if self.table_b64:
+            dtype = np.uint8 if self.buckets <= 256 else np.uint16
+            table = np.frombuffer(base64.b64decode(self.table_b64), dtype).reshape(shape).astype(np.int64)
+        else:
+            table = np.random.default_rng(self.seed).integers(0, self.buckets, size=shape)
+            table[:, 0] = 0
         return (table + np.arange(self.partitions)[:, None] * self.buckets).astype(np.int64)
 
     @property
@@ -107,7 +130,11 @@ class FeatureEncoder:
         buckets: int,
         seed: int = 0,
         aggregates: bool = False,
+        sketch: str = "random",
+        embedding: dict | None = None,
     ) -> FeatureEncoder:
+        """Plan every column; sketch="dlsh" learns bucket tables from Cleora embeddings (embedding: dim,
+        iterations, max_events), "random" hashes values to buckets."""
         sources = []
         for s_idx, (name, src) in enumerate(cache.sources.items()):
             cols, off = [], 1
@@ -121,6 +148,8 @@ class FeatureEncoder:
                         col, "hashed", off, partitions * buckets, info.vocab_size, partitions, buckets
                     )
                     plan.seed = seed * 1_000_003 + s_idx * 1009 + c_idx
+                    if sketch == "dlsh":
+                        _fit_dlsh(plan, src, embedding or {})
                     cols.append(plan)
                 off += cols[-1].width
             sources.append(SourcePlan(name, cols, off))

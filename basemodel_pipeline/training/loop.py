@@ -42,10 +42,27 @@ def batches(n: int, size: int, rng: np.random.Generator | None = None) -> Iterat
         yield idx[a : a + size]
 
 
+Array = np.ndarray | torch.Tensor
+
+
+def take(X: Array, idx: np.ndarray, device: torch.device) -> torch.Tensor:
+    """Rows idx of a numpy array or a tensor, as a tensor on device."""
+    if isinstance(X, torch.Tensor):
+        return X[torch.from_numpy(idx).to(X.device)].to(device)
+    return torch.from_numpy(X[idx]).to(device)
+
+
+def autocast(device: torch.device, amp: torch.dtype | None | str = "cuda-bf16"):
+    """Mixed precision context: amp=None is fp32; the default keeps the old rule (bf16 on CUDA only)."""
+    if amp == "cuda-bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    return torch.autocast(device.type, dtype=amp or torch.bfloat16, enabled=amp is not None)
+
+
 def train_epoch(
     model: nn.Module,
-    X: np.ndarray,
-    Y: np.ndarray,
+    X: Array,
+    Y: Array,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     opt: torch.optim.Optimizer,
     sched: torch.optim.lr_scheduler.LambdaLR,
@@ -54,6 +71,7 @@ def train_epoch(
     device: torch.device,
     on_step: Callable[[float, int], None] | None = None,
     skip_batches: int = 0,
+    amp: torch.dtype | None | str = "cuda-bf16",
 ) -> float:
     """One pass over (X, Y) in random mini-batches; returns the mean loss of the batches run.
 
@@ -64,10 +82,10 @@ def train_epoch(
     for i, idx in enumerate(batches(len(X), batch_size, rng)):
         if i < skip_batches:
             continue
-        xb = torch.from_numpy(X[idx]).to(device)
-        yb = torch.from_numpy(Y[idx]).to(device)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            loss = loss_fn(model(xb).float(), yb)
+        xb, yb = take(X, idx, device), take(Y, idx, device)
+        with autocast(device, amp):
+            out = model(xb)
+        loss = loss_fn(out.float(), yb)
         if not torch.isfinite(loss):
             raise FloatingPointError("training loss is not finite; lower the learning rate")
         opt.zero_grad(set_to_none=True)
@@ -83,12 +101,17 @@ def train_epoch(
 
 
 @torch.no_grad()
-def predict(model: nn.Module, X: np.ndarray, device: torch.device, batch_size: int = 4096) -> np.ndarray:
+def predict(
+    model: nn.Module,
+    X: Array,
+    device: torch.device,
+    batch_size: int = 4096,
+    amp: torch.dtype | None | str = "cuda-bf16",
+) -> np.ndarray:
     """Raw outputs (logits) of the model on X, as float32 numpy."""
     model.eval()
     outs = []
     for idx in batches(len(X), batch_size):
-        xb = torch.from_numpy(X[idx]).to(device)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            outs.append(model(xb).float().cpu().numpy())
+        with autocast(device, amp):
+            outs.append(model(take(X, idx, device)).float().cpu().numpy())
     return np.concatenate(outs) if outs else np.zeros((0, 0), np.float32)

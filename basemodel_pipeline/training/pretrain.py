@@ -2,13 +2,19 @@
 
 Targets per event source over the horizon after the split: any activity (BCE), log event count and signed
 log sums of numeric columns (MSE), and the distribution of each categorical column's channels (soft
-cross-entropy, per value or per hash partition), counted only where the entity was active.
+cross-entropy per value block or per sketch partition), counted only where the entity was active.
+
+An epoch draws random split points (whole days) for a sample of entities (training/calibrate.py sizes it),
+featurises them chunk by chunk (features/kernels.py; optionally one chunk ahead in a background thread) and
+takes optimizer steps on each chunk. Everything random in an epoch derives from (seed, epoch[, chunk]), so a
+run resumed from its last saved state replays exactly what the interrupted run would have done.
 """
 
 from __future__ import annotations
 
 import copy
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,62 +27,67 @@ from basemodel_pipeline.cache.build import cache_dir
 from basemodel_pipeline.cache.store import DAY, EventCache
 from basemodel_pipeline.config import PipelineConfig
 from basemodel_pipeline.errors import ConfigError
-from basemodel_pipeline.features.sketch import FeatureEncoder, SourcePlan
+from basemodel_pipeline.features.sketch import FeatureEncoder
 from basemodel_pipeline.model.checkpoint import build_model, publish_checkpoint
 from basemodel_pipeline.progress import Progress
 from basemodel_pipeline.training import loop, resume
-from basemodel_pipeline.training.splits import epoch_seconds, random_split_times
+from basemodel_pipeline.training.calibrate import Sizes, calibrate
+from basemodel_pipeline.training.splits import epoch_seconds
 
 FIELD = "training_params.foundation"
-CHUNK_EXAMPLES = 131072  # examples featurised at a time: bounds memory whatever the number of entities
 
 
 @dataclass
 class TargetLayout:
-    """Column ranges of the target vector: bce (active), mse (count, numeric sums), softmax groups."""
+    """Column ranges of the target vector: bce (active), mse (count, numeric sums), softmax blocks."""
 
     bce: list[int]
     mse: list[int]
-    groups: list[tuple[int, int]]
+    blocks: list[tuple[int, int, int]]  # (first column, partitions P, width W): P distributions over W values
     width: int
+
+    @property
+    def n_groups(self) -> int:
+        return sum(p for _, p, _ in self.blocks)
 
 
 def target_layout(enc: FeatureEncoder) -> TargetLayout:
-    bce, mse, groups, off = [], [], [], 0
+    bce, mse, blocks, off = [], [], [], 0
     for plan in enc.sources:
         bce.append(off)
         n_num = len(plan.numeric_channels())  # count + numeric columns
         mse.extend(range(off + 1, off + 1 + n_num))
         base = off + 1 + n_num
         for col in plan.columns:
-            for a, b in col.groups():
-                groups.append((base + a, base + b))
+            if col.kind == "direct":
+                blocks.append((base + col.offset, 1, col.width))
+            elif col.kind == "hashed":
+                blocks.append((base + col.offset, col.partitions, col.buckets))
         off = base + plan.channels
-    return TargetLayout(bce, mse, groups, off)
+    return TargetLayout(bce, mse, blocks, off)
 
 
 def future_targets(
-    enc: FeatureEncoder, cache: EventCache, e: np.ndarray, t: np.ndarray, horizon_s: int
-) -> np.ndarray:
+    enc: FeatureEncoder, cache: EventCache, e: torch.Tensor, t: torch.Tensor, horizon_s: int
+) -> torch.Tensor:
     """Targets [n, layout.width]: per source [active, log count, numeric..., channel distributions...]."""
     parts = []
     for plan in enc.sources:
-        w = enc.window_channels(cache, plan, e, t, t + horizon_s)  # [n, channels]
-        count = w[:, 0]
+        w = enc.window_channels_t(cache, plan, e, t, t + horizon_s)  # [n, channels]
         numeric = [c for c in plan.numeric_channels() if c != 0]
-        dist = _normalise_groups(w, plan)
-        sums = np.sign(w[:, numeric]) * np.log1p(np.abs(w[:, numeric]))
-        parts.append(np.column_stack([(count > 0), np.log1p(count), sums, dist]))
-    return np.concatenate(parts, 1).astype(np.float32)
-
-
-def _normalise_groups(w: np.ndarray, plan: SourcePlan) -> np.ndarray:
-    dist = np.zeros_like(w)
-    for col in plan.columns:
-        for a, b in col.groups():
-            total = w[:, a:b].sum(1, keepdims=True)
-            dist[:, a:b] = np.divide(w[:, a:b], total, out=np.zeros_like(w[:, a:b]), where=total > 0)
-    return dist
+        dist = torch.zeros_like(w)
+        for col in plan.columns:
+            if col.kind in ("direct", "hashed"):
+                p = col.partitions if col.kind == "hashed" else 1
+                block = w[:, col.offset : col.offset + col.width].reshape(len(w), p, -1)
+                total = block.sum(2, keepdim=True)
+                dist[:, col.offset : col.offset + col.width] = (block / total.clamp_min(1e-12)).reshape(
+                    len(w), -1
+                )
+        count = w[:, :1]
+        sums = torch.sign(w[:, numeric]) * torch.log1p(w[:, numeric].abs())
+        parts += [(count > 0).float(), torch.log1p(count), sums, dist]
+    return torch.cat(parts, 1)
 
 
 def make_loss(layout: TargetLayout):
@@ -85,12 +96,14 @@ def make_loss(layout: TargetLayout):
     def loss_fn(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         loss = nn.functional.binary_cross_entropy_with_logits(out[:, bce_idx], y[:, bce_idx])
         loss = loss + nn.functional.mse_loss(out[:, mse_idx], y[:, mse_idx])
-        active = y[:, layout.bce[0]]
-        if layout.groups:
+        if layout.blocks:
             ce = 0.0
-            for a, b in layout.groups:
-                ce = ce + -(y[:, a:b] * torch.log_softmax(out[:, a:b], 1)).sum(1)
-            loss = loss + (ce * active).sum() / active.sum().clamp_min(1.0) / len(layout.groups)
+            for a, p, w in layout.blocks:
+                o = out[:, a : a + p * w].reshape(-1, p, w)
+                target = y[:, a : a + p * w].reshape(-1, p, w)
+                ce = ce - (target * torch.log_softmax(o, 2)).sum((1, 2))
+            active = y[:, layout.bce[0]]
+            loss = loss + (ce * active).sum() / active.sum().clamp_min(1.0) / layout.n_groups
         return loss
 
     return loss_fn
@@ -106,20 +119,40 @@ def fit_encoder(cache: EventCache, cfg: PipelineConfig) -> FeatureEncoder:
         p.sketch_width,
         p.seed,
         p.aggregate_features,
+        sketch=p.sketch_method,
+        embedding={
+            "dim": p.embedding_dim,
+            "iterations": p.embedding_iterations,
+            "max_events": p.embedding_max_events,
+        },
     )
 
 
-def _has_history(cache: EventCache, enc: FeatureEncoder, e: np.ndarray, t: np.ndarray) -> np.ndarray:
-    keep = np.zeros(len(e), bool)
-    for plan in enc.sources:
-        src = cache.source(plan.name)
-        keep |= src.positions(e, t) > src.offsets[e]
-    return keep
+class Examples:
+    """(entity, split time) queries -> (features, targets) tensors, on the training device."""
+
+    def __init__(self, cache: EventCache, enc: FeatureEncoder, horizon_s: int, device: torch.device) -> None:
+        self.cache, self.enc, self.horizon_s, self.device = cache, enc, horizon_s, device
+
+    def with_history(self, e: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """Mask of the queries whose entity has at least one event before the split time."""
+        keep = np.zeros(len(e), bool)
+        for plan in self.enc.sources:
+            src = self.cache.source(plan.name)
+            keep |= src.positions(e, t) > src.offsets[e]
+        return keep
+
+    def __call__(self, e: np.ndarray, t: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        order = np.lexsort((t, e))  # sorted queries: the incremental pass reads each event once
+        e, t = e[order], t[order]
+        X = self.enc.history_t(self.cache, e, t, chunk=len(e) or 1, device=self.device)
+        et, tt = (torch.from_numpy(a).to(self.device) for a in (e, t))
+        return X, future_targets(self.enc, self.cache, et, tt, self.horizon_s)
 
 
-def pretrain(cfg: PipelineConfig, progress: Progress) -> dict[str, Any]:
+def _windows(cfg: PipelineConfig) -> tuple[int, int, np.ndarray]:
+    """Training split-time range [lo, hi] and the validation split times; errors name the field to fix."""
     p, dp = cfg.training_params.foundation, cfg.data_params
-    cache = EventCache(cache_dir(cfg))
     horizon = p.horizon_days * DAY
     lo, hi = epoch_seconds(dp.first_split), epoch_seconds(dp.validation_start_date) - horizon
     if hi < lo:
@@ -130,26 +163,78 @@ def pretrain(cfg: PipelineConfig, progress: Progress) -> dict[str, Any]:
     val_end = epoch_seconds(dp.training_end_date) - horizon
     if val_end < epoch_seconds(dp.validation_start_date):
         raise ConfigError(f"{FIELD}.horizon_days: {p.horizon_days} days do not fit in the validation period")
+    return lo, hi, np.arange(epoch_seconds(dp.validation_start_date), val_end + 1, 7 * DAY)
+
+
+def epoch_chunks(
+    n_entities: int, sizes: Sizes, lo: int, hi: int, seed: int, epoch: int, ex: Examples
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The epoch's (entity, split time) queries with history, in chunks of random entities."""
+    rng = np.random.default_rng([seed, epoch])
+    if sizes.entities_per_epoch < n_entities:
+        ents = np.sort(rng.choice(n_entities, sizes.entities_per_epoch, replace=False))
+    else:
+        ents = np.arange(n_entities)
+    e = np.repeat(ents, sizes.split_points_per_entity)
+    t = lo + rng.integers(0, (hi - lo) // DAY + 1, size=len(e)) * DAY
+    keep = ex.with_history(e, t)
+    e, t = e[keep], t[keep]
+    if len(e) == 0:
+        raise ConfigError(
+            f"{FIELD}: the training window is empty (no entity has events before its split points)"
+        )
+    per_chunk = max(1, sizes.chunk_examples // sizes.split_points_per_entity)  # entities per chunk
+    n_chunks = -(-len(ents) // per_chunk)
+    chunk_of = np.empty(n_entities, np.int64)
+    chunk_of[ents[rng.permutation(len(ents))]] = np.arange(len(ents)) // per_chunk
+    by_chunk = np.argsort(chunk_of[e], kind="stable")
+    bounds = np.searchsorted(chunk_of[e][by_chunk], np.arange(n_chunks + 1))
+    return [(e[by_chunk[a:b]], t[by_chunk[a:b]]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+class Prefetcher:
+    """Featurise chunk i+1 in a background thread while chunk i trains (workers >= 1), else inline."""
+
+    def __init__(self, make, workers: int) -> None:
+        self.make = make
+        self.pool = ThreadPoolExecutor(workers) if workers > 0 else None
+        self.pending: dict[int, Future] = {}
+
+    def get(self, chunks: list, i: int, prefetch_next: bool = True):
+        job = self.pending.pop(i, None)
+        result = job.result() if job is not None else self.make(*chunks[i])
+        if self.pool is not None and prefetch_next and i + 1 < len(chunks):
+            self.pending[i + 1] = self.pool.submit(self.make, *chunks[i + 1])
+        return result
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def pretrain(cfg: PipelineConfig, progress: Progress) -> dict[str, Any]:
+    p = cfg.training_params.foundation
+    cache = EventCache(cache_dir(cfg))
+    lo, hi, val_times = _windows(cfg)
     started = time.perf_counter()
     torch.manual_seed(p.seed)
     loop.set_threads()
     device = loop.pick_device(p.device)
     enc = fit_encoder(cache, cfg)
     layout = target_layout(enc)
+    sizes = calibrate(p, cache.n_entities, enc.dim, layout.width, device)
+    progress.log("training sizes: " + ", ".join(f"{k}={v}" for k, v in sizes.to_dict().items()))
+    ex = Examples(cache, enc, p.horizon_days * DAY, device)
 
-    def examples(e: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        keep = _has_history(cache, enc, e, t)
-        e, t = e[keep], t[keep]
-        return enc.history(cache, e, t), future_targets(enc, cache, e, t, horizon)
-
-    val_times = np.arange(epoch_seconds(dp.validation_start_date), val_end + 1, 7 * DAY)
     n_val = min(cache.n_entities, p.validation_entities)
     val_entities = np.sort(np.random.default_rng([p.seed, 7]).choice(cache.n_entities, n_val, replace=False))
-    Xv, Yv = examples(np.repeat(val_entities, len(val_times)), np.tile(val_times, n_val))
-    if len(Xv) == 0:
+    ve, vt = np.repeat(val_entities, len(val_times)), np.tile(val_times, n_val)
+    keep = ex.with_history(ve, vt)
+    if not keep.any():
         raise ConfigError(
             f"{FIELD}: no entity has history before the validation split points; check data_params"
         )
+    Xv, Yv = ex(ve[keep], vt[keep])
     arch = {
         "in_dim": enc.dim,
         "hidden_dim": p.hidden_dim,
@@ -159,10 +244,8 @@ def pretrain(cfg: PipelineConfig, progress: Progress) -> dict[str, Any]:
     }
     model = build_model(arch).to(device)
     loss_fn = make_loss(layout)
-    per_epoch = cache.n_entities * p.split_points_per_entity
-    chunk_entities = max(1, CHUNK_EXAMPLES // p.split_points_per_entity)
-    n_chunks = -(-cache.n_entities // chunk_entities)
-    total_steps = p.epochs * (-(-per_epoch // p.batch_size) + n_chunks)
+    n_chunks = -(-sizes.entities_per_epoch // max(1, sizes.chunk_examples // sizes.split_points_per_entity))
+    total_steps = p.epochs * (-(-sizes.examples_per_epoch // sizes.batch_size) + n_chunks)
     opt, sched = loop.optimizer_and_schedule(
         model, p.learning_rate, p.weight_decay, p.warmup_steps, total_steps
     )
@@ -171,6 +254,7 @@ def pretrain(cfg: PipelineConfig, progress: Progress) -> dict[str, Any]:
     key = resume.state_key(
         p.model_dump(mode="json"),
         cfg.data_params.model_dump(mode="json"),
+        sizes.to_dict(),
         cache.manifest["fingerprint"],
         cache.manifest["created"],  # a rebuilt cache (new data) starts afresh
     )
@@ -181,77 +265,54 @@ def pretrain(cfg: PipelineConfig, progress: Progress) -> dict[str, Any]:
         run, kept["best_state"] = resumed
         progress.log(f"resuming from step {run['step']} (epoch {run['epoch'] + 1}, batch {run['batch']})")
         progress.advance("pretrain", run["step"])
-    feat_s = 0.0
-    for epoch in range(run["epoch"], p.epochs):
-        # everything random in an epoch derives from (seed, epoch[, chunk]): a resumed run replays it exactly
-        erng = np.random.default_rng([p.seed, epoch])
-        e_all, t_all = random_split_times(cache.n_entities, p.split_points_per_entity, lo, hi, erng)
-        keep = _has_history(cache, enc, e_all, t_all)
-        e_all, t_all = e_all[keep], t_all[keep]
-        if len(e_all) == 0:
-            raise ConfigError(
-                f"{FIELD}: the training window is empty (no entity has events before its split points)"
-            )
-        chunk_of = np.empty(cache.n_entities, np.int64)
-        chunk_of[erng.permutation(cache.n_entities)] = np.arange(cache.n_entities) // chunk_entities
-        by_chunk = np.argsort(chunk_of[e_all], kind="stable")
-        bounds = np.searchsorted(chunk_of[e_all][by_chunk], np.arange(n_chunks + 1))
-        done = 0
-        for ci in range(n_chunks):
-            sel = by_chunk[bounds[ci] : bounds[ci + 1]]
-            n_batches = -(-len(sel) // p.batch_size)
-            if run["batch"] >= done + n_batches:  # finished before an interruption
+    timing = {"featurise_s": 0.0}
+
+    def make(e: np.ndarray, t: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, float]:
+        t0 = time.perf_counter()
+        X, Y = ex(e, t)
+        return X, Y, time.perf_counter() - t0
+
+    prefetch = Prefetcher(make, sizes.loader_workers)
+    try:
+        for epoch in range(run["epoch"], p.epochs):
+            chunks = epoch_chunks(cache.n_entities, sizes, lo, hi, p.seed, epoch, ex)
+            done = 0
+            for ci, (ce, _) in enumerate(chunks):
+                n_batches = -(-len(ce) // sizes.batch_size)
+                if run["batch"] >= done + n_batches:  # finished before an interruption
+                    done += n_batches
+                    continue
+                X, Y, feat_s = prefetch.get(chunks, ci)
+                timing["featurise_s"] += feat_s
+                if run["step"] == 0:
+                    model.trunk.set_stats(X.mean(0).to(device), X.std(0).to(device))
+
+                def on_step(loss: float, n: int, epoch: int = epoch) -> None:
+                    run.update(
+                        epoch=epoch,
+                        batch=run["batch"] + 1,
+                        step=run["step"] + 1,
+                        loss_sum=run["loss_sum"] + loss * n,
+                        loss_count=run["loss_count"] + n,
+                    )
+                    progress.advance("pretrain", 1, loss=loss)
+                    if p.checkpoint_every_steps and run["step"] % p.checkpoint_every_steps == 0:
+                        resume.save_state(state_dir, key, model, opt, sched, kept["best_state"], run)
+
+                loop.train_epoch(
+                    model, X, Y, loss_fn, opt, sched, sizes.batch_size,
+                    np.random.default_rng([p.seed, epoch, ci]), device,
+                    on_step=on_step, skip_batches=run["batch"] - done, amp=sizes.amp_dtype,
+                )  # fmt: skip
                 done += n_batches
-                continue
-            t0 = time.perf_counter()
-            X, Y = examples(e_all[sel], t_all[sel])
-            feat_s += time.perf_counter() - t0
-            if run["step"] == 0:
-                model.trunk.set_stats(
-                    torch.from_numpy(X.mean(0)).to(device), torch.from_numpy(X.std(0)).to(device)
-                )
-
-            def on_step(loss: float, n: int, epoch: int = epoch) -> None:
-                run.update(
-                    epoch=epoch,
-                    batch=run["batch"] + 1,
-                    step=run["step"] + 1,
-                    loss_sum=run["loss_sum"] + loss * n,
-                    loss_count=run["loss_count"] + n,
-                )
-                progress.advance("pretrain", 1, loss=loss)
-                if p.checkpoint_every_steps and run["step"] % p.checkpoint_every_steps == 0:
-                    resume.save_state(state_dir, key, model, opt, sched, kept["best_state"], run)
-
-            loop.train_epoch(
-                model,
-                X,
-                Y,
-                loss_fn,
-                opt,
-                sched,
-                p.batch_size,
-                np.random.default_rng([p.seed, epoch, ci]),
-                device,
-                on_step=on_step,
-                skip_batches=run["batch"] - done,
-            )
-            done += n_batches
-            run["n_examples"] += len(sel)
-            del X, Y
-        train_loss = run["loss_sum"] / max(run["loss_count"], 1)
-        with torch.no_grad():
-            val_loss = float(loss_fn(torch.from_numpy(loop.predict(model, Xv, device)), torch.from_numpy(Yv)))
-        run["history"].append({"epoch": epoch + 1, "train_loss": train_loss, "val_loss": val_loss})
-        progress.log(f"epoch {epoch + 1}: train_loss={train_loss:.4f} val_loss={val_loss:.4f}")
-        if val_loss < run["best"]:
-            run["best"], kept["best_state"] = val_loss, copy.deepcopy(model.state_dict())
-        run.update(epoch=epoch + 1, batch=0, loss_sum=0.0, loss_count=0)
-        if p.checkpoint_every_steps:
-            resume.save_state(state_dir, key, model, opt, sched, kept["best_state"], run)
-    history, best, n_examples, best_state = run["history"], run["best"], run["n_examples"], kept["best_state"]
-    assert best_state is not None
-    model.load_state_dict(best_state)
+                run["n_examples"] += len(ce)
+                del X, Y
+            _end_epoch(run, kept, epoch, model, loss_fn, Xv, Yv, device, sizes, progress)
+            if p.checkpoint_every_steps:
+                resume.save_state(state_dir, key, model, opt, sched, kept["best_state"], run)
+    finally:
+        prefetch.close()
+    model.load_state_dict(kept["best_state"])
     wall = time.perf_counter() - started
     meta = {
         "kind": "foundation",
@@ -259,21 +320,38 @@ def pretrain(cfg: PipelineConfig, progress: Progress) -> dict[str, Any]:
         "encoder": enc.to_dict(),
         "horizon_days": p.horizon_days,
         "cache_fingerprint": cache.manifest["fingerprint"],
-        "history": history,
-        "best_val_loss": best,
+        "history": run["history"],
+        "best_val_loss": run["best"],
+        "training_sizes": sizes.to_dict(),
     }
     version, final = publish_checkpoint(ws.foundation_root(cfg), model, meta)
     resume.clear_state(state_dir)
     events = sum(s.n_events for s in cache.sources.values())
+    history = run["history"]
     return {
         "path": str(final),
         "version": version,
         "train_loss": history[-1]["train_loss"],
-        "val_loss": best,
+        "val_loss": run["best"],
         "epochs": len(history),
-        "examples": n_examples,
+        "examples": run["n_examples"],
         "input_dim": enc.dim,
         "wall_s": round(wall, 2),
-        "featurise_s": round(feat_s, 2),
-        "train_events_per_s": round(events * len(history) / wall, 1),
+        "featurise_s": round(timing["featurise_s"], 2),
+        "train_events_per_s": round(events / wall, 1),
+        "dataset_events": events,
+        **{f"sizes.{k}": v for k, v in sizes.to_dict().items()},
     }
+
+
+def _end_epoch(run, kept, epoch, model, loss_fn, Xv, Yv, device, sizes: Sizes, progress: Progress) -> None:
+    """Validation loss, history, best weights; reset the per-epoch counters."""
+    train_loss = run["loss_sum"] / max(run["loss_count"], 1)
+    with torch.no_grad():
+        out = torch.from_numpy(loop.predict(model, Xv, device, amp=sizes.amp_dtype))
+        val_loss = float(loss_fn(out, Yv.cpu()))
+    run["history"].append({"epoch": epoch + 1, "train_loss": train_loss, "val_loss": val_loss})
+    progress.log(f"epoch {epoch + 1}: train_loss={train_loss:.4f} val_loss={val_loss:.4f}")
+    if val_loss < run["best"]:
+        run["best"], kept["best_state"] = val_loss, copy.deepcopy(model.state_dict())
+    run.update(epoch=epoch + 1, batch=0, loss_sum=0.0, loss_count=0)

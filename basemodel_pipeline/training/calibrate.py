@@ -1,0 +1,70 @@
+"""Training sizes chosen from the data, the model and the machine (each one overridable in the config)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+
+import psutil
+import torch
+
+from basemodel_pipeline.config.params import FoundationParams
+
+MIN_CHUNK, MAX_CHUNK = 4096, 131072
+CHUNK_MEMORY_SHARE = 0.15  # of the available memory, for one featurised chunk (x2 with a prefetch worker)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    split_points_per_entity: int
+    entities_per_epoch: int
+    batch_size: int
+    chunk_examples: int  # examples featurised at a time
+    loader_workers: int
+    precision: str  # fp32 | bf16
+
+    @property
+    def examples_per_epoch(self) -> int:
+        return self.split_points_per_entity * self.entities_per_epoch
+
+    @property
+    def amp_dtype(self) -> torch.dtype | None:
+        return torch.bfloat16 if self.precision == "bf16" else None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def cpu_has_bf16() -> bool:
+    """Native bf16 matmuls on this CPU (AVX512-BF16 or AMX): bf16 autocast is then ~2-3x faster than fp32."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def calibrate(p: FoundationParams, n_entities: int, in_dim: int, out_dim: int, device: torch.device) -> Sizes:
+    spp = min(p.split_points_per_entity, max(1, p.max_examples_per_epoch // max(n_entities, 1)))
+    entities = min(n_entities, max(1, p.max_examples_per_epoch // spp))
+    per_epoch = spp * entities
+    if p.batch_size != "auto":
+        batch = int(p.batch_size)
+    else:
+        cap = 4096 if device.type == "cuda" else 1024
+        batch = 256
+        while batch < cap and per_epoch // (batch * 2) >= 128:  # keep >= 128 steps per epoch
+            batch *= 2
+    if p.loader_workers != "auto":
+        workers = int(p.loader_workers)
+    else:
+        workers = 1 if device.type == "cuda" or (os.cpu_count() or 1) >= 4 else 0
+    bytes_per_example = (in_dim + out_dim) * 4 * 3  # features, targets, and featurisation temporaries
+    budget = psutil.virtual_memory().available * CHUNK_MEMORY_SHARE / (1 + workers)
+    chunk = int(min(MAX_CHUNK, max(MIN_CHUNK, budget // bytes_per_example)))
+    chunk = max(batch, chunk // batch * batch)
+    if p.precision == "auto":
+        bf16 = torch.cuda.is_bf16_supported() if device.type == "cuda" else cpu_has_bf16()
+        precision = "bf16" if bf16 else "fp32"
+    else:
+        precision = p.precision
+    return Sizes(spp, entities, batch, chunk, workers, precision)

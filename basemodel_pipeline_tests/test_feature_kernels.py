@@ -1,0 +1,114 @@
+"""Featuriser building blocks: binary search, row chunks, Cleora embeddings, DLSH tables, learned encoders."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+
+from basemodel_pipeline.cache.store import EventCache, bisect_rows
+from basemodel_pipeline.config import load_config
+from basemodel_pipeline.features.cleora import cleora, incidence
+from basemodel_pipeline.features.dlsh import dlsh_table, weighted_median
+from basemodel_pipeline.features.kernels import entity_chunks, row_chunks
+from basemodel_pipeline.features.sketch import FeatureEncoder
+from basemodel_pipeline.pipeline import run_cache, run_extract
+
+
+@pytest.fixture(scope="module")
+def cache(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> EventCache:
+    d = tmp_path_factory.mktemp("kernels")
+    shutil.copytree(tiny_dataset.parent / "data", d / "data")
+    cfg = load_config(shutil.copy(tiny_dataset, d / "config.yaml"))
+    run_extract(cfg)
+    return EventCache(run_cache(cfg)["path"])
+
+
+def test_bisect_rows_matches_searchsorted_per_entity() -> None:
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(0, 30, 50)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    ts = np.concatenate([np.sort(rng.integers(0, 100, n)) for n in lengths]).astype(np.int64)
+    e = rng.integers(0, 50, 500)
+    t = rng.integers(-5, 110, 500)
+    got = bisect_rows(*(torch.from_numpy(a) for a in (ts, offsets, e, t))).numpy()
+    want = [
+        offsets[q] + np.searchsorted(ts[offsets[q] : offsets[q + 1]], tq) for q, tq in zip(e, t, strict=True)
+    ]
+    np.testing.assert_array_equal(got, want)
+
+
+def test_row_chunks_cover_queries_and_respect_entities_and_budget() -> None:
+    rng = np.random.default_rng(1)
+    entity = np.sort(rng.integers(0, 40, 300))
+    lengths = torch.from_numpy(rng.integers(0, 50, 300))
+    first = torch.from_numpy(np.r_[True, entity[1:] != entity[:-1]])
+    chunks = row_chunks(lengths, first, max_rows=400)
+    assert chunks[0][0] == 0 and chunks[-1][1] == 300
+    assert all(a == b for (_, a), (b, _) in zip(chunks, chunks[1:], strict=False))
+    for a, b in chunks:
+        assert bool(first[a])  # never cuts an entity's queries
+        one_entity = len(set(entity[a:b])) == 1
+        assert int(lengths[a:b].sum()) <= 400 or one_entity
+    assert entity_chunks(entity, 37)[-1][1] == 300
+
+
+def test_cleora_puts_co_occurring_values_together() -> None:
+    # two communities of values: 1..10 co-occur among themselves, 11..20 among themselves
+    rng = np.random.default_rng(2)
+    rows, cols = [], []
+    for edge in range(400):
+        lo = 1 if edge % 2 else 11
+        members = rng.choice(np.arange(lo, lo + 10), 3, replace=False)
+        rows += [edge] * 3
+        cols += list(members)
+    B = sp.csr_matrix((np.ones(len(rows), np.float32), (rows, cols)), shape=(400, 21))
+    E = cleora(B, dim=16, iterations=3, seed=0)
+    np.testing.assert_allclose(np.linalg.norm(E, axis=1), 1.0, rtol=1e-5)
+    sim = E @ E.T
+    within = (sim[1:11, 1:11].sum() - 10) / 90
+    across = sim[1:11, 11:21].mean()
+    assert within > across + 0.5
+    np.testing.assert_array_equal(E, cleora(B, dim=16, iterations=3, seed=0))  # deterministic
+    table = dlsh_table(E, np.asarray(B.sum(0)).ravel(), partitions=4, width=8, seed=0)
+    assert table.shape == (4, 21) and table.min() >= 0 and table.max() < 8 and np.all(table[:, 0] == 0)
+    same_within = np.mean(
+        [np.mean(table[:, i] == table[:, j]) for i in range(1, 11) for j in range(1, 11) if i != j]
+    )
+    same_across = np.mean([np.mean(table[:, i] == table[:, j]) for i in range(1, 11) for j in range(11, 21)])
+    assert same_within > same_across
+
+
+def test_dlsh_rejects_widths_that_are_not_powers_of_two() -> None:
+    with pytest.raises(ValueError, match="power-of-two"):
+        dlsh_table(np.zeros((3, 2), np.float32), np.ones(3), partitions=1, width=12, seed=0)
+
+
+def test_weighted_median() -> None:
+    x = np.array([[1.0], [2.0], [3.0], [10.0]])
+    assert weighted_median(x, np.array([1.0, 1.0, 1.0, 1.0]))[0] == 2.0
+    assert weighted_median(x, np.array([1.0, 1.0, 1.0, 10.0]))[0] == 10.0
+
+
+def test_incidence_counts_each_value_once_per_basket(cache: EventCache) -> None:
+    src = cache.source("transactions")
+    col = next(c for c, i in src.info.items() if i.type == "categorical")
+    B = incidence(src, col, max_events=10**9, seed=0)
+    assert B.shape[1] == src.info[col].vocab_size + 1
+    assert set(np.unique(B.data)) == {1.0}
+    assert B[:, 0].nnz == 0  # the missing value is no vertex
+
+
+def test_dlsh_encoder_round_trips_through_json(cache: EventCache) -> None:
+    enc = FeatureEncoder.fit(cache, [7.0], max_direct_vocab=4, partitions=2, buckets=4, sketch="dlsh")
+    hashed = [c for s in enc.sources for c in s.columns if c.kind == "hashed"]
+    assert hashed and all(c.method == "dlsh" and c.table_b64 for c in hashed)
+    again = FeatureEncoder.from_dict(json.loads(json.dumps(enc.to_dict())))
+    e = np.arange(cache.n_entities)
+    t = np.full(len(e), int(cache.source("transactions").ts.max()))
+    np.testing.assert_array_equal(enc.history(cache, e, t), again.history(cache, e, t))
