@@ -21,6 +21,7 @@ from basemodel_pipeline.config import load_config
 from basemodel_pipeline.defs import build_assets, build_checks, scenarios_partitions
 from basemodel_pipeline.defs.extracts.sensors import range_tags
 from basemodel_pipeline.defs.resources import resources_for
+from basemodel_pipeline.errors import UserError
 
 DAGSTER_YAML = """\
 # Written by `basemodel demo`: default SQLite storage in this directory; no telemetry.
@@ -126,8 +127,12 @@ def materialize_all(
     resources = {**resources_for(env, config_path), **(resource_overrides or {})}
     keys = {key.to_user_string(): key for a in assets for key in a.keys}
     upstream = [k for name, k in keys.items() if name not in PER_SCENARIO + LAST]
+    try:
+        days = _event_days(config_path)
+    except UserError as err:  # e.g. the source is missing: the same one-line message as a failed step
+        raise RunFailed(f"extract, cache, pretrain: {err}") from None
     plan: list[tuple[str, list[dg.AssetKey], str | None, dict[str, str]]] = [
-        ("extract, cache, pretrain", upstream, None, range_tags(*_event_days(config_path)))
+        ("extract, cache, pretrain", upstream, None, range_tags(*days))
     ]
     plan += [(f"scenario {name}", [keys[n] for n in PER_SCENARIO], name, {}) for name in scenarios]
     plan.append(("summary", [keys[n] for n in LAST], None, {}))

@@ -29,8 +29,10 @@ def build_jobs(extract_keys: list[dg.AssetKey]) -> list:
 def nightly_range(config_path: str, today: dt.date) -> tuple[dt.date, dt.date]:
     """Days to extract tonight: from the newest extracted day (re-read: it may have been partial) to today."""
     cfg = load_config(config_path)
-    days = [d for s in cfg.data_sources if s.type == "event" and (d := last_extracted_day(cfg, s))]
-    return (min(days) if days else cfg.data_params.data_start_date), today
+    days = [last_extracted_day(cfg, s) for s in cfg.data_sources if s.type == "event"]
+    if not days or None in days:  # a source never extracted: from the first day
+        return cfg.data_params.data_start_date, today
+    return min(d for d in days if d is not None), today
 
 
 def build_nightly_schedule(default_status: dg.DefaultScheduleStatus) -> dg.ScheduleDefinition:
