@@ -29,9 +29,10 @@ from basemodel_pipeline.config import PipelineConfig
 from basemodel_pipeline.errors import ConfigError
 from basemodel_pipeline.features.sketch import FeatureEncoder
 from basemodel_pipeline.model.checkpoint import build_model, publish_checkpoint
-from basemodel_pipeline.progress import Progress
+from basemodel_pipeline.progress import NullProgress, Progress
 from basemodel_pipeline.training import loop, resume
 from basemodel_pipeline.training.calibrate import Sizes, calibrate
+from basemodel_pipeline.training.distributed import World, init_world, shutdown
 from basemodel_pipeline.training.splits import epoch_seconds
 
 FIELD = "training_params.foundation"
@@ -219,11 +220,36 @@ def pretrain(cfg: PipelineConfig, progress: Progress) -> dict[str, Any]:
     started = time.perf_counter()
     torch.manual_seed(p.seed)
     loop.set_threads()
-    device = loop.pick_device(p.device)
+    world = init_world(loop.pick_device(p.device))
+    device = world.device(loop.pick_device(p.device))
+    if not world.main:
+        progress = NullProgress()  # rank 0 reports
+    try:
+        return _pretrain(cfg, cache, lo, hi, val_times, started, world, device, progress)
+    finally:
+        shutdown(world)
+
+
+def _pretrain(
+    cfg: PipelineConfig,
+    cache: EventCache,
+    lo: int,
+    hi: int,
+    val_times: np.ndarray,
+    started: float,
+    world: World,
+    device: torch.device,
+    progress: Progress,
+) -> dict[str, Any]:
+    p = cfg.training_params.foundation
     enc = fit_encoder(cache, cfg)
     layout = target_layout(enc)
     sizes = calibrate(p, cache.n_entities, enc.dim, layout.width, device)
-    progress.log("training sizes: " + ", ".join(f"{k}={v}" for k, v in sizes.to_dict().items()))
+    progress.log(
+        "training sizes: "
+        + ", ".join(f"{k}={v}" for k, v in sizes.to_dict().items())
+        + f", world={world.size}"
+    )
     ex = Examples(cache, enc, p.horizon_days * DAY, device)
 
     n_val = min(cache.n_entities, p.validation_entities)
@@ -243,9 +269,12 @@ def pretrain(cfg: PipelineConfig, progress: Progress) -> dict[str, Any]:
         "out_dim": layout.width,
     }
     model = build_model(arch).to(device)
+    model.trunk.set_stats(Xv.mean(0).to(device), Xv.std(0).to(device))  # the same on every rank
+    replica = world.wrap(model)  # DDP under torchrun, else the model itself
     loss_fn = make_loss(layout)
     n_chunks = -(-sizes.entities_per_epoch // max(1, sizes.chunk_examples // sizes.split_points_per_entity))
-    total_steps = p.epochs * (-(-sizes.examples_per_epoch // sizes.batch_size) + n_chunks)
+    per_rank = -(-sizes.examples_per_epoch // world.size)
+    total_steps = p.epochs * (-(-per_rank // sizes.batch_size) + n_chunks)
     opt, sched = loop.optimizer_and_schedule(
         model, p.learning_rate, p.weight_decay, p.warmup_steps, total_steps
     )
@@ -255,6 +284,7 @@ def pretrain(cfg: PipelineConfig, progress: Progress) -> dict[str, Any]:
         p.model_dump(mode="json"),
         cfg.data_params.model_dump(mode="json"),
         sizes.to_dict(),
+        world.size,
         cache.manifest["fingerprint"],
         cache.manifest["created"],  # a rebuilt cache (new data) starts afresh
     )
@@ -275,7 +305,9 @@ def pretrain(cfg: PipelineConfig, progress: Progress) -> dict[str, Any]:
     prefetch = Prefetcher(make, sizes.loader_workers)
     try:
         for epoch in range(run["epoch"], p.epochs):
-            chunks = epoch_chunks(cache.n_entities, sizes, lo, hi, p.seed, epoch, ex)
+            chunks = [
+                world.shard(*c) for c in epoch_chunks(cache.n_entities, sizes, lo, hi, p.seed, epoch, ex)
+            ]
             done = 0
             for ci, (ce, _) in enumerate(chunks):
                 n_batches = -(-len(ce) // sizes.batch_size)
@@ -284,8 +316,6 @@ def pretrain(cfg: PipelineConfig, progress: Progress) -> dict[str, Any]:
                     continue
                 X, Y, feat_s = prefetch.get(chunks, ci)
                 timing["featurise_s"] += feat_s
-                if run["step"] == 0:
-                    model.trunk.set_stats(X.mean(0).to(device), X.std(0).to(device))
 
                 def on_step(loss: float, n: int, epoch: int = epoch) -> None:
                     run.update(
@@ -296,11 +326,15 @@ def pretrain(cfg: PipelineConfig, progress: Progress) -> dict[str, Any]:
                         loss_count=run["loss_count"] + n,
                     )
                     progress.advance("pretrain", 1, loss=loss)
-                    if p.checkpoint_every_steps and run["step"] % p.checkpoint_every_steps == 0:
+                    if (
+                        world.main
+                        and p.checkpoint_every_steps
+                        and run["step"] % p.checkpoint_every_steps == 0
+                    ):
                         resume.save_state(state_dir, key, model, opt, sched, kept["best_state"], run)
 
                 loop.train_epoch(
-                    model, X, Y, loss_fn, opt, sched, sizes.batch_size,
+                    replica, X, Y, loss_fn, opt, sched, sizes.batch_size,
                     np.random.default_rng([p.seed, epoch, ci]), device,
                     on_step=on_step, skip_batches=run["batch"] - done, amp=sizes.amp_dtype,
                 )  # fmt: skip
@@ -308,11 +342,14 @@ def pretrain(cfg: PipelineConfig, progress: Progress) -> dict[str, Any]:
                 run["n_examples"] += len(ce)
                 del X, Y
             _end_epoch(run, kept, epoch, model, loss_fn, Xv, Yv, device, sizes, progress)
-            if p.checkpoint_every_steps:
+            if world.main and p.checkpoint_every_steps:
                 resume.save_state(state_dir, key, model, opt, sched, kept["best_state"], run)
     finally:
         prefetch.close()
     model.load_state_dict(kept["best_state"])
+    if not world.main:
+        world.barrier()  # wait for rank 0 to publish
+        return {"rank": world.rank, "val_loss": run["best"], "epochs": len(run["history"])}
     wall = time.perf_counter() - started
     meta = {
         "kind": "foundation",
@@ -323,9 +360,11 @@ def pretrain(cfg: PipelineConfig, progress: Progress) -> dict[str, Any]:
         "history": run["history"],
         "best_val_loss": run["best"],
         "training_sizes": sizes.to_dict(),
+        "world_size": world.size,
     }
     version, final = publish_checkpoint(ws.foundation_root(cfg), model, meta)
     resume.clear_state(state_dir)
+    world.barrier()
     events = sum(s.n_events for s in cache.sources.values())
     history = run["history"]
     return {
@@ -340,6 +379,7 @@ def pretrain(cfg: PipelineConfig, progress: Progress) -> dict[str, Any]:
         "featurise_s": round(timing["featurise_s"], 2),
         "train_events_per_s": round(events / wall, 1),
         "dataset_events": events,
+        "world_size": world.size,
         **{f"sizes.{k}": v for k, v in sizes.to_dict().items()},
     }
 
