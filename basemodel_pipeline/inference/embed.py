@@ -24,6 +24,7 @@ from basemodel_pipeline.inference.predict import default_as_of, feature_chunks
 from basemodel_pipeline.model.checkpoint import load_checkpoint
 from basemodel_pipeline.progress import Progress
 from basemodel_pipeline.training import loop
+from basemodel_pipeline.training.calibrate import cpu_has_bf16
 
 
 @torch.no_grad()
@@ -39,9 +40,11 @@ def entity_embeddings(
     model, meta = load_checkpoint(checkpoint_dir)
     enc = FeatureEncoder.from_dict(meta["encoder"])
     loop.set_threads()
+    amp = torch.bfloat16 if cpu_has_bf16() else None  # the export is float16 anyway
     outs = []
     for X in feature_chunks(cache, enc, entity, as_of, chunk):
-        outs.append(model.trunk(torch.from_numpy(X)).numpy().astype(np.float16))
+        with loop.autocast(torch.device("cpu"), amp):
+            outs.append(model.trunk(torch.from_numpy(X)).float().numpy().astype(np.float16))
         if progress is not None:
             progress.advance("embed", len(X))
     return np.concatenate(outs) if outs else np.zeros((0, meta["arch"]["hidden_dim"]), np.float16)
