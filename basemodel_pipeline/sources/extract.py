@@ -129,7 +129,8 @@ def write_days(reader: pa.RecordBatchReader, out: Path, ts: str) -> list[str]:
             if len(files) != 1:  # DuckDB split the day into several files: merge them into one
                 merged = part / "merged.parquet"
                 con.execute(
-                    f"COPY (SELECT * FROM read_parquet({quote_literal(str(part / '*.parquet'))}) ORDER BY {col}) "
+                    f"COPY (SELECT * FROM read_parquet({quote_literal(str(part / '*.parquet'))}, hive_partitioning = false) "
+                    f"ORDER BY {col}) "
                     f"TO {quote_literal(str(merged))} (FORMAT parquet, COMPRESSION zstd)"
                 )
                 files = [merged]
