@@ -13,6 +13,7 @@ import yaml
 
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.defs import build_assets, build_checks, build_definitions
+from basemodel_pipeline.defs._run import latest_metadata
 from basemodel_pipeline.defs.cache.checks import manifest_problems
 from basemodel_pipeline.defs.extracts.checks import day_volume_problems
 from basemodel_pipeline.defs.materialize import RunFailed, materialize_all
@@ -134,7 +135,8 @@ def test_scenario_below_its_floor_is_not_scored(tiny_config: Path) -> None:
         ):
             materialize_all(tiny_config, instance, env="ci", resource_overrides={"quality_gates": gates})
         # the model trained and was checked; the blocking check kept its predictions from being written
-        assert instance.get_latest_materialization_event(dg.AssetKey("scenario_model")) is not None
+        model = latest_metadata(instance, dg.AssetKey("scenario_model"), "churn")
+        assert model is not None and Path(model["report_file"]).name == "metrics.json"  # linked in the UI
         assert instance.get_latest_materialization_event(dg.AssetKey("predictions")) is None
         assert instance.get_latest_materialization_event(dg.AssetKey("foundation_model")) is not None
         check = instance.event_log_storage.get_latest_asset_check_execution_by_key(

@@ -64,7 +64,7 @@ def _failed_checks(result: dg.ExecuteInProcessResult) -> list[str]:
     for event in result.all_events:
         if event.event_type_value == "ASSET_CHECK_EVALUATION":
             evaluation = event.event_specific_data
-            if not evaluation.passed:
+            if not evaluation.passed and evaluation.severity == dg.AssetCheckSeverity.ERROR:
                 key = evaluation.asset_check_key
                 out.append(
                     f"check {key.asset_key.to_user_string()}:{key.name} failed: {evaluation.description}"

@@ -6,6 +6,7 @@ Under Dagster the scenario defaults to the partition key of the ``scenario_model
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from basemodel_pipeline.config import PipelineConfig
@@ -17,7 +18,11 @@ from basemodel_pipeline.progress import Progress
 def stage(cfg: PipelineConfig, args: JobArgs, progress: Progress) -> Mapping[str, Any]:
     assert args.scenario is not None
     cfg.scenario(args.scenario)  # unknown name -> ConfigError before any work
-    return run_finetune(cfg, args.scenario, progress)
+    meta = dict(run_finetune(cfg, args.scenario, progress))
+    report = Path(meta["path"]) / "metrics.json"
+    if report.is_file():  # the scenario's report (test metrics beside the baselines), linked in the UI
+        meta["report_file"] = str(report)
+    return meta
 
 
 if __name__ == "__main__":
