@@ -22,6 +22,8 @@ from basemodel_pipeline.sources import read_source, watermark
 
 TABLES = ["transactions", "products", "demographics"]
 PASSWORD = "ch-Secret-7"
+OVERLOADED = b"Code: 202. DB::Exception: Too many simultaneous queries. (TOO_MANY_SIMULTANEOUS_QUERIES)"
+FAILURES = {"remaining": 0, "served": 0}  # the next N requests are refused as overloaded
 AUTH_FAILED = b"Code: 516. DB::Exception: default: Authentication failed: password is incorrect. (AUTHENTICATION_FAILED)"
 
 
@@ -42,6 +44,10 @@ def http_interface(session: Any) -> http.server.ThreadingHTTPServer:
                 .decode()
                 .partition(":")
             )
+            if FAILURES["remaining"] > 0:
+                FAILURES["remaining"] -= 1
+                FAILURES["served"] += 1
+                return self.reply(500, OVERLOADED)
             if password != PASSWORD:
                 return self.reply(403, AUTH_FAILED)
             try:
@@ -142,3 +148,19 @@ def test_clickhouse_bad_password_fails_fast(tiny_config: Path, clickhouse_server
     message = str(info.value)
     assert message.startswith("source 'transactions' (clickhouse:transactions):")
     assert "AUTHENTICATION_FAILED" in message and "not retried" in message and "wrong-pw-9" not in message
+
+
+def test_clickhouse_overload_is_retried_then_succeeds(
+    tiny_config: Path, clickhouse_server, monkeypatch
+) -> None:
+    monkeypatch.setenv("BASEMODEL_SOURCE_RETRY_BASE_S", "0.01")
+    cfg = load_config(clickhouse_config(tiny_config, clickhouse_server, monkeypatch))
+    FAILURES.update(remaining=2, served=0)
+    try:
+        meta = run_extract(cfg, "products")["products"]
+    finally:
+        refused, FAILURES["remaining"] = FAILURES["served"], 0
+    assert (
+        refused == 2
+        and meta["rows"] == pq.read_metadata(tiny_config.parent / "data" / "products.parquet").num_rows
+    )
