@@ -5,6 +5,7 @@
     basemodel data-report CONFIG             data volume per event source vs the guidelines
     basemodel cache-info CONFIG              cache sizing and the recommended working volume
     basemodel extract|cache|pretrain CONFIG  run one stage
+    basemodel extract CONFIG --from D1 --to D2   re-extract event days [D1, D2) only
     basemodel finetune CONFIG --scenario NAME
     basemodel predict CONFIG --scenario NAME [--as-of YYYY-MM-DD]
     basemodel embed CONFIG [--as-of YYYY-MM-DD]   float16 foundation embeddings per entity
@@ -118,9 +119,40 @@ def validate(config: ConfigArg) -> None:
 
 
 @app.command()
-def extract(config: ConfigArg) -> None:
-    """Extract every data source into <workspace>/extracts/."""
-    run_stage("extract", config, lambda cfg, p: pipeline.run_extract(cfg, progress=p))
+def extract(
+    config: ConfigArg,
+    source: Annotated[str | None, typer.Option("--source", help="Only this data source.")] = None,
+    start: Annotated[
+        str | None, typer.Option("--from", help="First event day to re-extract, YYYY-MM-DD.")
+    ] = None,
+    end: Annotated[
+        str | None, typer.Option("--to", help="Day after the last one to re-extract (exclusive).")
+    ] = None,
+) -> None:
+    """Extract data sources into <workspace>/extracts/ (all event days, or only [--from, --to))."""
+    if (start is None) != (end is None):
+        fail("--from and --to go together: the day range [--from, --to) to re-extract")
+    days = (_date("--from", start), _date("--to", end)) if start and end else None
+
+    def stage(cfg: PipelineConfig, p: Progress) -> Mapping[str, Any]:
+        names = [s.name for s in cfg.data_sources]
+        if source is not None and source not in names:
+            from basemodel_pipeline.errors import ConfigError
+
+            raise ConfigError(
+                f"--source: unknown data source '{source}'; the config defines: {', '.join(names)}"
+            )
+        return pipeline.run_extract(cfg, source, progress=p, days=days)  # type: ignore[arg-type]
+
+    run_stage("extract", config, stage)
+
+
+def _date(option: str, value: str) -> dt.date:
+    try:
+        return dt.date.fromisoformat(value)
+    except ValueError:
+        fail(f"{option}: '{value}' is not a date; write YYYY-MM-DD")
+    raise AssertionError("unreachable")
 
 
 @app.command("suggest-config")

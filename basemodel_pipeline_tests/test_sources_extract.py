@@ -106,3 +106,32 @@ def test_watermark_is_latest_event_day(tiny_config: Path) -> None:
     assert watermark(cfg, src) == later
     with pytest.raises(UserError, match="only event sources have a watermark"):
         watermark(cfg, cfg.source("products"))
+
+
+def test_cli_extract_day_range(tiny_config: Path) -> None:
+    from typer.testing import CliRunner
+
+    from basemodel_pipeline.cli import app
+
+    cfg = load_config(tiny_config)
+    run_extract(cfg, "transactions")
+    before = day_files(cfg)
+    day = cfg.data_params.data_start_date + 30 * DAY
+    args = [
+        "extract",
+        str(tiny_config),
+        "--source",
+        "transactions",
+        "--from",
+        str(day),
+        "--to",
+        str(day + DAY),
+    ]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    after = day_files(cfg)
+    assert {n for n in after if after[n] != before[n]} == {f"{day}.parquet"}
+    result = CliRunner().invoke(app, ["extract", str(tiny_config), "--from", str(day)])
+    assert result.exit_code == 2 and "--from and --to go together" in result.stderr
+    result = CliRunner().invoke(app, ["extract", str(tiny_config), "--source", "nope"])
+    assert result.exit_code == 2 and "unknown data source 'nope'" in result.stderr

@@ -71,6 +71,8 @@ def run_with_backend(cfg: PipelineConfig, src: DataSource, fn: Callable[[Backend
 def same_database(a: DataSource, b: DataSource) -> bool:
     """Whether two sources can be joined in one query (same backend and connection)."""
     la, lb = a.data_location, b.data_location
+    if la.database_type == lb.database_type == "parquet":  # one DuckDB reads both: local files only
+        return "://" not in la.path and "://" not in lb.path
     return la.database_type == lb.database_type and getattr(la, "connection_params", None) == getattr(
         lb, "connection_params", None
     )
