@@ -1,16 +1,23 @@
 """The launcher's container specs as data, checked with each backend's own client code (no engine here):
-docker's create-args builder, dagster-k8s's pod builder and botocore's RunTask parameter validator."""
+docker's create-args builder, dagster-k8s's pod builder and botocore's RunTask parameter validator; and
+data-parallel pretraining under torchrun through Pipes (two CPU processes)."""
 
+import math
 import sys
+from pathlib import Path
 
+import dagster as dg
 import pytest
 from botocore.session import get_session
 from botocore.validate import ParamValidator
 from dagster_k8s.pipes import build_pod_body
 from docker.models.containers import _create_container_args
 
+from basemodel_pipeline.config import load_config
 from basemodel_pipeline.defs.launcher import Launcher, remove_run_containers
-from basemodel_pipeline.defs.resources import launcher_from_env
+from basemodel_pipeline.defs.models.assets import foundation_model
+from basemodel_pipeline.defs.resources import BasemodelConfigResource, launcher_from_env
+from basemodel_pipeline.pipeline import run_cache, run_extract
 
 RUN_ID = "0f9e8d7c-1111-2222-3333-444455556666"
 
@@ -147,3 +154,44 @@ def test_launcher_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert launcher.forward_env == ["A", "B"] and launcher.termination_timeout_seconds == 120
     monkeypatch.setenv("BASEMODEL_LAUNCHER", "subprocess")
     assert launcher_from_env("ci").env == {"CUDA_VISIBLE_DEVICES": "", "PYTHONHASHSEED": "0"}
+
+
+def test_data_parallel_stages_run_under_torchrun(gpu_launcher: Launcher) -> None:
+    command = gpu_launcher.command("pretrain", "/c.yaml")
+    assert command[:5] == ["python", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    assert command[5:] == ["-m", "basemodel_pipeline.jobs.pretrain", "--config", "/c.yaml"]
+    assert gpu_launcher.command("finetune", "/c.yaml")[:3] == [
+        "python",
+        "-m",
+        "basemodel_pipeline.jobs.finetune",
+    ]
+    assert Launcher(backend="docker", gpus=1).processes("pretrain") == 1
+
+
+@pytest.mark.timeout(400)
+def test_pretrain_under_torchrun_reports_once_through_pipes(tiny_config: Path) -> None:
+    """Two CPU processes (gloo) train one foundation; rank 0 alone speaks Pipes: one materialization."""
+    cfg = load_config(tiny_config)
+    run_extract(cfg)
+    run_cache(cfg)
+    launcher = Launcher(
+        backend="subprocess", nproc=2, env={"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    )
+    with dg.instance_for_test() as instance:
+        result = dg.materialize(
+            [foundation_model],
+            instance=instance,
+            resources={
+                "basemodel_config": BasemodelConfigResource(config_path=str(tiny_config)),
+                "launcher": launcher,
+            },
+        )
+    assert result.success
+    (mat,) = result.asset_materializations_for_node("foundation_model")
+    assert math.isfinite(mat.metadata["val_loss"].value)
+    versions = [
+        p
+        for p in (tiny_config.parent / "checkpoints" / "foundation").iterdir()
+        if p.is_dir() and not p.name.startswith(".")
+    ]
+    assert [p.name for p in versions] == [mat.metadata["version"].value]

@@ -9,7 +9,8 @@
                 PersistentVolumeClaim at the same path, run-id labels, the pod deleted when done
     ecs         a task per step (dagster-aws PipesECSClient): GPU resource requirements, run-id tags
 
-Every backend runs the same entrypoint with the same arguments; what each sends to its API is built by a
+Every backend runs the same entrypoint with the same arguments (the foundation's pretrain under torchrun,
+one process per GPU, when a step has several GPUs); what each sends to its API is built by a
 ``*_spec`` method and tested as data. Training writes only to the POSIX workspace volume: publishing to
 object storage is a separate step (basemodel_pipeline.publish).
 """
@@ -36,6 +37,8 @@ STEP_LABEL = "dagster/step_key"
 JOB_LABEL = "basemodel/job"
 K8S_CONTAINER = "dagster-pipes-execution"
 MANAGED_LABEL = "basemodel/managed"
+# Stages that train data-parallel under torchrun (training/distributed.py); the others use one process.
+DATA_PARALLEL_JOBS = frozenset({"pretrain"})
 
 
 def _label_value(value: str) -> str:
@@ -54,7 +57,12 @@ class Launcher(dg.ConfigurableResource):
         description="Workspace path, mounted at the same path in the container (docker: host path; "
         "k8s: mount path of the PVC; ecs: the task definition's mount point).",
     )
-    gpus: int = Field(default=0, ge=0, description="GPUs per step (0: CPU). -1 is not allowed.")
+    gpus: int = Field(default=0, ge=0, description="GPUs per step (0: CPU).")
+    nproc: int = Field(
+        default=0,
+        ge=0,
+        description="torchrun processes for data-parallel stages (pretrain); 0: one per GPU when gpus > 1.",
+    )
     user: str = Field(default="1000:1000", description="uid:gid the container runs as (never root).")
     env: dict[str, str] = Field(default_factory=dict, description="Plain settings for the step.")
     forward_env: list[str] = Field(
@@ -75,9 +83,19 @@ class Launcher(dg.ConfigurableResource):
 
     # ------------------------------------------------------------------ specs (pure data)
 
+    def processes(self, job: str) -> int:
+        """torchrun processes for the step: data-parallel stages get one per GPU (or `nproc`)."""
+        if job not in DATA_PARALLEL_JOBS:
+            return 1
+        return self.nproc or max(self.gpus, 1)
+
     def command(self, job: str, config_path: str, args: Sequence[str] = ()) -> list[str]:
         python = sys.executable if self.backend == "subprocess" else "python"
-        return [python, "-m", f"basemodel_pipeline.jobs.{job}", "--config", config_path, *args]
+        entry = ["-m", f"basemodel_pipeline.jobs.{job}", "--config", config_path, *args]
+        n = self.processes(job)
+        if n > 1:  # torchrun: one process per GPU, rank 0 speaks Pipes
+            return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", *entry]
+        return [python, *entry]
 
     def step_env(self) -> dict[str, str]:
         """Settings plus the forwarded variables' current values (never logged, never in metadata)."""

@@ -103,6 +103,7 @@ def launcher_from_env(env: str) -> Launcher:
         image=get("BASEMODEL_TRAINER_IMAGE", "basemodel-trainer:latest"),
         workspace_dir=get("BASEMODEL_WORKSPACE_DIR", ""),
         gpus=int(get("BASEMODEL_GPUS", "0")),
+        nproc=int(get("BASEMODEL_NPROC", "0")),
         env=settings,
         forward_env=_csv("BASEMODEL_FORWARD_ENV"),
         docker_network=get("BASEMODEL_DOCKER_NETWORK", ""),

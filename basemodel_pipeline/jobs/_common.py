@@ -19,6 +19,7 @@ import datetime as dt
 import hashlib
 import json
 import math
+import os
 import re
 import sys
 from collections.abc import Callable, Mapping
@@ -118,6 +119,11 @@ def data_version_of(meta: Mapping[str, Any]) -> str:
 # ---------------------------------------------------------------- sessions
 
 
+def rank() -> int:
+    """This process's rank under torchrun (0 when started alone)."""
+    return int(os.environ.get("RANK", "0"))
+
+
 def _in_pipes() -> bool:
     from dagster_pipes import PipesEnvVarParamsLoader
 
@@ -139,6 +145,16 @@ class _LocalSession:
     def report(self, metadata: Mapping[str, Any], data_version: str) -> None:
         flat = {k: v for k, (_, v) in flatten_metadata(metadata).items()}
         print(json.dumps({"data_version": data_version, "metadata": flat}, indent=2, default=str), flush=True)
+
+
+class _QuietSession(_LocalSession):
+    """Ranks > 0 of a torchrun stage: they train but rank 0 alone logs and reports."""
+
+    def info(self, message: str) -> None:
+        pass
+
+    def report(self, metadata: Mapping[str, Any], data_version: str) -> None:
+        pass
 
 
 class _PipesSession:
@@ -219,7 +235,9 @@ def main(
     """Run one stage as a Pipes entrypoint (or standalone); exits 2 with one line on stderr on a UserError."""
     ns = parse_args(stage, argv, scenario=scenario, as_of=as_of, source=source)
     try:
-        if _in_pipes():
+        if rank() != 0:  # under torchrun only rank 0 speaks Pipes (one session, one materialization)
+            _run(_QuietSession(), ns, fn, stage, needs_scenario)
+        elif _in_pipes():
             from dagster_pipes import open_dagster_pipes
 
             with open_dagster_pipes() as pipes:
