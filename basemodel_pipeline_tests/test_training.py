@@ -104,3 +104,26 @@ def test_embeddings_export_float16_in_recsys_layout(trained) -> None:
         np.stack(table.column("embedding").to_numpy(zero_copy_only=False)), emb.astype(np.float32)
     )
     assert meta["foundation_version"] == pre["version"]
+
+
+def test_activity_targets_match_a_direct_count(trained) -> None:
+    import torch
+
+    from basemodel_pipeline.cache.build import cache_dir
+    from basemodel_pipeline.cache.store import DAY, EventCache
+    from basemodel_pipeline.training.pretrain import ACTIVITY_DAYS, activity_targets, fit_encoder
+
+    cfg, _ = trained
+    cache = EventCache(cache_dir(cfg))
+    enc = fit_encoder(cache, cfg)
+    src = cache.source("transactions")
+    rng = np.random.default_rng(3)
+    e = np.sort(rng.integers(0, cache.n_entities, 40))
+    t = int(src.ts.min()) + rng.integers(0, 90, 40) * DAY
+    got = activity_targets(enc, cache, torch.from_numpy(e), torch.from_numpy(t), 28 * DAY).numpy()
+    for q in range(40):
+        ts = np.asarray(src.ts[src.offsets[e[q]] : src.offsets[e[q] + 1]])
+        future = ts[(ts >= t[q]) & (ts < t[q] + 28 * DAY)]
+        want = [float(np.any((ts >= t[q]) & (ts < t[q] + d * DAY))) for d in ACTIVITY_DAYS]
+        want.append(np.log1p(len(np.unique(future // DAY))))
+        np.testing.assert_allclose(got[q], want, rtol=1e-6)

@@ -24,9 +24,10 @@ from torch import nn
 
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache.build import cache_dir
-from basemodel_pipeline.cache.store import DAY, EventCache
+from basemodel_pipeline.cache.store import DAY, EventCache, expand_ranges_t
 from basemodel_pipeline.config import PipelineConfig
 from basemodel_pipeline.errors import ConfigError
+from basemodel_pipeline.features.kernels import source_tensors
 from basemodel_pipeline.features.sketch import FeatureEncoder
 from basemodel_pipeline.model.checkpoint import build_model, publish_checkpoint
 from basemodel_pipeline.progress import NullProgress, Progress
@@ -36,6 +37,7 @@ from basemodel_pipeline.training.distributed import World, init_world, shutdown
 from basemodel_pipeline.training.splits import epoch_seconds
 
 FIELD = "training_params.foundation"
+ACTIVITY_DAYS = (7, 14)  # "any event within N days" targets besides the horizon
 
 
 @dataclass
@@ -65,7 +67,32 @@ def target_layout(enc: FeatureEncoder) -> TargetLayout:
             elif col.kind == "hashed":
                 blocks.append((base + col.offset, col.partitions, col.buckets))
         off = base + plan.channels
+    for _ in enc.sources:  # activity targets (see activity_targets), appended after every source's block
+        n_short = len(ACTIVITY_DAYS)
+        bce.extend(range(off, off + n_short))
+        mse.append(off + n_short)
+        off += n_short + 1
     return TargetLayout(bce, mse, blocks, off)
+
+
+def activity_targets(
+    enc: FeatureEncoder, cache: EventCache, e: torch.Tensor, t: torch.Tensor, horizon_s: int
+) -> torch.Tensor:
+    """Per source: any event within each of ACTIVITY_DAYS (BCE) and log1p(distinct active days in the horizon)
+    (MSE). "Whether and how often" the entity comes back: what churn-like scenarios need from the trunk."""
+    parts = []
+    for plan in enc.sources:
+        st = source_tensors(cache.source(plan.name), e.device)
+        lo, hi = st.positions(e, t), st.positions(e, t + horizon_s)
+        for days in ACTIVITY_DAYS:
+            parts.append((st.positions(e, t + days * DAY) > lo).float().unsqueeze(1))
+        owner, rows = expand_ranges_t(lo, hi)
+        day = torch.div(st.ts[rows], DAY, rounding_mode="floor")
+        prev = torch.div(st.ts[(rows - 1).clamp_min(0)], DAY, rounding_mode="floor")
+        new = ((rows == lo[owner]) | (day != prev)).float()
+        active_days = torch.zeros(len(e), device=e.device).index_add_(0, owner, new)
+        parts.append(torch.log1p(active_days).unsqueeze(1))
+    return torch.cat(parts, 1)
 
 
 def future_targets(
@@ -88,7 +115,7 @@ def future_targets(
         count = w[:, :1]
         sums = torch.sign(w[:, numeric]) * torch.log1p(w[:, numeric].abs())
         parts += [(count > 0).float(), torch.log1p(count), sums, dist]
-    return torch.cat(parts, 1)
+    return torch.cat([*parts, activity_targets(enc, cache, e, t, horizon_s)], 1)
 
 
 def make_loss(layout: TargetLayout):
