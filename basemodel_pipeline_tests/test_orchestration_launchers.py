@@ -57,7 +57,7 @@ def test_command_is_the_same_entrypoint_everywhere(gpu_launcher: Launcher) -> No
 
 
 def test_docker_spec(gpu_launcher: Launcher) -> None:
-    spec = gpu_launcher.docker_spec(RUN_ID, "scenario_model", "finetune")
+    spec = gpu_launcher.docker_spec(RUN_ID, "foundation_model", "pretrain")
     args = _create_container_args(
         {"image": gpu_launcher.image, "command": ["python"], "version": "1.45", **spec}
     )
@@ -68,14 +68,16 @@ def test_docker_spec(gpu_launcher: Launcher) -> None:
     assert host["Binds"] == ["/srv/basemodel:/srv/basemodel:rw"]  # same path in host and container
     assert host["NetworkMode"] == "basemodel" and host["ShmSize"] == 8 * 1024**3
     assert args["user"] == "1000:1000" and args["working_dir"] == "/srv/basemodel"
-    assert args["labels"]["dagster/run_id"] == RUN_ID and args["labels"]["basemodel/job"] == "finetune"
+    assert args["labels"]["dagster/run_id"] == RUN_ID and args["labels"]["basemodel/job"] == "pretrain"
+    one = gpu_launcher.docker_spec(RUN_ID, "scenario_model", "finetune")["device_requests"][0]
+    assert one["Count"] == 1  # scenario steps use one of the GPUs
     assert args["environment"] == {"PYTHONHASHSEED": "0", "WAREHOUSE_PASSWORD": "s3cret"}
     cpu = Launcher(backend="docker").docker_spec(RUN_ID, "x", "predict")
     assert "device_requests" not in cpu and "volumes" not in cpu
 
 
 def test_k8s_pod(gpu_launcher: Launcher) -> None:
-    meta, spec = gpu_launcher.k8s_pod(RUN_ID, "scenario_model[churn]", "finetune")
+    meta, spec = gpu_launcher.k8s_pod(RUN_ID, "scenario_model[churn]", "pretrain")
     pod = build_pod_body(
         "basemodel-x", gpu_launcher.image, ["python", "-m", "x"], {"DAGSTER_PIPES_CONTEXT": "c"}, meta, spec
     )

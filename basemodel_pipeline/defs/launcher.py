@@ -83,6 +83,10 @@ class Launcher(dg.ConfigurableResource):
 
     # ------------------------------------------------------------------ specs (pure data)
 
+    def gpus_for(self, job: str) -> int:
+        """GPUs a step gets: all `gpus` for data-parallel stages, at most one for the others."""
+        return self.gpus if job in DATA_PARALLEL_JOBS else min(self.gpus, 1)
+
     def processes(self, job: str) -> int:
         """torchrun processes for the step: data-parallel stages get one per GPU (or `nproc`)."""
         if job not in DATA_PARALLEL_JOBS:
@@ -123,8 +127,8 @@ class Launcher(dg.ConfigurableResource):
         if self.workspace_dir:
             spec["volumes"] = {self.workspace_dir: {"bind": self.workspace_dir, "mode": "rw"}}
             spec["working_dir"] = self.workspace_dir
-        if self.gpus:
-            spec["device_requests"] = [DeviceRequest(count=self.gpus, capabilities=[["gpu"]])]
+        if self.gpus_for(job):
+            spec["device_requests"] = [DeviceRequest(count=self.gpus_for(job), capabilities=[["gpu"]])]
         if self.docker_network:
             spec["network"] = self.docker_network
         return spec
@@ -147,8 +151,8 @@ class Launcher(dg.ConfigurableResource):
                 "fs_group": int(gid or uid),
             },
         }
-        if self.gpus:
-            container["resources"] = {"limits": {"nvidia.com/gpu": str(self.gpus)}}
+        if self.gpus_for(job):
+            container["resources"] = {"limits": {"nvidia.com/gpu": str(self.gpus_for(job))}}
             spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
         if self.k8s_node_selector:
             spec["node_selector"] = dict(self.k8s_node_selector)
@@ -169,8 +173,8 @@ class Launcher(dg.ConfigurableResource):
             "command": list(command),
             "environment": [{"name": k, "value": v} for k, v in sorted(self.step_env().items())],
         }
-        if self.gpus:
-            override["resourceRequirements"] = [{"type": "GPU", "value": str(self.gpus)}]
+        if self.gpus_for(job):
+            override["resourceRequirements"] = [{"type": "GPU", "value": str(self.gpus_for(job))}]
         params: dict[str, Any] = {
             "cluster": self.ecs_cluster,
             "taskDefinition": self.ecs_task_definition,
