@@ -1,7 +1,7 @@
 """Hive backend: the real PyHive client speaking HiveServer2's Thrift protocol over a TCP socket to a minimal
 HiveServer2 started on 127.0.0.1 (PyHive's own TCLIService definitions, server side), which runs each Hive
-statement by transpiling it to DuckDB with sqlglot. Spark's Thrift server (pyspark) was not used: the
-~300 MB JVM download and its start-up on this 2-core machine exceed the CI budget."""
+statement by transpiling it to DuckDB with sqlglot. Fast; test_sources_spark.py runs the same backend against
+Spark's real Thrift server."""
 
 from __future__ import annotations
 
