@@ -17,7 +17,7 @@ from basemodel_pipeline.defs._run import latest_metadata
 from basemodel_pipeline.defs.cache.checks import manifest_problems
 from basemodel_pipeline.defs.extracts.checks import day_volume_problems
 from basemodel_pipeline.defs.materialize import RunFailed, materialize_all
-from basemodel_pipeline.defs.models.checks import loss_verdict
+from basemodel_pipeline.defs.models.checks import floor_verdict, loss_verdict, popularity_verdict
 from basemodel_pipeline.defs.resources import QualityGates
 from basemodel_pipeline.pipeline import run_cache, run_extract
 
@@ -144,3 +144,21 @@ def test_scenario_below_its_floor_is_not_scored(tiny_config: Path) -> None:
         )
         assert check  # the foundation's loss check ran in the upstream run
     assert not (tiny_config.parent / "predictions").exists()
+
+
+def test_metric_direction_and_bounds() -> None:
+    gates = QualityGates(metric_floors={"spend_28d": 1.0, "next_basket": 0.05})
+    auroc = {"metric": "auroc", "test_model": 0.60, "test_popularity": 0.62}
+    assert floor_verdict(auroc, gates.bound("churn", "auroc"))[0] is True  # 0.60 >= 0.55
+    assert popularity_verdict(auroc, 0.0)[0] is False
+    rmse = {"metric": "rmse", "test_model": 0.9, "test_popularity": 1.2}  # lower is better
+    passed, why, _ = floor_verdict(rmse, gates.bound("spend_28d", "rmse"))
+    assert passed and "ceiling 1.0000" in why
+    assert floor_verdict({**rmse, "test_model": 1.1}, 1.0)[0] is False
+    assert popularity_verdict(rmse, 0.0)[0] is True and popularity_verdict(rmse, 0.5)[0] is False
+    ndcg = {"metric": "ndcg@10", "test_model": 0.02, "test_popularity": 0.01}
+    assert gates.bound("other", "ndcg@10") is None
+    assert (
+        floor_verdict(ndcg, None)[0] is True
+        and floor_verdict(ndcg, gates.bound("next_basket", "ndcg@10"))[0] is False
+    )

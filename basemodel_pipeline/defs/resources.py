@@ -46,11 +46,17 @@ class QualityGates(dg.ConfigurableResource):
     """Thresholds of the asset checks (set them in the launchpad's resources section or in code)."""
 
     metric_floor: float = Field(
-        default=0.55, description="A scenario's test metric (AUROC / macro AUROC) must reach this."
+        default=0.55,
+        description="Floor of AUROC-type test metrics (auroc, macro_auroc, micro_auroc) for every scenario.",
     )
-    metric_floors: dict[str, float] = Field(default_factory=dict, description="Per-scenario floors.")
+    metric_floors: dict[str, float] = Field(
+        default_factory=dict,
+        description="Per-scenario bound of its own metric: a minimum when higher is better (accuracy, ndcg@10), "
+        "a maximum when lower is better (rmse).",
+    )
     popularity_margin: float = Field(
-        default=0.0, description="The model must beat the popularity baseline by more than this."
+        default=0.0,
+        description="The model must beat the popularity baseline by more than this (in the metric's direction).",
     )
     min_day_ratio: float = Field(default=0.2, description="A day's rows vs the trailing median: lower bound.")
     max_day_ratio: float = Field(default=5.0, description="A day's rows vs the trailing median: upper bound.")
@@ -59,8 +65,11 @@ class QualityGates(dg.ConfigurableResource):
         default=0.5, description="An attribute table may lose at most this share of rows between extracts."
     )
 
-    def floor(self, scenario: str) -> float:
-        return self.metric_floors.get(scenario, self.metric_floor)
+    def bound(self, scenario: str, metric: str) -> float | None:
+        """The configured bound of `scenario`'s test metric, or None when none applies."""
+        if scenario in self.metric_floors:
+            return self.metric_floors[scenario]
+        return self.metric_floor if metric.endswith("auroc") else None
 
 
 class ArtifactPublisher(dg.ConfigurableResource):

@@ -66,17 +66,37 @@ def loss_finite_and_improving(context: dg.AssetCheckExecutionContext) -> dg.Asse
     )
 
 
-def floor_verdict(meta: dict[str, Any], floor: float) -> tuple[bool, str, dict[str, Any]]:
-    value = float(meta["test_model"])
-    why = f"test {meta.get('metric')} {value:.4f} vs floor {floor:.4f}"
-    return math.isfinite(value) and value >= floor, why, {"value": value, "floor": floor}
+def _higher_is_better(metric: str) -> bool:
+    from basemodel_pipeline.evaluation.metrics import higher_is_better
+
+    return higher_is_better(metric)
+
+
+def floor_verdict(meta: dict[str, Any], bound: float | None) -> tuple[bool, str, dict[str, Any]]:
+    """The test metric against its bound: a minimum (AUROC, accuracy...) or a maximum (rmse...)."""
+    metric, value = str(meta.get("metric")), float(meta["test_model"])
+    if bound is None:
+        return (
+            math.isfinite(value),
+            f"test {metric} {value:.4f}; no bound configured for it",
+            {"value": value},
+        )
+    higher = _higher_is_better(metric)
+    ok = value >= bound if higher else value <= bound
+    why = f"test {metric} {value:.4f} vs {'floor' if higher else 'ceiling'} {bound:.4f}"
+    return math.isfinite(value) and ok, why, {"value": value, "bound": bound}
 
 
 def popularity_verdict(meta: dict[str, Any], margin: float) -> tuple[bool, str, dict[str, Any]]:
+    metric = str(meta.get("metric"))
     model, popularity = float(meta["test_model"]), float(meta["test_popularity"])
-    why = f"test {meta.get('metric')}: model {model:.4f}, popularity {popularity:.4f} (+{margin:g} needed)"
-    passed = math.isfinite(model) and model > popularity + margin
-    return passed, why, {"model": model, "popularity": popularity, "lift": model - popularity}
+    lift = model - popularity if _higher_is_better(metric) else popularity - model
+    why = f"test {metric}: model {model:.4f}, popularity {popularity:.4f} (better by {lift:.4f}, > {margin:g} needed)"
+    return (
+        math.isfinite(model) and lift > margin,
+        why,
+        {"model": model, "popularity": popularity, "lift": lift},
+    )
 
 
 def scenario_check(name: str, description: str, verdict: Any) -> dg.AssetChecksDefinition:
@@ -112,7 +132,8 @@ def scenario_check(name: str, description: str, verdict: Any) -> dg.AssetChecksD
 
 test_metric_above_floor = scenario_check(
     "test_metric_above_floor",
-    "The scenario's test metric reaches the configured floor (QualityGates.metric_floor / metric_floors).",
+    "The scenario's test metric is within its configured bound (QualityGates.metric_floor for AUROC, "
+    "metric_floors per scenario).",
     floor_verdict,
 )
 beats_popularity = scenario_check(
