@@ -135,3 +135,21 @@ def test_cli_extract_day_range(tiny_config: Path) -> None:
     assert result.exit_code == 2 and "--from and --to go together" in result.stderr
     result = CliRunner().invoke(app, ["extract", str(tiny_config), "--source", "nope"])
     assert result.exit_code == 2 and "unknown data source 'nope'" in result.stderr
+
+
+def test_remote_sources_extract_in_contiguous_chunks(tiny_config: Path) -> None:
+    from test_sources_support import relocate
+
+    from basemodel_pipeline.sources.extract import CHUNK_DAYS, chunks
+
+    cfg = load_config(tiny_config)
+    start = cfg.data_params.data_start_date
+    days = (start, start + (2 * CHUNK_DAYS + 5) * DAY)
+    assert chunks(cfg, cfg.source("transactions"), days) == [days]  # local Parquet: one scan
+    params = {"account": "a", "user": "u", "database": "D", "schema": "S"}
+    location = {"database_type": "snowflake", "table_name": "EVENTS", "connection_params": params}
+    remote = load_config(relocate(tiny_config, {"transactions": location}))
+    parts = chunks(remote, remote.source("transactions"), days)
+    assert len(parts) == 3 and parts[0][0] == days[0] and parts[-1][1] == days[1]
+    assert all(a[1] == b[0] for a, b in zip(parts, parts[1:], strict=False))
+    assert all(b - a <= CHUNK_DAYS * DAY for a, b in parts)

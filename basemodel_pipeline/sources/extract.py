@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +24,12 @@ from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.config.models import DataSource, PipelineConfig
 from basemodel_pipeline.errors import DataError
 from basemodel_pipeline.progress import Progress
-from basemodel_pipeline.sources import DayRange, query_for, run_with_backend, what
+from basemodel_pipeline.sources import DayRange, query_for, run_with_backend, watermark, what
 from basemodel_pipeline.sources.base import Backend
 from basemodel_pipeline.sources.sql import quote_ident, quote_literal
 
 DAY_COLUMN = "__day"
+CHUNK_DAYS = 31
 STREAM_VIEW = "__batches"
 
 
@@ -40,13 +42,21 @@ def extract_source(
     ws.clean_stale_tmp(out)
     progress.start(f"extract {src.name}", None)
 
-    def attempt(backend: Backend) -> list[str]:
-        reader = backend.execute(query_for(cfg, src, backend, days if src.type == "event" else None))
-        if src.date_column is not None:
-            return write_days(reader, out, src.date_column.name)
-        return write_table(reader, out)
+    def attempt(chunk: DayRange | None) -> Callable[[Backend], list[str]]:
+        def run(backend: Backend) -> list[str]:
+            reader = backend.execute(query_for(cfg, src, backend, chunk))
+            if src.date_column is not None:
+                return write_days(reader, out, src.date_column.name)
+            return write_table(reader, out)
 
-    written = run_with_backend(cfg, src, attempt)
+        return run
+
+    if src.type != "event":
+        written = run_with_backend(cfg, src, attempt(None))
+    else:
+        written = []
+        for chunk in chunks(cfg, src, days):  # one query and one retry unit per chunk of days
+            written += run_with_backend(cfg, src, attempt(chunk))
     if src.type == "event":
         for stale in out.glob("*.parquet"):  # days of the range that vanished from the source
             if stale.name not in written and in_range(stale.name, days):
@@ -64,6 +74,27 @@ def extract_source(
         "path": str(out),
         "bytes": sum(f.stat().st_size for f in files),
     }
+
+
+def chunks(cfg: PipelineConfig, src: DataSource, days: DayRange | None) -> list[DayRange | None]:
+    """Day ranges to extract one by one. Local Parquet: the whole range in one scan. Remote sources: chunks
+    of CHUNK_DAYS from data_start_date to the watermark, so a transient failure repeats one chunk, not the
+    history, and no single query has to sort years of events."""
+    loc = src.data_location
+    if loc.database_type == "parquet" and "://" not in loc.path:
+        return [days]
+    if days is None:
+        last = watermark(cfg, src)
+        if last is None:
+            return []
+        days = (cfg.data_params.data_start_date, last + dt.timedelta(days=1))
+    start, end = days
+    out: list[DayRange | None] = []
+    while start < end:
+        stop = min(end, start + dt.timedelta(days=CHUNK_DAYS))
+        out.append((start, stop))
+        start = stop
+    return out
 
 
 def in_range(name: str, days: DayRange | None) -> bool:
