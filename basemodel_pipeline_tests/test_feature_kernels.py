@@ -112,3 +112,34 @@ def test_dlsh_encoder_round_trips_through_json(cache: EventCache) -> None:
     e = np.arange(cache.n_entities)
     t = np.full(len(e), int(cache.source("transactions").ts.max()))
     np.testing.assert_array_equal(enc.history(cache, e, t), again.history(cache, e, t))
+
+
+def test_calendar_and_fourier_channels(cache: EventCache) -> None:
+    import datetime as dt
+
+    enc = FeatureEncoder.fit(
+        cache, [7.0], max_direct_vocab=4, partitions=2, buckets=4, fourier_scales=[0.5, 2.0], calendar=True
+    )
+    plan = enc.sources[0]
+    src = cache.source(plan.name)
+    rows = np.arange(0, src.n_events, max(1, src.n_events // 25))
+    chans, vals = enc.event_channels(plan, src, rows)
+    k = 1
+    for col in plan.columns:
+        block_c, block_v = chans[:, k : k + col.values_per_event], vals[:, k : k + col.values_per_event]
+        if col.kind == "weekday":
+            want = [dt.datetime.fromtimestamp(int(src.ts[r]), dt.UTC).weekday() for r in rows]
+            np.testing.assert_array_equal(block_c[:, 0] - col.offset, want)
+        elif col.kind == "hour":
+            want = [dt.datetime.fromtimestamp(int(src.ts[r]), dt.UTC).hour // 4 for r in rows]
+            np.testing.assert_array_equal(block_c[:, 0] - col.offset, want)
+        elif col.kind == "fourier":
+            x = np.asarray(src.columns[col.name][rows], np.float64)
+            s = np.sign(x) * np.log1p(np.abs(x))
+            want = np.column_stack([np.sin(0.5 * s), np.sin(2.0 * s), np.cos(0.5 * s), np.cos(2.0 * s)])
+            np.testing.assert_allclose(block_v, want, rtol=1e-5, atol=1e-6)
+            np.testing.assert_array_equal(block_c[0], col.offset + np.arange(4))
+        k += col.values_per_event
+    kinds = {c.kind for c in plan.columns}
+    assert {"weekday", "fourier"} <= kinds
+    assert chans.max() < plan.channels

@@ -58,6 +58,14 @@ class FoundationParams(Strict):
         description="dlsh: buckets from Cleora embeddings of the values (similar values share buckets); "
         "random: a seeded hash of each value.",
     )
+    fourier_scales: list[Annotated[float, Field(gt=0)]] = Field(
+        default=[0.5, 2.0],
+        description="Numeric columns also add sin/cos(scale * signed log1p(value)) channels per scale: a "
+        "multi-scale encoding of the value distribution ([] to turn off).",
+    )
+    calendar_features: bool = Field(
+        default=True, description="Weekday and time-of-day (4-hour) channels of every event."
+    )
     embedding_dim: int = Field(default=32, gt=0, description="Cleora embedding size (dlsh).")
     embedding_iterations: int = Field(default=4, gt=0, description="Cleora propagation steps (dlsh).")
     embedding_max_events: int = Field(

@@ -39,6 +39,7 @@ from basemodel_pipeline.features.kernels import (
 )
 
 NO_HISTORY_DAYS = 3650.0
+HOUR_BIN = 4  # hours per time-of-day channel
 
 
 def _fit_dlsh(plan: ColumnPlan, src: EventSource, embedding: dict) -> None:
@@ -53,13 +54,14 @@ def _fit_dlsh(plan: ColumnPlan, src: EventSource, embedding: dict) -> None:
 @dataclass
 class ColumnPlan:
     name: str
-    kind: str  # numeric | direct | hashed
+    kind: str  # numeric | direct | hashed | fourier (of a numeric column) | weekday | hour (of the timestamp)
     offset: int  # first channel of this column within its source
     width: int  # channels: 1 (numeric), vocab_size + 1 (direct), P * W (hashed)
     vocab_size: int = 0
     partitions: int = 0
     buckets: int = 0
     seed: int = 0
+    scales: list[float] = field(default_factory=list)  # fourier: sin/cos(scale * signed log1p(value))
     method: str = "random"  # hashed columns: random (seeded hash) | dlsh (Cleora embeddings + DLSH)
     table_b64: str = ""  # dlsh: the [P, vocab_size + 1] bucket table, uint8/uint16, base64 (JSON-safe)
 
@@ -81,7 +83,12 @@ class ColumnPlan:
 
     @property
     def values_per_event(self) -> int:
-        return self.partitions if self.kind == "hashed" else 1
+        return {"hashed": self.partitions, "fourier": 2 * len(self.scales)}.get(self.kind, 1)
+
+    @property
+    def is_numeric(self) -> bool:
+        """Channels are summed values (signed log squash, MSE targets), not counts of categories."""
+        return self.kind in ("numeric", "fourier")
 
     def groups(self) -> list[tuple[int, int]]:
         """Channel ranges that form one distribution (for softmax targets)."""
@@ -107,7 +114,8 @@ class SourcePlan:
         return 1 + sum(c.values_per_event for c in self.columns)
 
     def numeric_channels(self) -> list[int]:
-        return [0] + [c.offset for c in self.columns if c.kind == "numeric"]
+        """Channel 0 (the count) and every channel of numeric and Fourier columns."""
+        return [0] + [c.offset + k for c in self.columns if c.is_numeric for k in range(c.width)]
 
 
 @dataclass
@@ -132,6 +140,8 @@ class FeatureEncoder:
         aggregates: bool = False,
         sketch: str = "random",
         embedding: dict | None = None,
+        fourier_scales: list[float] | None = None,
+        calendar: bool = False,
     ) -> FeatureEncoder:
         """Plan every column; sketch="dlsh" learns bucket tables from Cleora embeddings (embedding: dim,
         iterations, max_events), "random" hashes values to buckets."""
@@ -152,6 +162,17 @@ class FeatureEncoder:
                         _fit_dlsh(plan, src, embedding or {})
                     cols.append(plan)
                 off += cols[-1].width
+                if info.type == "numeric" and fourier_scales:
+                    cols.append(
+                        ColumnPlan(col, "fourier", off, 2 * len(fourier_scales), scales=list(fourier_scales))
+                    )
+                    off += cols[-1].width
+            if calendar:
+                cols.append(ColumnPlan("__weekday", "weekday", off, 7))
+                off += 7
+                if (np.asarray(src.ts[:100_000]) % DAY).any():  # timestamps carry a time of day
+                    cols.append(ColumnPlan("__hour", "hour", off, 24 // HOUR_BIN))
+                    off += cols[-1].width
             sources.append(SourcePlan(name, cols, off))
         attrs, off = [], 0
         for col, info in cache.attribute_info.items():
@@ -217,8 +238,24 @@ class FeatureEncoder:
         chans = [torch.zeros((m, 1), dtype=torch.int64, device=dev)]  # the count channel 0
         vals = [torch.ones((m, 1), dtype=torch.float32, device=dev)]
         for col in plan.columns:
+            if col.kind in ("weekday", "hour"):
+                ts = st.ts[rows]
+                bucket = (
+                    (torch.div(ts, DAY, rounding_mode="floor") + 3) % 7
+                    if col.kind == "weekday"
+                    else (torch.div(ts % DAY, HOUR_BIN * 3600, rounding_mode="floor"))
+                )  # 1970-01-01 was a Thursday: weekday 0 = Monday
+                chans.append((bucket + col.offset).unsqueeze(1))
+                vals.append(torch.ones((m, 1), dtype=torch.float32, device=dev))
+                continue
             data = st.columns[col.name][rows]
-            if col.kind == "numeric":
+            if col.kind == "fourier":
+                x = data.to(torch.float32)
+                x = torch.sign(x) * torch.log1p(x.abs())
+                angles = x.unsqueeze(1) * torch.tensor(col.scales, device=dev)  # [m, S]
+                vals.append(torch.cat([torch.sin(angles), torch.cos(angles)], 1))
+                chans.append((torch.arange(col.width, device=dev) + col.offset).expand(m, col.width))
+            elif col.kind == "numeric":
                 chans.append(torch.full((m, 1), col.offset, dtype=torch.int64, device=dev))
                 vals.append(data.to(torch.float32).unsqueeze(1))
             elif col.kind == "direct":

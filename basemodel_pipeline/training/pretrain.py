@@ -62,7 +62,7 @@ def target_layout(enc: FeatureEncoder) -> TargetLayout:
         mse.extend(range(off + 1, off + 1 + n_num))
         base = off + 1 + n_num
         for col in plan.columns:
-            if col.kind == "direct":
+            if col.kind in ("direct", "weekday", "hour"):
                 blocks.append((base + col.offset, 1, col.width))
             elif col.kind == "hashed":
                 blocks.append((base + col.offset, col.partitions, col.buckets))
@@ -105,7 +105,7 @@ def future_targets(
         numeric = [c for c in plan.numeric_channels() if c != 0]
         dist = torch.zeros_like(w)
         for col in plan.columns:
-            if col.kind in ("direct", "hashed"):
+            if not col.is_numeric:  # a distribution block: per value, per sketch partition, per weekday...
                 p = col.partitions if col.kind == "hashed" else 1
                 block = w[:, col.offset : col.offset + col.width].reshape(len(w), p, -1)
                 total = block.sum(2, keepdim=True)
@@ -148,6 +148,8 @@ def fit_encoder(cache: EventCache, cfg: PipelineConfig) -> FeatureEncoder:
         p.seed,
         p.aggregate_features,
         sketch=p.sketch_method,
+        fourier_scales=p.fourier_scales,
+        calendar=p.calendar_features,
         embedding={
             "dim": p.embedding_dim,
             "iterations": p.embedding_iterations,
