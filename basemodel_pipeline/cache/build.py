@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -93,11 +94,12 @@ def build_cache(cfg: PipelineConfig, progress: Progress) -> dict[str, Any]:
             return _summary(final, manifest, reused=True)
     ws.clean_stale_tmp(final.parent)
     tmp = ws.staging_dir(final)
-    con = duckdb.connect()
+    con = _connect(cfg, tmp)
     try:
         manifest = _build(cfg, con, tmp, progress)
     finally:
         con.close()
+        shutil.rmtree(tmp / ".duckdb_spill", ignore_errors=True)
     manifest["inputs"] = signature
     manifest["files"] = {
         str(f.relative_to(tmp)): {"bytes": f.stat().st_size, "sha256": ws.sha256_file(f)}
@@ -107,6 +109,17 @@ def build_cache(cfg: PipelineConfig, progress: Progress) -> dict[str, Any]:
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
     ws.publish_dir(tmp, final)
     return _summary(final, manifest, reused=False)
+
+
+def _connect(cfg: PipelineConfig, staging: Path) -> duckdb.DuckDBPyConnection:
+    """DuckDB with bounded memory: sorts larger than the limit spill to disk instead of growing the process."""
+    p = cfg.cache
+    spill = Path(p.spill_directory) if p.spill_directory else staging / ".duckdb_spill"
+    spill.mkdir(parents=True, exist_ok=True)
+    config = {"memory_limit": p.duckdb_memory_limit, "temp_directory": str(spill)}
+    if p.threads:
+        config["threads"] = p.threads
+    return duckdb.connect(config=config)
 
 
 def _summary(path: Path, manifest: dict[str, Any], reused: bool) -> dict[str, Any]:

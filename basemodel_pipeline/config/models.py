@@ -9,6 +9,7 @@ from pydantic import Field, field_validator, model_validator
 
 from basemodel_pipeline.config.base import IDENTIFIER, Strict
 from basemodel_pipeline.config.params import (
+    CacheParams,
     DataParams,
     FinetuneParams,
     FoundationParams,
@@ -36,6 +37,7 @@ from basemodel_pipeline.config.sources import (
 __all__ = [
     "IDENTIFIER",
     "BinaryTarget",
+    "CacheParams",
     "ColumnType",
     "Condition",
     "DataLocation",
@@ -65,6 +67,7 @@ class PipelineConfig(Strict):
     data_sources: list[DataSource] = Field(min_length=1)
     data_params: DataParams
     training_params: TrainingParams = Field(default_factory=TrainingParams)
+    cache: CacheParams = Field(default_factory=CacheParams)
     scenarios: list[Scenario] = Field(default_factory=list)
 
     @field_validator("data_sources")

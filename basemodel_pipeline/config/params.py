@@ -146,3 +146,17 @@ class FinetuneParams(Strict):
 class TrainingParams(Strict):
     foundation: FoundationParams = Field(default_factory=FoundationParams)
     finetune: FinetuneParams = Field(default_factory=FinetuneParams)
+
+
+class CacheParams(Strict):
+    """How the event cache is built (DuckDB sorts the extracts by entity and time)."""
+
+    duckdb_memory_limit: str = Field(
+        default="2GB",
+        pattern=r"^\d+(\.\d+)?\s*(KB|MB|GB|TB|KiB|MiB|GiB|TiB)$",
+        description="DuckDB memory limit while building; beyond it DuckDB spills to spill_directory.",
+    )
+    spill_directory: str | None = Field(
+        default=None, description="Where DuckDB spills (default: inside the cache's staging directory)."
+    )
+    threads: int | None = Field(default=None, gt=0, description="DuckDB threads (default: all cores).")

@@ -44,4 +44,3 @@ def weighted_median(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     cum = np.cumsum(w[order], axis=0)
     k = (cum < cum[-1] / 2).sum(0)  # first row reaching half the weight
     return np.take_along_axis(x, order, 0)[np.minimum(k, len(x) - 1), np.arange(x.shape[1])]
-
