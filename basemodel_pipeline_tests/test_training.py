@@ -127,3 +127,12 @@ def test_activity_targets_match_a_direct_count(trained) -> None:
         want = [float(np.any((ts >= t[q]) & (ts < t[q] + d * DAY))) for d in ACTIVITY_DAYS]
         want.append(np.log1p(len(np.unique(future // DAY))))
         np.testing.assert_allclose(got[q], want, rtol=1e-6)
+
+
+def test_foundation_early_stopping_rule() -> None:
+    from basemodel_pipeline.training.pretrain import _stalled
+
+    h = [{"val_loss": v} for v in (3.0, 2.5, 2.6, 2.7)]
+    assert _stalled(h, patience=2)  # 2.6, 2.7 do not beat 2.5
+    assert not _stalled(h[:3], patience=2)  # too few epochs to tell
+    assert not _stalled([{"val_loss": v} for v in (3.0, 2.5, 2.6, 2.4)], patience=2)

@@ -82,6 +82,9 @@ class FoundationParams(Strict):
     num_blocks: int = Field(default=2, gt=0)
     dropout: float = Field(default=0.1, ge=0.0, lt=1.0)
     epochs: int = Field(default=4, gt=0)
+    patience: int = Field(
+        default=2, gt=0, description="Stop when the validation loss has not improved for this many epochs."
+    )
     split_points_per_entity: int = Field(
         default=8, gt=0, description="Random split points per entity per epoch (at most)."
     )

@@ -373,6 +373,9 @@ def _pretrain(
             _end_epoch(run, kept, epoch, model, loss_fn, Xv, Yv, device, sizes, progress)
             if world.main and p.checkpoint_every_steps:
                 resume.save_state(state_dir, key, model, opt, sched, kept["best_state"], run)
+            if _stalled(run["history"], p.patience):  # early stopping on the validation loss
+                progress.log(f"validation loss did not improve for {p.patience} epochs: stopping")
+                break
     finally:
         prefetch.close()
     model.load_state_dict(kept["best_state"])
@@ -411,6 +414,14 @@ def _pretrain(
         "world_size": world.size,
         **{f"sizes.{k}": v for k, v in sizes.to_dict().items()},
     }
+
+
+def _stalled(history: list[dict[str, Any]], patience: int) -> bool:
+    """True when none of the last `patience` epochs improved on the best validation loss before them."""
+    if len(history) <= patience:
+        return False
+    before = min(h["val_loss"] for h in history[:-patience])
+    return min(h["val_loss"] for h in history[-patience:]) >= before
 
 
 def _end_epoch(run, kept, epoch, model, loss_fn, Xv, Yv, device, sizes: Sizes, progress: Progress) -> None:
