@@ -38,6 +38,7 @@ from basemodel_pipeline.training.splits import epoch_seconds
 
 FIELD = "training_params.foundation"
 ACTIVITY_DAYS = (7, 14)  # "any event within N days" targets besides the horizon
+FEATURISE_CHUNK = 16384  # queries featurised at a time inside a chunk: bounds the temporaries
 
 
 @dataclass
@@ -175,7 +176,7 @@ class Examples:
     def __call__(self, e: np.ndarray, t: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         order = np.lexsort((t, e))  # sorted queries: the incremental pass reads each event once
         e, t = e[order], t[order]
-        X = self.enc.history_t(self.cache, e, t, chunk=len(e) or 1, device=self.device)
+        X = self.enc.history_t(self.cache, e, t, chunk=FEATURISE_CHUNK, device=self.device)
         et, tt = (torch.from_numpy(a).to(self.device) for a in (e, t))
         return X, future_targets(self.enc, self.cache, et, tt, self.horizon_s)
 
