@@ -136,3 +136,24 @@ def test_foundation_early_stopping_rule() -> None:
     assert _stalled(h, patience=2)  # 2.6, 2.7 do not beat 2.5
     assert not _stalled(h[:3], patience=2)  # too few epochs to tell
     assert not _stalled([{"val_loss": v} for v in (3.0, 2.5, 2.6, 2.4)], patience=2)
+
+
+@pytest.mark.parametrize(
+    ("setting", "field", "message"),
+    [
+        ("hidden_dim: 0", "training_params.foundation.hidden_dim", "greater than 0"),
+        ("batch_size: -8", "training_params.foundation.batch_size", "greater than 0"),
+        ("max_examples_per_epoch: 0", "training_params.foundation.max_examples_per_epoch", "greater than 0"),
+        ("sketch_width: 12", "training_params.foundation", "power of two"),
+    ],
+)
+def test_bad_training_sizes_name_the_field(tiny_dataset: Path, setting: str, field: str, message: str) -> None:
+    import yaml
+
+    from basemodel_pipeline.config import parse_config
+
+    raw = yaml.safe_load(tiny_dataset.read_text())
+    raw["training_params"]["foundation"].update(yaml.safe_load(setting))
+    with pytest.raises(ConfigError) as err:
+        parse_config(yaml.safe_dump(raw), tiny_dataset)
+    assert field in str(err.value) and message in str(err.value)
