@@ -116,15 +116,18 @@ def scenario_check(name: str, description: str, verdict: Any) -> dg.AssetChecksD
             return dg.AssetCheckResult(
                 passed=False, description=f"scenario_model[{scenario}] has no test metrics"
             )
+        metric = str(meta.get("metric"))
         threshold = (
-            quality_gates.floor(scenario) if verdict is floor_verdict else quality_gates.popularity_margin
+            quality_gates.bound(scenario, metric)
+            if verdict is floor_verdict
+            else quality_gates.popularity_margin
         )
         passed, why, values = verdict(meta, threshold)
         return dg.AssetCheckResult(
             passed=passed,
             severity=dg.AssetCheckSeverity.ERROR,
             description=why,
-            metadata={"metric": str(meta.get("metric")), **values},
+            metadata={"metric": metric, **values},
         )
 
     return _check
