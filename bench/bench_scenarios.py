@@ -39,6 +39,9 @@ def main() -> None:
     parser.add_argument(
         "--only", nargs="*", default=None, help="rerun these scenarios; keep the others' rows of the last run"
     )
+    parser.add_argument(
+        "--results", default=str(Path(__file__).parent / "results" / "scenarios_completejourney.json")
+    )
     args = parser.parse_args()
     cfg = load_config(prepare_demo(args.workspace, full=True))
     started = time.perf_counter()
@@ -55,7 +58,7 @@ def main() -> None:
     chosen = [sc for sc in cfg.scenarios if args.only is None or sc.name in args.only]
     results = finetune_many(cfg, chosen, NullProgress())
     stages["finetune_all_s"] = round(time.perf_counter() - t0, 1)
-    path = Path(__file__).parent / "results" / "scenarios_completejourney.json"
+    path = Path(args.results)
     previous = json.loads(path.read_text()) if args.only is not None and path.exists() else {}
     rows = dict(previous.get("scenarios", {}))
     for sc in chosen:

@@ -389,7 +389,9 @@ def _finish(
     truth = _truth(task, ex["test"])
     all_metrics = {name: metrics.evaluate(task, truth, o, scenario.k) for name, o in outputs.items()}
     for name in ("popularity",):  # popularity scores rank but are not probabilities: no log-loss
-        all_metrics[name] = {k: (float("nan") if "log_loss" in k else v) for k, v in all_metrics[name].items()}
+        all_metrics[name] = {
+            k: (float("nan") if "log_loss" in k else v) for k, v in all_metrics[name].items()
+        }
     metric_name = metrics.PRIMARY_METRIC[task]
     test = {name: m[metric_name] for name, m in all_metrics.items()}
     if task == "recommendation":
