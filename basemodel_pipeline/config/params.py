@@ -85,6 +85,12 @@ class FoundationParams(Strict):
     patience: int = Field(
         default=2, gt=0, description="Stop when the validation loss has not improved for this many epochs."
     )
+    activity_loss_weight: float = Field(
+        default=1.0,
+        ge=0,
+        description="Weight of the activity targets (any event within 7/14/horizon days) against the sketch "
+        "cross-entropies: higher keeps more 'whether and when' information in the trunk.",
+    )
     split_points_per_entity: int = Field(
         default=8, gt=0, description="Random split points per entity per epoch (at most)."
     )

@@ -119,11 +119,12 @@ def future_targets(
     return torch.cat([*parts, activity_targets(enc, cache, e, t, horizon_s)], 1)
 
 
-def make_loss(layout: TargetLayout):
+def make_loss(layout: TargetLayout, activity_weight: float = 1.0):
     bce_idx, mse_idx = torch.tensor(layout.bce), torch.tensor(layout.mse)
 
     def loss_fn(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        loss = nn.functional.binary_cross_entropy_with_logits(out[:, bce_idx], y[:, bce_idx])
+        bce = nn.functional.binary_cross_entropy_with_logits(out[:, bce_idx], y[:, bce_idx])
+        loss = activity_weight * bce
         loss = loss + nn.functional.mse_loss(out[:, mse_idx], y[:, mse_idx])
         if layout.blocks:
             ce = 0.0
@@ -301,7 +302,7 @@ def _pretrain(
     model = build_model(arch).to(device)
     model.trunk.set_stats(Xv.mean(0).to(device), Xv.std(0).to(device))  # the same on every rank
     replica = world.wrap(model)  # DDP under torchrun, else the model itself
-    loss_fn = make_loss(layout)
+    loss_fn = make_loss(layout, p.activity_loss_weight)
     n_chunks = -(-sizes.entities_per_epoch // max(1, sizes.chunk_examples // sizes.split_points_per_entity))
     per_rank = -(-sizes.examples_per_epoch // world.size)
     total_steps = p.epochs * (-(-per_rank // sizes.batch_size) + n_chunks)
