@@ -44,6 +44,8 @@ class MemorySampler(threading.Thread):
     def __init__(self) -> None:
         super().__init__(daemon=True)
         self.peak_rss = self.peak_anon = 0
+        self.stage = "start"
+        self.stage_anon: dict[str, int] = {}  # peak anonymous memory per stage
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -58,6 +60,7 @@ class MemorySampler(threading.Thread):
                 rss += info.rss
                 anon += info.rss - info.shared  # private pages: heap, not the page cache of mapped files
             self.peak_rss, self.peak_anon = max(self.peak_rss, rss), max(self.peak_anon, anon)
+            self.stage_anon[self.stage] = max(self.stage_anon.get(self.stage, 0), anon)
 
 
 def dataset(workdir: Path, events: int, customers: int) -> Path:
@@ -92,6 +95,7 @@ def main() -> None:
     times: dict[str, float] = {}
 
     def stage(name: str, fn):
+        sampler.stage = name.removesuffix("_s")
         t0 = time.perf_counter()
         result = fn()
         times[name] = round(time.perf_counter() - t0, 2)
@@ -110,6 +114,7 @@ def main() -> None:
     entities = np.arange(min(cache.n_entities, 100_000))
     t_end = int(max(s.ts[-1] for s in cache.sources.values())) + 1
     src_rows = sum(int(s.offsets[len(entities)]) for s in cache.sources.values())
+    sampler.stage = "featurise"
     t0 = time.perf_counter()
     enc.history(cache, entities, np.full(len(entities), t_end), device=device)
     featurise_s = time.perf_counter() - t0
@@ -141,6 +146,7 @@ def main() -> None:
         "inference_entities_per_s": emb["inference_entities_per_s"],
         "peak_rss_mb": round(sampler.peak_rss / 2**20, 1),
         "peak_anon_mb": round(sampler.peak_anon / 2**20, 1),
+        **{f"peak_anon_mb_{k}": round(v / 2**20, 1) for k, v in sampler.stage_anon.items()},
     }
     out = Path(__file__).parent / "results" / f"foundation_synthetic_{events // 1_000_000}M_{device}.json"
     out.parent.mkdir(exist_ok=True)
