@@ -229,12 +229,25 @@ def _scenario(cfg: PipelineConfig, name: str) -> str:
 
 
 @app.command()
-def finetune(config: ConfigArg, scenario: ScenarioOpt) -> None:
-    """Fine-tune one scenario from the foundation checkpoint and evaluate it against the baselines."""
+def finetune(
+    config: ConfigArg,
+    scenario: Annotated[
+        list[str] | None,
+        typer.Option("--scenario", "-s", help="Scenario name from the config; repeat it for several."),
+    ] = None,
+    all_scenarios: Annotated[bool, typer.Option("--all", help="Every scenario in the config.")] = False,
+) -> None:
+    """Fine-tune scenarios from the foundation checkpoint and evaluate them against the baselines.
+
+    Several scenarios (`-s a -s b` or `--all`) share one featurisation pass; each stops on its own metric."""
+    with user_errors():
+        names = [s.name for s in load_config(config).scenarios] if all_scenarios else list(scenario or [])
+        if not names:
+            raise UserError("name a scenario with --scenario NAME (repeatable) or use --all")
     run_stage(
-        f"finetune {scenario}",
+        f"finetune {', '.join(names)}",
         config,
-        lambda cfg, p: pipeline.run_finetune(cfg, _scenario(cfg, scenario), progress=p),
+        lambda cfg, p: pipeline.run_finetune_many(cfg, [_scenario(cfg, n) for n in names], progress=p),
     )
 
 

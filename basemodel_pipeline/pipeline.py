@@ -61,6 +61,17 @@ def run_finetune(cfg: PipelineConfig, scenario: str, progress: Progress | None =
     return finetune(cfg, cfg.scenario(scenario), progress or NullProgress())
 
 
+def run_finetune_many(
+    cfg: PipelineConfig, scenarios: list[str], progress: Progress | None = None
+) -> dict[str, Any]:
+    """Fine-tune several scenarios with one featurisation pass (each stops on its own validation metric).
+    Returns {scenario: metadata} (a single scenario returns its metadata directly)."""
+    from basemodel_pipeline.training.finetune import finetune_many
+
+    out = finetune_many(cfg, [cfg.scenario(s) for s in scenarios], progress or NullProgress())
+    return out[scenarios[0]] if len(scenarios) == 1 else out
+
+
 def run_predict(
     cfg: PipelineConfig, scenario: str, as_of: dt.date | None = None, progress: Progress | None = None
 ) -> dict[str, Any]:

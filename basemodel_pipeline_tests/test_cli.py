@@ -53,3 +53,7 @@ def test_validate_ok(tiny_dataset: Path) -> None:
     result = runner.invoke(app, ["validate", str(tiny_dataset)])
     assert result.exit_code == 0, result.output
     assert "OK" in result.output and "churn" in result.output and "transactions" in result.output
+
+
+def test_finetune_needs_a_scenario(tiny_config: Path) -> None:
+    _assert_user_error(["finetune", str(tiny_config)], "--scenario", "--all")

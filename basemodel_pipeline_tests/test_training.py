@@ -157,3 +157,15 @@ def test_bad_training_sizes_name_the_field(tiny_dataset: Path, setting: str, fie
     with pytest.raises(ConfigError) as err:
         parse_config(yaml.safe_dump(raw), tiny_dataset)
     assert field in str(err.value) and message in str(err.value)
+
+
+def test_finetune_many_scenarios_in_one_pass(trained) -> None:
+    from basemodel_pipeline.pipeline import run_finetune_many
+
+    cfg, _ = trained
+    names = [s.name for s in cfg.scenarios]
+    assert len(names) >= 2
+    out = run_finetune_many(cfg, names)
+    assert set(out) == set(names)
+    for name in names:
+        assert Path(out[name]["path"]).is_dir() and np.isfinite(out[name]["test_model"])
