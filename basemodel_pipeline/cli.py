@@ -301,6 +301,13 @@ def demo(
     workspace: Annotated[
         Path, typer.Option("--workspace", "-w", help="Directory for data and artifacts.")
     ] = Path("demo_workspace"),
+    full: Annotated[
+        bool,
+        typer.Option(
+            "--full",
+            help="All six Complete Journey scenarios (default: churn and department); much longer: manufacturer (5,288 labels) and next-basket (68k products) dominate.",
+        ),
+    ] = False,
 ) -> None:
     """The Complete Journey end to end: materialize every asset through Dagster, then show the test metrics.
 
@@ -311,7 +318,7 @@ def demo(
 
     start = time.perf_counter()
     with user_errors():
-        config = prepare_demo(workspace)
+        config = prepare_demo(workspace, full=full)
         load_config(config)
     out.print(f"[bold]demo[/bold]: config {config}")
     instance = demo_instance(workspace)
