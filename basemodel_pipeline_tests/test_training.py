@@ -147,7 +147,9 @@ def test_foundation_early_stopping_rule() -> None:
         ("sketch_width: 12", "training_params.foundation", "power of two"),
     ],
 )
-def test_bad_training_sizes_name_the_field(tiny_dataset: Path, setting: str, field: str, message: str) -> None:
+def test_bad_training_sizes_name_the_field(
+    tiny_dataset: Path, setting: str, field: str, message: str
+) -> None:
     import yaml
 
     from basemodel_pipeline.config import parse_config
