@@ -32,11 +32,10 @@ from basemodel_pipeline.cache.store import DAY, EventCache, EventSource, expand_
 from basemodel_pipeline.features.kernels import (
     SourceTensors,
     as_tensor,
-    decayed_sums,
     entity_chunks,
+    incremental_sums,
+    new_day,
     row_chunks,
-    scan,
-    segments,
     source_tensors,
 )
 
@@ -95,20 +94,13 @@ def feature_names(cache: EventCache) -> list[str]:
     return names
 
 
-def _new_day(st: SourceTensors, rows: torch.Tensor, entity_start: torch.Tensor) -> torch.Tensor:
-    """1.0 where the event is the first of its (entity, UTC day)."""
-    day = torch.div(st.ts[rows], DAY, rounding_mode="floor")
-    prev = torch.div(st.ts[(rows - 1).clamp_min(0)], DAY, rounding_mode="floor")
-    return ((rows == entity_start) | (day != prev)).to(torch.float32)
-
-
 def _channels(
     st: SourceTensors, lay: _Layout, rows: torch.Tensor, entity_start: torch.Tensor, with_tops: bool
 ):
     """Channel indices [m, K] and values [m, K] of rows for this layout (row-major: see event_channels_t)."""
     m, dev = len(rows), rows.device
     chans = [torch.zeros(m, dtype=torch.int64, device=dev), torch.ones(m, dtype=torch.int64, device=dev)]
-    vals = [torch.ones(m, dtype=torch.float32, device=dev), _new_day(st, rows, entity_start)]
+    vals = [torch.ones(m, dtype=torch.float32, device=dev), new_day(st, rows, entity_start)]
     for j, c in enumerate(lay.numeric):
         chans.append(torch.full((m,), 2 + j, dtype=torch.int64, device=dev))
         vals.append(st.columns[c][rows].to(torch.float32))
@@ -127,23 +119,20 @@ def _all_history(
     st: SourceTensors, lay: _Layout, e: torch.Tensor, t: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Cumulative (undecayed) sums [n, base] over all events before each sorted query, and its end rows."""
-    sg = segments(st, e, t)
-    rate = torch.zeros(1, device=e.device)
-    out = torch.empty((len(e), lay.base), dtype=torch.float32, device=e.device)
-    for a, b in row_chunks(sg.pos - sg.start, sg.first):
-        owner, rows = expand_ranges_t(sg.start[a:b], sg.pos[a:b])
-        chans, vals = _channels(st, lay, rows, st.offsets[e[a:b]][owner], with_tops=False)
-        sums = decayed_sums(vals, owner, t[a:b][owner] - st.ts[rows], chans, rate, b - a, lay.base)
-        out[a:b] = scan(sums, t[a:b], sg.first[a:b], rate)[:, 0]
-    return out, sg.pos
+
+    def channels(rows: torch.Tensor, owner: torch.Tensor, a: int):
+        return _channels(st, lay, rows, st.offsets[e[a + owner]], with_tops=False)
+
+    sums, sg = incremental_sums(st, e, t, torch.zeros(1, device=e.device), lay.base, channels)
+    return sums[:, 0], sg.pos
 
 
 def _windows(
-    st: SourceTensors, lay: _Layout, e: torch.Tensor, t: torch.Tensor, hi: torch.Tensor
+    st: SourceTensors, lay: _Layout, e: torch.Tensor, t: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor
 ) -> torch.Tensor:
-    """Sums [n, len(WINDOWS_DAYS), width] over the events in each window before each query."""
+    """Sums [n, len(WINDOWS_DAYS), width] over the events in each window before each query; rows [lo, hi)
+    span the longest window."""
     n, W, dev = len(e), len(WINDOWS_DAYS), e.device
-    lo = st.positions(e, t - max(WINDOWS_DAYS) * DAY)
     out = torch.zeros(n * W * lay.width, dtype=torch.float32, device=dev)
     for a, b in row_chunks(hi - lo, torch.ones(n, dtype=torch.bool, device=dev)):
         owner, rows = expand_ranges_t(lo[a:b], hi[a:b])
@@ -163,14 +152,15 @@ def aggregate_features_t(cache: EventCache, e: torch.Tensor, t: torch.Tensor) ->
     for src in cache.sources.values():
         st, lay = source_tensors(src, e.device), _layout(src)
         total, hi = _all_history(st, lay, e, t)
-        win = _windows(st, lay, e, t, hi)
+        lo = {w: st.positions(e, t - w * DAY) for w in WINDOWS_DAYS}  # first row of each window
+        win = _windows(st, lay, e, t, lo[max(WINDOWS_DAYS)], hi)
+        last_event = max(len(st.ts) - 1, 0)
         start = st.offsets[e]
         has = hi > start
         last_row = (hi - 1).clamp_min(0)
         days: dict[object, torch.Tensor] = {}
         for wi, w in enumerate(WINDOWS_DAYS):
-            lo_w = st.positions(e, t - w * DAY)
-            partial = (lo_w < hi) & (_new_day(st, lo_w.clamp_max(max(len(st.ts) - 1, 0)), start) == 0)
+            partial = (lo[w] < hi) & (new_day(st, lo[w].clamp_max(last_event), start) == 0)
             days[w] = win[:, wi, 1] + partial.to(torch.float32)  # the window starts inside a counted day
             cols += [win[:, wi, 0], days[w], *win[:, wi, 2 : lay.base].unbind(1)]
         days["all"] = total[:, 1]
@@ -183,13 +173,12 @@ def aggregate_features_t(cache: EventCache, e: torch.Tensor, t: torch.Tensor) ->
                     cnt = win[:, wi, off + j]
                     cols += [cnt, cnt / win[:, wi, 0].clamp_min(1.0)]
                 off += k
-        ts_last, ts_first = st.ts[last_row].to(torch.float64), st.ts[start.clamp_max(len(st.ts) - 1)]
+        ts_last, ts_first = st.ts[last_row].to(torch.float64), st.ts[start.clamp_max(last_event)]
         recency = torch.where(has, (t64 - ts_last) / DAY, torch.full_like(t64, NO_HISTORY_DAYS))
         tenure = torch.where(has, (t64 - ts_first.to(torch.float64)) / DAY, torch.zeros_like(t64))
         cols += [recency, tenure, days["all"] * 30.0 / tenure.clamp_min(1.0)]
         day_last = torch.div(st.ts[last_row], DAY, rounding_mode="floor")
-        lo90 = st.positions(e, t - 90 * DAY).clamp_max(max(len(st.ts) - 1, 0))
-        firsts = {"all": ts_first, 90: st.ts[lo90]}
+        firsts = {"all": ts_first, 90: st.ts[lo[90].clamp_max(last_event)]}
         sums = {"all": total[:, 2 : lay.base], 90: win[:, WINDOWS_DAYS.index(90), 2 : lay.base]}
         for w in ("all", 90):
             cols += list((sums[w] / days[w].clamp_min(1.0).unsqueeze(1)).unbind(1))

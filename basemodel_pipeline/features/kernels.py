@@ -142,6 +142,29 @@ def day_of(ts: torch.Tensor) -> torch.Tensor:
     return torch.div(ts, DAY, rounding_mode="floor")
 
 
+def new_day(st: SourceTensors, rows: torch.Tensor, run_start: torch.Tensor) -> torch.Tensor:
+    """1.0 where the event is the first of its UTC day within its run of rows (run_start: the run's first row,
+    e.g. the entity's first event or a window's first event)."""
+    prev = day_of(st.ts[(rows - 1).clamp_min(0)])
+    return ((rows == run_start) | (day_of(st.ts[rows]) != prev)).to(torch.float32)
+
+
+def incremental_sums(
+    st: SourceTensors, e: torch.Tensor, t: torch.Tensor, rates: torch.Tensor, channels: int, channel_fn
+) -> tuple[torch.Tensor, Segments]:
+    """Decayed channel sums [n, R, channels] over all events before each query (queries sorted by entity then
+    time), every event read once: per-segment scatter-adds, then the decayed scan along each entity's queries.
+    channel_fn(rows, owner, a) -> (chans [m, K], vals [m, K]) for the rows of queries a + owner."""
+    sg = segments(st, e, t)
+    sums = torch.empty((len(e), len(rates), channels), dtype=torch.float32, device=e.device)
+    for a, b in row_chunks(sg.pos - sg.start, sg.first):
+        owner, rows = expand_ranges_t(sg.start[a:b], sg.pos[a:b])
+        chans, vals = channel_fn(rows, owner, a)
+        sums[a:b] = decayed_sums(vals, owner, t[a:b][owner] - st.ts[rows], chans, rates, b - a, channels)
+        scan(sums[a:b], t[a:b], sg.first[a:b], rates)
+    return sums, sg
+
+
 def entity_chunks(sorted_entity: np.ndarray, chunk: int) -> list[tuple[int, int]]:
     """Split a sorted array into ~chunk-sized blocks without cutting an entity's run."""
     n, bounds, a = len(sorted_entity), [], 0

@@ -22,18 +22,15 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from basemodel_pipeline.cache.store import DAY, EventCache, EventSource, expand_ranges_t
+from basemodel_pipeline.cache.store import DAY, EventCache, EventSource
 from basemodel_pipeline.evaluation.aggregates import aggregate_features_t, feature_names
 from basemodel_pipeline.features.cleora import cleora, incidence
 from basemodel_pipeline.features.dlsh import dlsh_table
 from basemodel_pipeline.features.kernels import (
     SourceTensors,
     as_tensor,
-    decayed_sums,
     entity_chunks,
-    row_chunks,
-    scan,
-    segments,
+    incremental_sums,
     source_tensors,
     window_sums,
 )
@@ -311,14 +308,14 @@ class FeatureEncoder:
         parts = []
         for plan in self.sources:
             st = source_tensors(cache.source(plan.name), dev)
-            sg = segments(st, e, t)
-            sums = torch.empty((n, H, plan.channels), dtype=torch.float32, device=dev)
-            for a, b in row_chunks(sg.pos - sg.start, sg.first):
-                owner, rows = expand_ranges_t(sg.start[a:b], sg.pos[a:b])
-                chans, vals = self.event_channels_t(plan, st, rows)
-                dt_s = t[a:b][owner] - st.ts[rows]
-                sums[a:b] = decayed_sums(vals, owner, dt_s, chans, rates, b - a, plan.channels)
-                scan(sums[a:b], t[a:b], sg.first[a:b], rates)
+            sums, sg = incremental_sums(
+                st,
+                e,
+                t,
+                rates,
+                plan.channels,
+                lambda rows, owner, a, plan=plan, st=st: self.event_channels_t(plan, st, rows),
+            )
             parts.append(_squash(sums, plan.numeric_channels()).reshape(n, H * plan.channels))
             parts.append(_extras(st, e, t, sg.pos))
         if self.attributes:

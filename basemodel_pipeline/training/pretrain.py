@@ -27,7 +27,7 @@ from basemodel_pipeline.cache.build import cache_dir
 from basemodel_pipeline.cache.store import DAY, EventCache, expand_ranges_t
 from basemodel_pipeline.config import PipelineConfig
 from basemodel_pipeline.errors import ConfigError
-from basemodel_pipeline.features.kernels import source_tensors
+from basemodel_pipeline.features.kernels import new_day, source_tensors
 from basemodel_pipeline.features.sketch import FeatureEncoder
 from basemodel_pipeline.model.checkpoint import build_model, publish_checkpoint
 from basemodel_pipeline.progress import NullProgress, Progress
@@ -88,10 +88,7 @@ def activity_targets(
         for days in ACTIVITY_DAYS:
             parts.append((st.positions(e, t + days * DAY) > lo).float().unsqueeze(1))
         owner, rows = expand_ranges_t(lo, hi)
-        day = torch.div(st.ts[rows], DAY, rounding_mode="floor")
-        prev = torch.div(st.ts[(rows - 1).clamp_min(0)], DAY, rounding_mode="floor")
-        new = ((rows == lo[owner]) | (day != prev)).float()
-        active_days = torch.zeros(len(e), device=e.device).index_add_(0, owner, new)
+        active_days = torch.zeros(len(e), device=e.device).index_add_(0, owner, new_day(st, rows, lo[owner]))
         parts.append(torch.log1p(active_days).unsqueeze(1))
     return torch.cat(parts, 1)
 
