@@ -260,6 +260,8 @@ class ParquetBackend(Backend):
     @classmethod
     def is_transient(cls, exc: BaseException) -> bool:
         text = str(exc)
+        if "No files found that match the pattern" in text:  # a missing path or prefix: retrying cannot help
+            return False
         if isinstance(exc, duckdb.HTTPException) or "HTTP" in text:
             return any(code in text for code in ("500", "502", "503", "504", "429", "Timeout", "timed out"))
         return super().is_transient(exc)
