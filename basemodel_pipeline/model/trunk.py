@@ -50,3 +50,7 @@ class TrunkWithHead(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, F] -> [B, out]
         return self.head(self.trunk(x))
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:  # [B, F] -> [B, D]
+        """The universal behavioural embedding of history features (what `basemodel embed` exports)."""
+        return self.trunk(x)
