@@ -145,13 +145,50 @@ def _windows(
     return out.view(n, W, lay.width)
 
 
-def aggregate_features_t(cache: EventCache, e: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    """Aggregate features [n, F] float32 of queries sorted by (entity, time), on e's device."""
+def all_history_totals(
+    cache: EventCache, e: torch.Tensor, t: torch.Tensor
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Per source: (sums [n, base] of count, active days and numeric columns over all events before each
+    sorted query, first row at/after the query [n]). Additive over time: see new_days_totals."""
+    out = {}
+    for name, src in cache.sources.items():
+        out[name] = _all_history(source_tensors(src, e.device), _layout(src), e, t)
+    return out
+
+
+def new_days_totals(
+    cache: EventCache, e: torch.Tensor, t0: torch.Tensor, t1: torch.Tensor
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Per source: (the all_history_totals channels summed over the events with t0 <= ts < t1, first row at/after
+    t1). With t0 at a UTC midnight no day straddles t0, so totals(t1) = totals(t0) + this, exactly."""
+    out = {}
+    for name, src in cache.sources.items():
+        st, lay = source_tensors(src, e.device), _layout(src)
+        lo, hi = st.positions(e, t0), st.positions(e, t1)
+        sums = torch.zeros(len(e) * lay.base, dtype=torch.float32, device=e.device)
+        for a, b in row_chunks(hi - lo, torch.ones(len(e), dtype=torch.bool, device=e.device)):
+            owner, rows = expand_ranges_t(lo[a:b], hi[a:b])
+            chans, vals = _channels(st, lay, rows, lo[a:b][owner], with_tops=False)
+            sums.index_add_(0, (chans + ((owner + a) * lay.base).unsqueeze(1)).reshape(-1), vals.reshape(-1))
+        out[name] = (sums.view(len(e), lay.base), hi)
+    return out
+
+
+def aggregate_features_t(
+    cache: EventCache,
+    e: torch.Tensor,
+    t: torch.Tensor,
+    totals: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
+) -> torch.Tensor:
+    """Aggregate features [n, F] float32 of queries sorted by (entity, time), on e's device.
+
+    ``totals`` (from all_history_totals, possibly advanced with new_days_totals) skips the pass over all events
+    before each query; only the 90-day windows are read."""
     cols: list[torch.Tensor] = []
     t64 = t.to(torch.float64)
-    for src in cache.sources.values():
+    for name, src in cache.sources.items():
         st, lay = source_tensors(src, e.device), _layout(src)
-        total, hi = _all_history(st, lay, e, t)
+        total, hi = totals[name] if totals is not None else _all_history(st, lay, e, t)
         lo = {w: st.positions(e, t - w * DAY) for w in WINDOWS_DAYS}  # first row of each window
         win = _windows(st, lay, e, t, lo[max(WINDOWS_DAYS)], hi)
         last_event = max(len(st.ts) - 1, 0)

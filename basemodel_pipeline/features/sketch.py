@@ -246,6 +246,9 @@ class FeatureEncoder:
                 vals.append(torch.ones((m, 1), dtype=torch.float32, device=dev))
                 continue
             data = st.columns[col.name][rows]
+            if col.kind in ("direct", "hashed"):
+                # codes added to the vocabulary after the encoder was fitted (cache appends) count as missing
+                data = torch.where(data > col.vocab_size, torch.zeros_like(data), data)
             if col.kind == "fourier":
                 x = data.to(torch.float32)
                 x = torch.sign(x) * torch.log1p(x.abs())
@@ -295,42 +298,75 @@ class FeatureEncoder:
             idx = order[a:b]
             e = torch.from_numpy(entity[idx]).to(device)
             t = torch.from_numpy(time[idx]).to(device)
-            out[torch.from_numpy(idx).to(device)] = self._history_sorted(cache, e, t)
+            out[torch.from_numpy(idx).to(device)] = self.history_sorted(cache, e, t)
         return out
 
     def _rates(self, device: torch.device) -> torch.Tensor:
         """Decay rate per second of each half-life."""
         return torch.tensor([np.log(2.0) / (h * DAY) for h in self.half_lives_days], device=device)
 
-    def _history_sorted(self, cache: EventCache, e: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        n, dev, H = len(e), e.device, len(self.half_lives_days)
-        rates = self._rates(dev)
-        parts = []
+    def history_sorted(
+        self, cache: EventCache, e: torch.Tensor, t: torch.Tensor, totals: dict | None = None
+    ) -> torch.Tensor:
+        sums, pos = [], []
         for plan in self.sources:
-            st = source_tensors(cache.source(plan.name), dev)
-            sums, sg = incremental_sums(
+            st = source_tensors(cache.source(plan.name), e.device)
+            s, sg = incremental_sums(
                 st,
                 e,
                 t,
-                rates,
+                self._rates(e.device),
                 plan.channels,
                 lambda rows, owner, a, plan=plan, st=st: self.event_channels_t(plan, st, rows),
             )
-            parts.append(_squash(sums, plan.numeric_channels()).reshape(n, H * plan.channels))
-            parts.append(_extras(st, e, t, sg.pos))
+            sums.append(s)
+            pos.append(sg.pos)
+        return self.assemble(cache, e, t, sums, pos, totals)
+
+    def assemble(
+        self,
+        cache: EventCache,
+        e: torch.Tensor,
+        t: torch.Tensor,
+        sums: list[torch.Tensor],
+        pos: list[torch.Tensor],
+        totals: dict | None = None,
+    ) -> torch.Tensor:
+        """Model input [n, dim] from each source's raw decayed sums [n, H, C] and first row at/after t [n].
+
+        ``totals``: precomputed all-history aggregate sums per source (see aggregates.all_history_totals);
+        without them the aggregates read every event before t."""
+        n, H = len(e), len(self.half_lives_days)
+        parts = []
+        for plan, s, p in zip(self.sources, sums, pos, strict=True):
+            st = source_tensors(cache.source(plan.name), e.device)
+            parts.append(_squash(s, plan.numeric_channels()).reshape(n, H * plan.channels))
+            parts.append(_extras(st, e, t, p))
         if self.attributes:
             parts.append(self._attribute_features(cache, e))
         if self.aggregate_dim:
-            agg = torch.nan_to_num(aggregate_features_t(cache, e, t), nan=0.0)
+            agg = torch.nan_to_num(aggregate_features_t(cache, e, t, totals), nan=0.0)
             parts.append(torch.sign(agg) * torch.log1p(agg.abs()))
         return torch.cat(parts, 1)
+
+    def raw_sums(self, X: torch.Tensor) -> list[torch.Tensor]:
+        """Inverse of assemble's squashing for the decayed sums: per source [n, H, C] float32 from features X."""
+        n, H, off, out = len(X), len(self.half_lives_days), 0, []
+        for plan in self.sources:
+            width = H * plan.channels
+            block = X[:, off : off + width].to(torch.float32).reshape(n, H, plan.channels)
+            out.append(_unsquash(block, plan.numeric_channels()))
+            off += width + self.EXTRAS_PER_SOURCE
+        return out
 
     def _attribute_features(self, cache: EventCache, e: torch.Tensor) -> torch.Tensor:
         out = torch.zeros((len(e), self.attribute_dim), dtype=torch.float32, device=e.device)
         for col in self.attributes:
             values = as_tensor(np.asarray(cache.attributes[col.name]), e.device)[e]
             if col.kind == "direct":
-                out[torch.arange(len(e), device=e.device), col.offset + values.to(torch.int64)] = 1.0
+                code = values.to(torch.int64)
+                code = torch.where(code > col.vocab_size, torch.zeros_like(code), code)  # unseen at fit time
+                out[torch.arange(len(e), device=e.device), col.offset + code] = 1.0
             else:
                 v = values.to(torch.float32)
                 out[:, col.offset] = torch.sign(v) * torch.log1p(v.abs())
@@ -358,6 +394,15 @@ def _squash(x: torch.Tensor, numeric: list[int]) -> torch.Tensor:
     num = [c for c in numeric if c != 0]
     if num:
         out[..., num] = torch.sign(x[..., num]) * torch.log1p(x[..., num].abs())
+    return out
+
+
+def _unsquash(y: torch.Tensor, numeric: list[int]) -> torch.Tensor:
+    """Inverse of _squash."""
+    out = torch.expm1(y)
+    num = [c for c in numeric if c != 0]
+    if num:
+        out[..., num] = torch.sign(y[..., num]) * torch.expm1(y[..., num].abs())
     return out
 
 

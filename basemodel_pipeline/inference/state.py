@@ -1,0 +1,252 @@
+"""Per-entity feature state as of the cache's last day, advanced with only the new days (DESIGN §4).
+
+    <workspace>/state/<encoder key>/
+        manifest.json   as_of, n_entities, dim, encoder key, cache fingerprint, events before as_of per source
+        features.npy    float16 [n_entities, dim]: every entity's model input as of `as_of`
+        totals.npy      float32 [n_entities, T]: all-history aggregate sums (count, active days, numeric sums)
+
+Scoring as of the state's date is one forward pass per entity: no event is read. When the cache gains days,
+``advance`` reads only the events in [old as_of, new as_of) for the decayed sums and totals,
+
+    S(t1) = exp(-(t1 - t0) * rate) * S(t0) + sum over the new events of value * exp(-(t1 - ts) * rate),
+
+and the aggregates' 90-day windows; recency, tenure and counts come from one binary search per entity.
+Scenarios that share the foundation's encoder share one state. The decayed sums are kept in float16 in their
+log1p-squashed form (the model's input), so each advance re-rounds them (~2.4e-4 relative in log space);
+the state is rebuilt from the cache whenever its history changed (rebuilt cache, late days) or the encoder did.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from basemodel_pipeline import workspace as ws
+from basemodel_pipeline.cache.store import EventCache
+from basemodel_pipeline.evaluation.aggregates import all_history_totals, new_days_totals
+from basemodel_pipeline.features.kernels import (
+    as_tensor,
+    decayed_sums,
+    expand_ranges_t,
+    row_chunks,
+    source_tensors,
+)
+from basemodel_pipeline.features.sketch import FeatureEncoder
+from basemodel_pipeline.progress import NullProgress, Progress
+from basemodel_pipeline.training.splits import epoch_seconds
+
+STATE_VERSION = 1
+CHUNK = 16384  # entities per step: bounds memory
+
+
+def encoder_key(encoder: dict) -> str:
+    """Stable short hash of an encoder's JSON: scenarios fine-tuned from one foundation share a state."""
+    blob = json.dumps(encoder, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def state_dir(workspace: Path, encoder: dict) -> Path:
+    return Path(workspace) / "state" / encoder_key(encoder)
+
+
+@dataclass
+class EntityState:
+    path: Path
+    manifest: dict[str, Any]
+    features: np.ndarray  # float16 [n, dim], memory-mapped
+    totals: np.ndarray  # float32 [n, T], memory-mapped
+
+    @property
+    def as_of(self) -> dt.date:
+        return dt.date.fromisoformat(self.manifest["as_of"])
+
+    @classmethod
+    def open(cls, path: Path) -> EntityState | None:
+        manifest = path / "manifest.json"
+        if not manifest.exists():
+            return None
+        meta = json.loads(manifest.read_text())
+        if meta.get("version") != STATE_VERSION:
+            return None
+        return cls(
+            path,
+            meta,
+            np.load(path / "features.npy", mmap_mode="r"),
+            np.load(path / "totals.npy", mmap_mode="r"),
+        )
+
+
+def events_before(cache: EventCache, t: int) -> dict[str, int]:
+    """Number of events before t per source (one binary search per entity): the state's history signature."""
+    e = torch.arange(cache.n_entities, dtype=torch.int64)
+    out = {}
+    for name, src in cache.sources.items():
+        st = source_tensors(src, torch.device("cpu"))
+        out[name] = int((st.positions(e, torch.full_like(e, t)) - st.offsets[:-1]).sum())
+    return out
+
+
+def _totals_layout(totals: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[str, int]]:
+    return [(name, t.shape[1]) for name, (t, _) in totals.items()]
+
+
+def _pack(totals: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    return torch.cat([t for t, _ in totals.values()], 1)
+
+
+def _unpack(
+    packed: torch.Tensor, layout: list[tuple[str, int]], pos: dict[str, torch.Tensor]
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    out, off = {}, 0
+    for name, width in layout:
+        out[name] = (packed[:, off : off + width], pos[name])
+        off += width
+    return out
+
+
+def _build_chunk(
+    cache: EventCache, enc: FeatureEncoder, e: torch.Tensor, t: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, list[tuple[str, int]]]:
+    """Features and packed totals of entities from their whole history (the first build)."""
+    totals = all_history_totals(cache, e, t) if enc.aggregate_dim else {}
+    X = enc.history_sorted(cache, e, t, totals if totals else None)
+    packed = _pack(totals) if totals else torch.zeros((len(e), 0))
+    return X, packed, _totals_layout(totals)
+
+
+def _advance_chunk(
+    cache: EventCache,
+    enc: FeatureEncoder,
+    e: torch.Tensor,
+    t0: int,
+    t1: int,
+    X_old: torch.Tensor,
+    totals_old: torch.Tensor,
+    layout: list[tuple[str, int]],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Features and totals of entities as of t1 from their state as of t0 and the events in [t0, t1)."""
+    n, dev = len(e), e.device
+    rates = enc._rates(dev)
+    T0, T1 = torch.full((n,), t0, dtype=torch.int64), torch.full((n,), t1, dtype=torch.int64)
+    decay = torch.exp(-(t1 - t0) * rates).view(1, -1, 1)  # [1, H, 1]
+    sums, pos = [], []
+    for plan, old in zip(enc.sources, enc.raw_sums(X_old), strict=True):
+        st = source_tensors(cache.source(plan.name), dev)
+        lo, hi = st.positions(e, T0), st.positions(e, T1)
+        new = torch.zeros((n, len(rates), plan.channels), dtype=torch.float32, device=dev)
+        for a, b in row_chunks(hi - lo, torch.ones(n, dtype=torch.bool, device=dev)):
+            owner, rows = expand_ranges_t(lo[a:b], hi[a:b])
+            chans, vals = enc.event_channels_t(plan, st, rows)
+            new[a:b] = decayed_sums(vals, owner, t1 - st.ts[rows], chans, rates, b - a, plan.channels)
+        sums.append(old * decay + new)
+        pos.append(hi)
+    totals = None
+    packed = totals_old
+    if enc.aggregate_dim:
+        added = new_days_totals(cache, e, T0, T1)
+        packed = totals_old + _pack(added)
+        totals = _unpack(packed, layout, {name: p for name, (_, p) in added.items()})
+    return enc.assemble(cache, e, T1, sums, pos, totals), packed
+
+
+def ensure_state(
+    workspace: Path,
+    cache: EventCache,
+    encoder: dict,
+    as_of: dt.date,
+    progress: Progress | None = None,
+    chunk: int = CHUNK,
+) -> tuple[EntityState, dict[str, Any]]:
+    """The state as of `as_of` (>= the cache's last day + 1), reusing and advancing a stored one when its
+    history is still the cache's; built from the whole history otherwise. Returns (state, what was done)."""
+    progress = progress or NullProgress()
+    enc = FeatureEncoder.from_dict(encoder)
+    path = state_dir(workspace, encoder)
+    old = EntityState.open(path)
+    fingerprint = cache.manifest.get("fingerprint")
+    if old is not None and old.as_of == as_of and _valid(old, cache, fingerprint):
+        return old, {"state": "reused", "state_as_of": as_of.isoformat(), "new_events": 0}
+    base = old if old is not None and old.as_of < as_of and _valid(old, cache, fingerprint) else None
+    t1 = epoch_seconds(as_of)
+    ws.clean_stale_tmp(path.parent)
+    tmp = ws.staging_dir(path)
+    n = cache.n_entities
+    X = np.lib.format.open_memmap(tmp / "features.npy", "w+", np.float16, (n, enc.dim))
+    totals_file = None
+    layout: list[tuple[str, int]] = [tuple(x) for x in base.manifest["totals_layout"]] if base else []
+    progress.start("state", n)
+    new_events = 0
+    if base is not None:
+        t0 = epoch_seconds(base.as_of)
+        new_events = sum(events_before(cache, t1).values()) - sum(base.manifest["events_before"].values())
+    for a in range(0, n, chunk):
+        b = min(a + chunk, n)
+        e = torch.arange(a, b, dtype=torch.int64)
+        t = torch.full((b - a,), t1, dtype=torch.int64)
+        if base is not None:
+            X_old, tot_old = _old_rows(base, a, b, enc.dim)
+            x, tot = _advance_chunk(cache, enc, e, t0, t1, X_old, tot_old, layout)
+        else:
+            x, tot, layout = _build_chunk(cache, enc, e, t)
+        if totals_file is None:
+            shape = (n, tot.shape[1])
+            totals_file = np.lib.format.open_memmap(tmp / "totals.npy", "w+", np.float32, shape)
+        X[a:b] = x.numpy().astype(np.float16)
+        totals_file[a:b] = tot.numpy()
+        progress.advance("state", b - a)
+    if totals_file is None:  # no entities
+        np.save(tmp / "totals.npy", np.zeros((0, 0), np.float32))
+    else:
+        totals_file.flush()
+    X.flush()
+    del X, totals_file
+    manifest = {
+        "version": STATE_VERSION,
+        "as_of": as_of.isoformat(),
+        "n_entities": n,
+        "dim": enc.dim,
+        "encoder_key": encoder_key(encoder),
+        "cache_fingerprint": fingerprint,
+        "events_before": events_before(cache, t1),
+        "totals_layout": [list(x) for x in layout],
+        "updates": (base.manifest.get("updates", 0) + 1) if base else 0,
+        "created": dt.datetime.now(dt.UTC).isoformat(),
+    }
+    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    ws.publish_dir(tmp, path)
+    state = EntityState.open(path)
+    assert state is not None
+    info = {
+        "state": "advanced" if base else "built",
+        "state_as_of": as_of.isoformat(),
+        "new_events": int(new_events) if base else sum(manifest["events_before"].values()),
+    }
+    return state, info
+
+
+def _valid(state: EntityState, cache: EventCache, fingerprint: str | None) -> bool:
+    """The stored state still describes the cache's history before its date: same data config, no entity
+    removed, and exactly as many events before that date per source (a rebuilt cache or a late day changes it)."""
+    m = state.manifest
+    if m.get("cache_fingerprint") != fingerprint or m["n_entities"] > cache.n_entities:
+        return False
+    return m.get("events_before") == events_before(cache, epoch_seconds(state.as_of))
+
+
+def _old_rows(state: EntityState, a: int, b: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows a:b of a stored state as float32 tensors; entities added since (rows past its end) start empty."""
+    n_old = state.manifest["n_entities"]
+    X = torch.zeros((b - a, dim), dtype=torch.float32)
+    T = torch.zeros((b - a, state.totals.shape[1]), dtype=torch.float32)
+    if a < n_old:
+        k = min(b, n_old) - a
+        X[:k] = as_tensor(np.asarray(state.features[a : a + k], np.float32))
+        T[:k] = as_tensor(np.asarray(state.totals[a : a + k], np.float32))
+    return X, T  # entities added since (rows past the stored ones) start from zero sums: an empty history
