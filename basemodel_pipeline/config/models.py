@@ -8,6 +8,7 @@ from __future__ import annotations
 from pydantic import Field, field_validator, model_validator
 
 from basemodel_pipeline.config.base import IDENTIFIER, Strict
+from basemodel_pipeline.config.outputs import OutputsConfig
 from basemodel_pipeline.config.params import (
     CacheParams,
     DataParams,
@@ -69,6 +70,7 @@ class PipelineConfig(Strict):
     training_params: TrainingParams = Field(default_factory=TrainingParams)
     cache: CacheParams = Field(default_factory=CacheParams)
     scenarios: list[Scenario] = Field(default_factory=list)
+    outputs: OutputsConfig = Field(default_factory=OutputsConfig)
 
     @field_validator("data_sources")
     @classmethod

@@ -1,0 +1,119 @@
+"""Parquet, CSV and TSV files, staged in a hidden directory and published atomically at close.
+
+    <root>/predictions/<scenario>/<as_of>/predictions.<parquet|csv|tsv>
+    <root>/embeddings/<as_of>/embeddings.<parquet|csv|tsv>
+
+<root> is the workspace unless the destination sets `path`. The staging directory replaces the final one in
+one rename; files of other formats already there (and files the caller adds to `directory`, such as the
+embeddings' .npy arrays) are published together with the new file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from basemodel_pipeline import workspace as ws
+from basemodel_pipeline.config import PipelineConfig
+from basemodel_pipeline.config.outputs import FileOutput
+from basemodel_pipeline.errors import UserError
+from basemodel_pipeline.outputs.base import Writer
+
+
+def output_dir(root: Path, dataset: str, scenario: str | None, as_of: dt.date) -> Path:
+    parts = [dataset, scenario] if dataset == "predictions" else [dataset]
+    return root.joinpath(*parts, as_of.isoformat())  # type: ignore[arg-type]
+
+
+def flat_for_text(table: pa.Table) -> pa.Table:
+    """CSV has no lists: a fixed-size list column `x` of width d becomes columns x_0 .. x_{d-1}."""
+    out = table
+    for i, field in reversed(list(enumerate(table.schema))):
+        if pa.types.is_fixed_size_list(field.type):
+            col = table.column(i).combine_chunks()
+            width = field.type.list_size
+            values = col.flatten()
+            out = out.remove_column(i)
+            for j in range(width - 1, -1, -1):
+                part = values.take(pa.array(range(j, len(values), width))) if len(col) else values
+                out = out.add_column(i, f"{field.name}_{j}", part)
+        elif pa.types.is_nested(field.type):
+            raise UserError(f"column '{field.name}' ({field.type}) cannot be written as CSV/TSV; use parquet")
+    return out
+
+
+class FileWriter(Writer):
+    def __init__(
+        self,
+        cfg: PipelineConfig,
+        name: str,
+        dest: FileOutput,
+        dataset: str,
+        scenario: str | None,
+        as_of: dt.date,
+    ) -> None:
+        super().__init__(name, dataset, scenario, as_of)
+        self.format = dest.kind
+        self.dest = dest
+        root = ws.root(cfg)
+        if dest.path:
+            root = root / dest.path  # an absolute path stays as it is
+        self.final = output_dir(root, dataset, scenario, as_of)
+        ws.clean_stale_tmp(self.final.parent)
+        self.directory: Path = ws.staging_dir(self.final)  # the caller may add files here before close
+        self.file = self.directory / f"{dataset}.{dest.kind}"
+        self._sink: pq.ParquetWriter | pacsv.CSVWriter | None = None
+
+    def _open(self, schema: pa.Schema) -> pq.ParquetWriter | pacsv.CSVWriter:
+        if self.format == "parquet":
+            compression = None if self.dest.compression == "none" else self.dest.compression
+            return pq.ParquetWriter(self.file, schema, compression=compression)
+        delimiter = "\t" if self.format == "tsv" else ","
+        return pacsv.CSVWriter(self.file, schema, write_options=pacsv.WriteOptions(delimiter=delimiter))
+
+    def _write(self, table: pa.Table) -> None:
+        if self.format != "parquet":
+            table = flat_for_text(table)
+        if self._sink is None:
+            self._sink = self._open(table.schema)
+        self._sink.write_table(table)
+
+    def _close(self) -> dict[str, Any]:
+        if self._sink is None:  # no rows: still a valid, empty file with the columns when they are known
+            schema = self.schema or pa.schema([("entity_id", pa.string()), ("as_of", pa.date32())])
+            self._sink = self._open(
+                schema if self.format == "parquet" else flat_for_text(schema.empty_table()).schema
+            )
+        self._sink.close()
+        self._sink = None
+        keep_other_files(self.final, self.directory)
+        ws.publish_dir(self.directory, self.final)
+        return {"destination": str(self.final / self.file.name), "path": str(self.final / self.file.name)}
+
+    def _abort(self) -> None:
+        if self._sink is not None:
+            with contextlib.suppress(Exception):  # the staging directory is removed anyway
+                self._sink.close()
+            self._sink = None
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def keep_other_files(final: Path, staging: Path) -> None:
+    """Hard-link (or copy) files of `final` that the staging directory does not replace into it."""
+    if not final.is_dir():
+        return
+    for f in final.iterdir():
+        target = staging / f.name
+        if f.is_file() and not target.exists():
+            try:
+                os.link(f, target)
+            except OSError:
+                shutil.copy2(f, target)

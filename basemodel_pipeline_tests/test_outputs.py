@@ -1,0 +1,165 @@
+"""Output writers to local files (Parquet, CSV, TSV) and the `outputs:` config section."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+from test_sources_support import edit_config
+
+from basemodel_pipeline.config import load_config
+from basemodel_pipeline.errors import ConfigError, UserError
+from basemodel_pipeline.outputs import open_writer, write_table
+
+AS_OF = dt.date(2024, 3, 1)
+
+
+def predictions(n: int, seed: int = 0, start: int = 0) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    return pa.table(
+        {
+            "entity_id": np.arange(start, start + n, dtype=np.int64),
+            "as_of": pa.array([AS_OF] * n, pa.date32()),
+            "score": rng.random(n).astype(np.float32),
+        }
+    )
+
+
+def chunks(table: pa.Table, size: int) -> list[pa.Table]:
+    return [table.slice(a, size) for a in range(0, table.num_rows, size)]
+
+
+def read(path: str, fmt: str) -> pa.Table:
+    if fmt == "parquet":
+        return pq.read_table(path)
+    delimiter = "\t" if fmt == "tsv" else ","
+    return pacsv.read_csv(path, parse_options=pacsv.ParseOptions(delimiter=delimiter))
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv", "tsv"])
+def test_files_roundtrip_rerun_and_abort(tiny_config: Path, fmt: str) -> None:
+    cfg = load_config(tiny_config)
+    table = predictions(1000)
+    info = write_table(open_writer(cfg, "predictions", "churn", AS_OF, fmt), chunks(table, 300))
+    expected = Path(cfg.workspace) / "predictions" / "churn" / "2024-03-01" / f"predictions.{fmt}"
+    assert info == {
+        "rows": 1000,
+        "format": fmt,
+        "output": fmt,
+        "destination": str(expected),
+        "path": str(expected),
+    }
+    got = read(info["path"], fmt)
+    assert got.column_names == ["entity_id", "as_of", "score"]
+    assert got.column("entity_id").to_pylist() == list(range(1000))
+    assert np.allclose(got.column("score").to_numpy(), table.column("score").to_numpy())
+    assert got.column("as_of").cast(pa.date32()).to_pylist() == [AS_OF] * 1000
+
+    # a re-run replaces the file: same rows, no duplicates
+    rerun = predictions(800, seed=1)
+    assert write_table(open_writer(cfg, "predictions", "churn", AS_OF, fmt), [rerun])["rows"] == 800
+    again = read(info["path"], fmt)
+    assert again.num_rows == 800 and np.allclose(again.column("score").to_numpy(), rerun.column("score"))
+
+    # an aborted run leaves the published file as it was and no staging directory behind
+    writer = open_writer(cfg, "predictions", "churn", AS_OF, fmt)
+    writer.write(predictions(10, seed=2))
+    writer.abort()
+    assert read(info["path"], fmt).equals(again)
+    assert sorted(p.name for p in expected.parent.parent.iterdir()) == ["2024-03-01"]
+
+
+def test_default_is_parquet_in_the_workspace_and_other_formats_are_kept(tiny_config: Path) -> None:
+    cfg = load_config(tiny_config)
+    day = Path(cfg.workspace) / "predictions" / "churn" / "2024-03-01"
+    assert write_table(open_writer(cfg, "predictions", "churn", AS_OF), [predictions(5)])["path"] == str(
+        day / "predictions.parquet"
+    )
+    write_table(open_writer(cfg, "predictions", "churn", AS_OF, "csv"), [predictions(5)])
+    assert sorted(p.name for p in day.iterdir()) == ["predictions.csv", "predictions.parquet"]
+
+
+def test_error_inside_the_write_loop_publishes_nothing(tiny_config: Path) -> None:
+    cfg = load_config(tiny_config)
+
+    def failing() -> object:
+        yield predictions(10)
+        raise RuntimeError("scoring failed")
+
+    with pytest.raises(RuntimeError):
+        write_table(open_writer(cfg, "predictions", "churn", AS_OF), failing())
+    assert not (Path(cfg.workspace) / "predictions" / "churn" / "2024-03-01").exists()
+    assert list((Path(cfg.workspace) / "predictions" / "churn").iterdir()) == []
+
+
+def test_embeddings_csv_flattens_vectors_and_caller_files_are_published(tiny_config: Path) -> None:
+    cfg = load_config(tiny_config)
+    emb = np.arange(12, dtype=np.float32).reshape(3, 4)
+    table = pa.table(
+        {
+            "entity_id": pa.array(["a", "b", "c"]),
+            "embedding": pa.FixedSizeListArray.from_arrays(pa.array(emb.ravel()), 4),
+        }
+    )
+    writer = open_writer(cfg, "embeddings", None, AS_OF, "csv")
+    writer.write(table)
+    np.save(writer.directory / "embeddings.npy", emb.astype(np.float16))
+    info = writer.close()
+    got = read(info["path"], "csv")
+    assert got.column_names == [
+        "entity_id",
+        "embedding_0",
+        "embedding_1",
+        "embedding_2",
+        "embedding_3",
+        "as_of",
+    ]
+    assert np.array_equal(np.stack([got.column(f"embedding_{j}").to_numpy() for j in range(4)], 1), emb)
+    assert (Path(info["path"]).parent / "embeddings.npy").exists()
+    parquet = write_table(open_writer(cfg, "embeddings", None, AS_OF), [table])
+    assert pq.read_table(parquet["path"]).column("embedding").to_pylist()[2] == [8, 9, 10, 11]
+
+
+def test_outputs_config_destinations_and_errors(tiny_config: Path, tmp_path: Path) -> None:
+    def mutate(raw: dict) -> None:
+        raw["outputs"] = {
+            "default": "exports",
+            "destinations": {"exports": {"kind": "tsv", "path": str(tmp_path / "exports")}},
+        }
+
+    cfg = load_config(edit_config(tiny_config, mutate))
+    info = write_table(open_writer(cfg, "predictions", "churn", AS_OF), [predictions(3)])
+    assert info["path"] == str(
+        tmp_path / "exports" / "predictions" / "churn" / "2024-03-01" / "predictions.tsv"
+    )
+    with pytest.raises(
+        ConfigError, match="unknown output destination 'nope'; known: csv, exports, parquet, tsv"
+    ):
+        open_writer(cfg, "predictions", "churn", AS_OF, "nope")
+    with pytest.raises(UserError, match="dataset must be one of"):
+        open_writer(cfg, "scores", "churn", AS_OF)
+
+    def bad(raw: dict) -> None:
+        raw["outputs"] = {"default": "warehouse", "destinations": {}}
+
+    with pytest.raises(ConfigError, match="'warehouse' is not a destination"):
+        load_config(edit_config(tiny_config, bad))
+
+    def bad_table(raw: dict) -> None:
+        raw["outputs"] = {
+            "destinations": {
+                "wh": {
+                    "kind": "clickhouse",
+                    "table": "scores_{model}",
+                    "connection_params": {"host": "localhost"},
+                }
+            }
+        }
+
+    with pytest.raises(ConfigError, match=r"only the placeholders \{dataset\} and \{scenario\}"):
+        load_config(edit_config(tiny_config, bad_table))
