@@ -256,14 +256,82 @@ def predict(
     config: ConfigArg,
     scenario: ScenarioOpt,
     as_of: AsOfOpt = None,
+    entities: Annotated[
+        Path | None,
+        typer.Option(
+            "--entities",
+            help="Score only these ids: a text file (one per line), or CSV/Parquet with an entity_id column.",
+        ),
+    ] = None,
+    output: Annotated[
+        str | None, typer.Option("--output", "-o", help="Destination name from the config's outputs section.")
+    ] = None,
+    precision: Annotated[
+        str, typer.Option("--precision", help="auto | fp32 | bf16 | int8 (int8: CPU dynamic quantization).")
+    ] = "auto",
+    device: Annotated[str, typer.Option("--device", help="cpu | cuda | auto.")] = "cpu",
+    top_k: Annotated[
+        int | None, typer.Option("--top-k", help="Recommendations / multilabel: k best.")
+    ] = None,
+    threshold: Annotated[
+        float | None, typer.Option("--threshold", help="Multilabel: keep labels scoring at least this.")
+    ] = None,
+    shard: Annotated[
+        str | None, typer.Option("--shard", help="I/K: score the I-th of K slices into a part file.")
+    ] = None,
+    merge_shards: Annotated[
+        int | None, typer.Option("--merge-shards", help="K: write the K part files to the output.")
+    ] = None,
+    workers: Annotated[
+        int | None, typer.Option("--workers", help="K local processes, one shard each, then merge.")
+    ] = None,
+    replay: Annotated[
+        bool, typer.Option("--replay", help="Recompute features from the history even as of the latest date.")
+    ] = False,
 ) -> None:
-    """Score every entity for one scenario."""
+    """Score every entity (or --entities) for one scenario and write the table to the output."""
     date = _as_of(as_of)
-    run_stage(
-        f"predict {scenario}",
-        config,
-        lambda cfg, p: pipeline.run_predict(cfg, _scenario(cfg, scenario), date, progress=p),
-    )
+    options: dict[str, Any] = {
+        "top_k": top_k, "threshold": threshold, "precision": precision, "device": device,
+        "destination": output, "replay": replay, "shard": _shard(shard) if shard else None,
+    }  # fmt: skip
+
+    def stage(cfg: PipelineConfig, p: Progress) -> Mapping[str, Any]:
+        from basemodel_pipeline.inference.predict import read_entity_ids
+
+        name = _scenario(cfg, scenario)
+        if workers:
+            forwarded = [a for a in sys.argv[sys.argv.index("predict") + 1 :] if a != str(config)]
+            return pipeline.run_predict_workers(cfg, config, name, date, workers, _drop_workers(forwarded), p)
+        if merge_shards:
+            return pipeline.run_merge_shards(cfg, name, date, merge_shards, output)
+        if entities is not None:
+            options["entities"] = read_entity_ids(entities)
+        return pipeline.run_predict(cfg, name, date, progress=p, **options)
+
+    run_stage(f"predict {scenario}", config, stage)
+
+
+def _drop_workers(args: list[str]) -> list[str]:
+    """The predict arguments a worker gets: all but --workers K, --scenario/-s NAME and --as-of DATE."""
+    out, skip = [], 0
+    for a in args:
+        if skip:
+            skip -= 1
+        elif a in ("--workers", "--scenario", "-s", "--as-of"):
+            skip = 1
+        elif not a.startswith(("--workers=", "--scenario=", "--as-of=")):
+            out.append(a)
+    return out
+
+
+def _shard(text: str) -> tuple[int, int]:
+    i, _, k = text.partition("/")
+    try:
+        return int(i), int(k)
+    except ValueError:
+        fail(f"--shard: '{text}' is not I/K (e.g. 0/4)")
+    return 0, 1
 
 
 @app.command()

@@ -73,12 +73,49 @@ def run_finetune_many(
 
 
 def run_predict(
-    cfg: PipelineConfig, scenario: str, as_of: dt.date | None = None, progress: Progress | None = None
+    cfg: PipelineConfig,
+    scenario: str,
+    as_of: dt.date | None = None,
+    progress: Progress | None = None,
+    **options: Any,
 ) -> dict[str, Any]:
-    """Score every entity as of a date (default: the day after the cache's last event day)."""
+    """Score every entity (or `entities=[ids]`) as of a date (default: the day after the cache's last event
+    day). Options of inference.predict.predict: top_k, threshold, entities, precision, device, destination,
+    shard, replay."""
     from basemodel_pipeline.inference.predict import predict
 
-    return predict(cfg, cfg.scenario(scenario), as_of, progress or NullProgress())
+    return predict(cfg, cfg.scenario(scenario), as_of, progress or NullProgress(), **options)
+
+
+def run_merge_shards(
+    cfg: PipelineConfig,
+    scenario: str,
+    as_of: dt.date | None,
+    shards: int,
+    destination: str | None = None,
+) -> dict[str, Any]:
+    """Stream the part files of a sharded scoring run, in order, to the output destination."""
+    from basemodel_pipeline.inference.shards import merge_shards
+
+    return merge_shards(cfg, cfg.scenario(scenario).name, as_of, shards, destination)
+
+
+def run_predict_workers(
+    cfg: PipelineConfig,
+    config: Path,
+    scenario: str,
+    as_of: dt.date | None,
+    workers: int,
+    worker_args: list[str],
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Score in `workers` local processes (one shard each, `basemodel predict CONFIG --shard I/K` plus
+    worker_args), then merge the parts: the same table as one process."""
+    from basemodel_pipeline.inference.shards import predict_with_workers
+
+    return predict_with_workers(
+        cfg, config, scenario, as_of, workers, worker_args, progress or NullProgress()
+    )
 
 
 def run_embed(

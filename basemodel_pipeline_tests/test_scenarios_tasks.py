@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.config import load_config
-from basemodel_pipeline.errors import DataError
+from basemodel_pipeline.errors import DataError, UserError
 from basemodel_pipeline.pipeline import run_cache, run_extract, run_predict, run_pretrain
 from basemodel_pipeline.progress import NullProgress
 from basemodel_pipeline.scenarios.heads import REPEAT_WEIGHTS
@@ -302,3 +302,63 @@ def test_python_target_errors_name_scenario_and_entity(world, name: str, message
     cfg, _ = world
     with pytest.raises(DataError, match=message):
         finetune(cfg, cfg.scenario(f"bad_{name}"), NullProgress())
+
+
+def _scores(path: str, column: str = "score") -> dict:
+    table = pq.read_table(path)
+    return dict(zip(table.column("entity_id").to_pylist(), table.column(column).to_pylist(), strict=True))
+
+
+def test_latest_date_scoring_uses_the_state_and_matches_a_replay(world) -> None:
+    cfg, _ = world
+    state = run_predict(cfg, "grocery_buyer", precision="fp32")
+    assert state["features"] == "state" and state["state"] in ("built", "reused", "advanced")
+    from_state = _scores(state["path"])
+    replay = run_predict(cfg, "grocery_buyer", precision="fp32", replay=True)
+    assert replay["features"] == "replay"
+    from_history = _scores(replay["path"])
+    assert from_state.keys() == from_history.keys()
+    diff = np.abs(np.array(list(from_state.values())) - np.array([from_history[k] for k in from_state]))
+    assert diff.max() < 5e-3  # the state holds float16 features
+    assert run_predict(cfg, "grocery_buyer", precision="fp32")["state"] == "reused"
+
+
+def test_int8_scores_stay_close_to_fp32(world) -> None:
+    cfg, _ = world
+    fp32 = _scores(run_predict(cfg, "grocery_buyer", precision="fp32")["path"])
+    meta = run_predict(cfg, "grocery_buyer", precision="int8")
+    assert meta["precision"] == "int8"
+    int8 = _scores(meta["path"])
+    assert max(abs(fp32[k] - int8[k]) for k in fp32) < 0.05
+
+
+def test_subset_reports_unknown_ids_and_scores_the_rest(world) -> None:
+    cfg, _ = world
+    everyone = _scores(run_predict(cfg, "grocery_buyer", precision="fp32")["path"])
+    known = [str(k) for k in list(everyone)[:3]]
+    meta = run_predict(
+        cfg, "grocery_buyer", precision="fp32", entities=[known[2], "no-such-id", known[0], "999999999"]
+    )
+    assert meta["entities"] == 2 and meta["rows"] == 2
+    assert meta["unknown_entities"] == 2 and "no-such-id" in meta["unknown_examples"]
+    got = _scores(meta["path"])
+    assert list(got) == [int(known[2]), int(known[0])]  # request order
+    assert all(abs(got[k] - everyone[k]) < 1e-6 for k in got)
+    with pytest.raises(UserError, match="none of the 2 requested entity ids"):
+        run_predict(cfg, "grocery_buyer", entities=["x", "y"])
+
+
+def test_shards_merge_to_the_single_process_table(world, monkeypatch: pytest.MonkeyPatch) -> None:
+    from basemodel_pipeline.inference import shards
+    from basemodel_pipeline.pipeline import run_merge_shards
+
+    cfg, _ = world
+    single = pq.read_table(run_predict(cfg, "top_department", precision="fp32")["path"])
+    monkeypatch.setattr(shards, "SHARD_ALIGN", 16)
+    parts = [run_predict(cfg, "top_department", precision="fp32", shard=(i, 3)) for i in (2, 0, 1)]
+    assert sum(p["entities"] for p in parts) == len(single.column("entity_id").unique())
+    merged = run_merge_shards(cfg, "top_department", None, 3)
+    assert merged["shards"] == 3 and merged["rows"] == single.num_rows
+    assert pq.read_table(merged["path"]).equals(single)
+    with pytest.raises(UserError, match="missing part-00000.parquet, part-00001"):
+        run_merge_shards(cfg, "top_department", None, 4)

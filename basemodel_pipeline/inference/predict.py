@@ -1,10 +1,13 @@
-"""Batch scoring of every entity as of a date, streamed in chunks, written atomically to Parquet.
+"""Batch scoring as of a date, for every entity or a subset, streamed in chunks to a writer (outputs/).
 
 binary:         entity_id, as_of, score                 (probability)
 multiclass:     entity_id, as_of, label, score          (the full distribution: one row per class, sums to 1)
 multilabel:     entity_id, as_of, label, score          (probabilities; all classes, or top_k / >= threshold)
 regression:     entity_id, as_of, value                 (in the target's units: log1p targets are expm1-ed)
 recommendation: entity_id, as_of, rank, item, score     (top_k items of the whole catalogue, best first)
+
+As of the cache's latest date (the default) the features come from the per-entity state (inference/state.py),
+so scoring is a forward pass; as of an earlier date they are replayed from the cache's history.
 """
 
 from __future__ import annotations
@@ -13,12 +16,12 @@ import datetime as dt
 import json
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 
 from basemodel_pipeline import workspace as ws
@@ -27,6 +30,9 @@ from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import PipelineConfig, Scenario
 from basemodel_pipeline.errors import UserError
 from basemodel_pipeline.features.sketch import FeatureEncoder
+from basemodel_pipeline.inference.precision import prepare_model, resolve_device
+from basemodel_pipeline.inference.shards import PartWriter, parts_dir, shard_range
+from basemodel_pipeline.inference.state import EntityState, ensure_state
 from basemodel_pipeline.model.checkpoint import load_checkpoint
 from basemodel_pipeline.progress import Progress
 from basemodel_pipeline.scenarios.heads import Head, own_history
@@ -36,6 +42,8 @@ from basemodel_pipeline.training.splits import epoch_seconds
 
 MAX_LABELS_ALL = 100  # multilabel: write every class's score up to this many classes
 DEFAULT_TOP_K = 20
+CHUNK = 16384  # entities per step
+UNKNOWN_EXAMPLES = 10
 
 
 def default_as_of(cache: EventCache) -> dt.date:
@@ -44,13 +52,22 @@ def default_as_of(cache: EventCache) -> dt.date:
 
 
 def feature_chunks(
-    cache: EventCache, enc: FeatureEncoder, entity: np.ndarray, as_of: dt.date, chunk: int = 16384
+    cache: EventCache, enc: FeatureEncoder, entity: np.ndarray, as_of: dt.date, chunk: int = CHUNK
 ) -> Iterator[np.ndarray]:
-    """History features of `entity` as of a date, `chunk` entities at a time (bounded memory)."""
+    """History features of `entity` as of a date, replayed from the cache `chunk` entities at a time."""
     t = epoch_seconds(as_of)
     for a in range(0, len(entity), chunk):
         e = entity[a : a + chunk]
         yield enc.history(cache, e, np.full(len(e), t, np.int64))
+
+
+def state_chunks(state: EntityState, entity: np.ndarray, chunk: int = CHUNK) -> Iterator[np.ndarray]:
+    """The same features read from a state (float16 rows), `chunk` entities at a time."""
+    for a in range(0, len(entity), chunk):
+        e = entity[a : a + chunk]
+        contiguous = len(e) and e[-1] - e[0] == len(e) - 1 and bool(np.all(np.diff(e) == 1))
+        rows = state.features[e[0] : e[-1] + 1] if contiguous else state.features[e]
+        yield np.asarray(rows, dtype=np.float32)
 
 
 def load_scenario(checkpoint: Path) -> tuple[Any, dict, Head]:
@@ -63,40 +80,64 @@ def load_scenario(checkpoint: Path) -> tuple[Any, dict, Head]:
     return model, meta, Head(TargetSpec.from_dict(spec))
 
 
+@dataclass
+class Scorer:
+    """A scenario model ready to score feature chunks at a precision on a device."""
+
+    model: torch.nn.Module
+    meta: dict
+    head: Head
+    device: torch.device
+    amp: torch.dtype | None
+    precision: str
+
+    @classmethod
+    def load(cls, checkpoint: Path, precision: str = "auto", device: str = "cpu") -> Scorer:
+        model, meta, head = load_scenario(checkpoint)
+        dev = resolve_device(device)
+        model, amp, chosen = prepare_model(model.eval(), precision, dev)
+        return cls(model, meta, head, dev, amp, chosen)
+
+    def outputs(
+        self, cache: EventCache, X: np.ndarray, entity: np.ndarray, as_of: dt.date, top_k: int
+    ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+        """Probabilities / values [n] or [n, C], or (items [n, k], scores) for recommendation."""
+        logits = loop.predict(self.model, X, self.device, amp=self.amp)
+        if self.head.task != "recommendation":
+            return self.head.scores(logits)
+        t = np.full(len(entity), epoch_seconds(as_of), np.int64)
+        own = own_history(cache, self.head.spec, Examples(entity, t, np.zeros(len(entity))))
+        return self.head.top_items(logits, top_k, history=own)
+
+
 def score_entities(
     cache: EventCache,
     checkpoint: Path,
     entity: np.ndarray,
     as_of: dt.date,
-    chunk: int = 16384,
+    chunk: int = CHUNK,
     progress: Progress | None = None,
     top_k: int = 10,
+    precision: str = "fp32",
+    state: EntityState | None = None,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
-    """Outputs for entity indices as of a date: probabilities [n] (binary) / [n, C] (multiclass,
-    multilabel), values [n] (regression, on the training scale), or (items [n, k], scores) (recommendation)."""
-    model, meta, head = load_scenario(checkpoint)
-    enc = FeatureEncoder.from_dict(meta["encoder"])
+    """Outputs for entity indices as of a date, all in memory (tests, notebooks, evaluation): probabilities
+    [n] (binary) / [n, C], values [n], or (items [n, k], scores) (recommendation)."""
+    scorer = Scorer.load(checkpoint, precision)
+    enc = FeatureEncoder.from_dict(scorer.meta["encoder"])
     loop.set_threads()
+    chunks = state_chunks(state, entity, chunk) if state else feature_chunks(cache, enc, entity, as_of, chunk)
     outs: list = []
-    t = epoch_seconds(as_of)
-    for a, X in zip(
-        range(0, len(entity), chunk), feature_chunks(cache, enc, entity, as_of, chunk), strict=True
-    ):
-        logits = loop.predict(model, X, torch.device("cpu"))
-        if head.task == "recommendation":
-            e = entity[a : a + chunk]
-            own = own_history(cache, head.spec, Examples(e, np.full(len(e), t, np.int64), np.zeros(len(e))))
-            outs.append(head.top_items(logits, top_k, history=own))
-        else:
-            outs.append(head.scores(logits))
+    for a, X in zip(range(0, len(entity), chunk), chunks, strict=True):
+        outs.append(scorer.outputs(cache, X, entity[a : a + chunk], as_of, top_k))
         if progress is not None:
             progress.advance("predict", len(X))
-    if head.task == "recommendation":
+    if scorer.head.task == "recommendation":
         if not outs:
             return np.zeros((0, top_k), np.int64), np.zeros((0, top_k), np.float32)
         return np.concatenate([o[0] for o in outs]), np.concatenate([o[1] for o in outs])
     if not outs:
-        return np.zeros((0, meta["arch"]["out_dim"]), np.float32)
+        return np.zeros((0, scorer.meta["arch"]["out_dim"]), np.float32)
     return np.concatenate(outs)
 
 
@@ -157,6 +198,58 @@ def output_table(
     return _long(ids, as_of, classes, out, keep)
 
 
+def resolve_entities(cache: EventCache, ids: list[str] | None) -> tuple[np.ndarray, list[str]]:
+    """Entity indices of the requested ids in request order (all entities when None) and the unknown ids.
+
+    Raises when no requested id is in the cache: scoring nothing is never the intended result."""
+    if ids is None:
+        return np.arange(cache.n_entities, dtype=np.int64), []
+    known_ids = cache.entity_ids
+    if known_ids.dtype.kind in "iu":
+        parsed = np.array([_as_int(i) for i in ids], dtype=object)
+        numeric = np.array([p is not None for p in parsed], dtype=bool)
+        idx = np.full(len(ids), -1, np.int64)
+        if numeric.any():
+            idx[numeric] = cache.entity_index(parsed[numeric].astype(np.int64))
+    else:
+        idx = cache.entity_index(np.array([str(i) for i in ids], dtype=object))
+    unknown = [str(ids[i]) for i in np.nonzero(idx < 0)[0]]
+    idx = idx[idx >= 0]
+    _, first = np.unique(idx, return_index=True)  # each entity once, in request order
+    idx = idx[np.sort(first)]
+    if len(idx) == 0:
+        shown = ", ".join(unknown[:UNKNOWN_EXAMPLES])
+        raise UserError(
+            f"none of the {len(ids)} requested entity ids is in the cache (e.g. {shown}); check the id "
+            "column and format, or score every entity by leaving --entities out"
+        )
+    return idx, unknown
+
+
+def _as_int(value: Any) -> int | None:
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        return None
+
+
+def read_entity_ids(path: Path) -> list[str]:
+    """Entity ids from a text file (one per line) or a CSV/Parquet file with an entity_id column."""
+    if not path.exists():
+        raise UserError(f"--entities: {path} does not exist")
+    if path.suffix in (".parquet", ".csv"):
+        import pyarrow.csv as pacsv
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(path) if path.suffix == ".parquet" else pacsv.read_csv(path)
+        if "entity_id" not in table.column_names:
+            raise UserError(
+                f"--entities: {path} has no entity_id column (columns: {', '.join(table.column_names)})"
+            )
+        return [str(v) for v in table.column("entity_id").to_pylist() if v is not None]
+    return [line.strip() for line in path.read_text().splitlines() if line.strip()]
+
+
 def predict(
     cfg: PipelineConfig,
     scenario: Scenario,
@@ -164,37 +257,74 @@ def predict(
     progress: Progress,
     top_k: int | None = None,
     threshold: float | None = None,
+    entities: list[str] | None = None,
+    precision: str = "auto",
+    device: str = "cpu",
+    destination: str | None = None,
+    shard: tuple[int, int] | None = None,
+    replay: bool = False,
 ) -> dict[str, Any]:
-    """Score every entity as of a date (default: the day after the cache's last day).
+    """Score entities (all, or the ids in `entities`) as of a date (default: the day after the cache's last
+    day) and stream the table to an output destination (default: Parquet in the workspace).
 
     ``top_k``: recommendation list length (default: the scenario's k) and, for multilabel, keep the k best
     labels per entity; ``threshold``: multilabel, keep labels scoring at least this (both may be combined).
-    Multilabel scenarios with more than MAX_LABELS_ALL classes keep the DEFAULT_TOP_K best by default."""
+    Multilabel scenarios with more than MAX_LABELS_ALL classes keep the DEFAULT_TOP_K best by default.
+    ``shard=(i, k)`` scores the i-th of k contiguous slices of the entities (see inference/shards.py).
+    As of the latest date the per-entity state is used unless ``replay``."""
+    from basemodel_pipeline.outputs import open_writer
+
     started = time.perf_counter()
     cache = EventCache(cache_dir(cfg))
     checkpoint = ws.latest_scenario_dir(cfg, scenario.name)
-    _, meta, head = load_scenario(checkpoint)
-    as_of = as_of or default_as_of(cache)
+    scorer = Scorer.load(checkpoint, precision, device)
+    latest = default_as_of(cache)
+    as_of = as_of or latest
     if as_of <= cfg.data_params.data_start_date:
         raise UserError(f"--as-of {as_of} is before data_start_date ({cfg.data_params.data_start_date})")
-    entity = np.arange(cache.n_entities, dtype=np.int64)
-    progress.start("predict", len(entity))
-    model_top_k = top_k or meta["scenario"].get("k", DEFAULT_TOP_K)
-    out = score_entities(cache, checkpoint, entity, as_of, progress=progress, top_k=model_top_k)
-    table = output_table(head, cache.entity_ids, as_of, out, top_k, threshold)
-    out_dir = ws.predictions_dir(cfg, scenario.name, as_of)
-    ws.clean_stale_tmp(out_dir.parent)
-    tmp = ws.staging_dir(out_dir)
-    pq.write_table(table, tmp / "predictions.parquet", compression="zstd")
-    ws.publish_dir(tmp, out_dir)
-    wall = time.perf_counter() - started
+    entity, unknown = resolve_entities(cache, entities)
+    entity = entity[shard_range(len(entity), shard)]
+    meta: dict[str, Any] = {}
+    state = None
+    if as_of >= latest and not replay:
+        t0 = time.perf_counter()
+        state, meta = ensure_state(Path(cfg.workspace), cache, scorer.meta["encoder"], as_of, progress)
+        meta["state_s"] = round(time.perf_counter() - t0, 2)
+    enc = FeatureEncoder.from_dict(scorer.meta["encoder"])
+    loop.set_threads()
+    model_top_k = top_k or scorer.meta["scenario"].get("k", DEFAULT_TOP_K)
+    chunks = state_chunks(state, entity) if state else feature_chunks(cache, enc, entity, as_of)
     ids = cache.entity_ids
-    return {
-        "path": str(out_dir / "predictions.parquet"),
-        "rows": table.num_rows,
-        "entities": cache.n_entities,
-        "as_of": as_of.isoformat(),
-        "model_version": meta["version"],
-        "wall_s": round(wall, 2),
-        "inference_entities_per_s": round(len(ids) / wall, 1),
-    }
+    if shard:
+        part = parts_dir(cfg, scenario.name, as_of, shard[1]) / f"part-{shard[0]:05d}.parquet"
+        writer: Any = PartWriter(part, scorer.meta["version"])
+    else:
+        writer = open_writer(cfg, "predictions", scenario.name, as_of, destination)
+    scoring_started = time.perf_counter()
+    progress.start("predict", len(entity))
+    with writer:
+        for a, X in zip(range(0, len(entity), CHUNK), chunks, strict=True):
+            e = entity[a : a + CHUNK]
+            out = scorer.outputs(cache, X, e, as_of, model_top_k)
+            writer.write(output_table(scorer.head, ids[e], as_of, out, top_k, threshold))
+            progress.advance("predict", len(e))
+        info = writer.close()
+    scoring_s = time.perf_counter() - scoring_started
+    wall = time.perf_counter() - started
+    meta.update(
+        {
+            **info,
+            "entities": len(entity),
+            "as_of": as_of.isoformat(),
+            "features": "state" if state else "replay",
+            "precision": scorer.precision,
+            "model_version": scorer.meta["version"],
+            "wall_s": round(wall, 2),
+            "scoring_s": round(scoring_s, 2),
+            "inference_entities_per_s": round(len(entity) / max(scoring_s, 1e-9), 1),
+            "unknown_entities": len(unknown),
+        }
+    )
+    if unknown:
+        meta["unknown_examples"] = ", ".join(unknown[:UNKNOWN_EXAMPLES])
+    return meta

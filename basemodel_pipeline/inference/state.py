@@ -19,6 +19,7 @@ the state is rebuilt from the cache whenever its history changed (rebuilt cache,
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
 import hashlib
 import json
 from dataclasses import dataclass
@@ -166,9 +167,17 @@ def ensure_state(
 ) -> tuple[EntityState, dict[str, Any]]:
     """The state as of `as_of` (>= the cache's last day + 1), reusing and advancing a stored one when its
     history is still the cache's; built from the whole history otherwise. Returns (state, what was done)."""
-    progress = progress or NullProgress()
-    enc = FeatureEncoder.from_dict(encoder)
     path = state_dir(workspace, encoder)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / f".{path.name}.lock", "w") as lock:  # one writer; shards wait, then reuse
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _ensure(path, cache, encoder, as_of, progress or NullProgress(), chunk)
+
+
+def _ensure(
+    path: Path, cache: EventCache, encoder: dict, as_of: dt.date, progress: Progress, chunk: int
+) -> tuple[EntityState, dict[str, Any]]:
+    enc = FeatureEncoder.from_dict(encoder)
     old = EntityState.open(path)
     fingerprint = cache.manifest.get("fingerprint")
     if old is not None and old.as_of == as_of and _valid(old, cache, fingerprint):

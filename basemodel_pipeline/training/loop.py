@@ -18,7 +18,9 @@ def pick_device(choice: str) -> torch.device:
 
 
 def set_threads() -> None:
-    torch.set_num_threads(max(1, min(os.cpu_count() or 1, 16)))
+    """All cores (up to 16), or BASEMODEL_TORCH_THREADS when several workers share the machine."""
+    wanted = os.environ.get("BASEMODEL_TORCH_THREADS")
+    torch.set_num_threads(int(wanted) if wanted else max(1, min(os.cpu_count() or 1, 16)))
 
 
 def optimizer_and_schedule(

@@ -1,0 +1,54 @@
+"""Inference precision: fp32, bf16 autocast (GPUs and CPUs with native bf16), int8 dynamic quantization (CPU).
+
+int8 quantizes the weights of every Linear layer to int8 per tensor and the activations on the fly
+(torch's dynamic quantization); LayerNorm, GELU and the input standardisation stay in float32.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import nn
+
+from basemodel_pipeline.errors import UserError
+from basemodel_pipeline.training.calibrate import cpu_has_bf16
+
+PRECISIONS = ("auto", "fp32", "bf16", "int8")
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"--device {device}: no CUDA device is visible here; use --device cpu")
+    return torch.device(device)
+
+
+def choose(precision: str, device: torch.device) -> str:
+    """auto -> bf16 where the hardware runs it natively, else fp32."""
+    if precision not in PRECISIONS:
+        raise UserError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
+    if precision == "auto":
+        return "bf16" if device.type == "cuda" or cpu_has_bf16() else "fp32"
+    if precision == "int8" and device.type != "cpu":
+        raise UserError("precision int8 runs on the CPU only; use bf16 on a GPU")
+    return precision
+
+
+def quantize_int8(model: nn.Module) -> nn.Module:
+    """Dynamic int8 quantization of the Linear layers (weights int8, activations quantized per batch)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao's deprecation notices: the kernels are what we measure
+        return torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
+
+
+def prepare_model(
+    model: nn.Module, precision: str, device: torch.device
+) -> tuple[nn.Module, torch.dtype | None, str]:
+    """(model on device, autocast dtype or None, the precision chosen)."""
+    chosen = choose(precision, device)
+    model = model.eval().to(device)
+    if chosen == "int8":
+        return quantize_int8(model), None, chosen
+    return model, (torch.bfloat16 if chosen == "bf16" else None), chosen

@@ -1,0 +1,192 @@
+"""Sharded scoring: k workers each score a contiguous slice of the entities into a part file; merging the
+parts in order streams exactly the single-process table to the output destination.
+
+    basemodel predict CONFIG -s churn --shard 0/4      # ... 1/4, 2/4, 3/4: processes, containers, Dagster runs
+    basemodel predict CONFIG -s churn --merge-shards 4 # once all parts exist (they share the workspace)
+    basemodel predict CONFIG -s churn --workers 4      # both steps with 4 local processes
+
+Parts live in <workspace>/predictions/.shards/<scenario>/<as_of>/<k>/part-<i>.parquet, written atomically,
+and carry the model version, so parts of different models or dates are never merged together.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from basemodel_pipeline import workspace as ws
+from basemodel_pipeline.cache.build import cache_dir
+from basemodel_pipeline.cache.store import EventCache
+from basemodel_pipeline.config import PipelineConfig
+from basemodel_pipeline.errors import UserError
+from basemodel_pipeline.progress import Progress
+
+SHARD_ALIGN = (
+    4096  # shard boundaries fall on the scorer's batch boundaries: identical batches, identical bits
+)
+
+
+def shard_range(n: int, shard: tuple[int, int] | None, align: int | None = None) -> slice:
+    """Rows [a, b) of shard i of k over n entities: contiguous, cut at multiples of `align` (SHARD_ALIGN)."""
+    align = align or SHARD_ALIGN
+    if shard is None:
+        return slice(0, n)
+    i, k = shard
+    if not (k >= 1 and 0 <= i < k):
+        raise UserError(f"--shard {i}/{k}: write I/K with 0 <= I < K (e.g. 0/4 ... 3/4)")
+    blocks = -(-n // align)
+
+    def cut(j: int) -> int:
+        return min(n, (blocks * j // k) * align)
+
+    return slice(cut(i), cut(i + 1))
+
+
+def parts_dir(cfg: PipelineConfig, scenario: str, as_of: dt.date, k: int) -> Path:
+    return ws.root(cfg) / "predictions" / ".shards" / scenario / as_of.isoformat() / str(k)
+
+
+class PartWriter:
+    """The writer interface (write/close/abort) for one shard's part file, published atomically at close."""
+
+    def __init__(self, path: Path, model_version: str) -> None:
+        self.path, self.rows = path, 0
+        self.meta = {b"model_version": model_version.encode()}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = path.with_name(f".{path.name}.tmp")
+        self._writer: pq.ParquetWriter | None = None
+
+    def write(self, table: pa.Table) -> None:
+        if self._writer is None:
+            schema = table.schema.with_metadata(self.meta)
+            self._writer = pq.ParquetWriter(self.tmp, schema, compression="zstd")
+        self._writer.write_table(table.replace_schema_metadata(self.meta))
+        self.rows += table.num_rows
+
+    def close(self) -> dict[str, Any]:
+        if self._writer is None:
+            raise UserError(f"{self.path}: nothing was written (an empty shard writes an empty table)")
+        self._writer.close()
+        os.replace(self.tmp, self.path)
+        return {"rows": self.rows, "destination": str(self.path), "format": "parquet"}
+
+    def abort(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        self.tmp.unlink(missing_ok=True)
+
+    def __enter__(self) -> PartWriter:
+        return self
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        if exc_type is not None:
+            self.abort()
+
+
+def merge_shards(
+    cfg: PipelineConfig, scenario: str, as_of: dt.date | None, k: int, destination: str | None
+) -> dict[str, Any]:
+    """Stream parts 0..k-1 in order to the destination; all must exist and come from one model version."""
+    from basemodel_pipeline.outputs import open_writer
+
+    as_of = as_of or _latest(cfg)
+    d = parts_dir(cfg, scenario, as_of, k)
+    files = [d / f"part-{i:05d}.parquet" for i in range(k)]
+    missing = [f.name for f in files if not f.exists()]
+    if missing:
+        raise UserError(
+            f"cannot merge {k} shards of '{scenario}' as of {as_of}: missing {', '.join(missing)} in {d}; "
+            f"run `basemodel predict CONFIG -s {scenario} --shard I/{k}` for each"
+        )
+    versions = {pq.read_schema(f).metadata.get(b"model_version", b"").decode() for f in files}
+    if len(versions) != 1:
+        raise UserError(
+            f"shards in {d} come from different model versions ({', '.join(sorted(versions))}); "
+            "re-run the stale ones"
+        )
+    writer = open_writer(cfg, "predictions", scenario, as_of, destination)
+    with writer:
+        for f in files:
+            pf = pq.ParquetFile(f)
+            for g in range(pf.num_row_groups):
+                writer.write(pf.read_row_group(g).replace_schema_metadata(None))
+        info = writer.close()
+    return {**info, "as_of": as_of.isoformat(), "shards": k, "model_version": versions.pop()}
+
+
+def _latest(cfg: PipelineConfig) -> dt.date:
+    """The day after the cache's last event day (inference.predict.default_as_of)."""
+    return EventCache(cache_dir(cfg)).max_date + dt.timedelta(days=1)
+
+
+def predict_with_workers(
+    cfg: PipelineConfig,
+    config: Path,
+    scenario: str,
+    as_of: dt.date | None,
+    k: int,
+    worker_args: list[str],
+    progress: Progress,
+) -> dict[str, Any]:
+    """Build or advance the shared state once, score k shards in k local processes, merge the parts."""
+    from basemodel_pipeline.inference.state import ensure_state
+
+    as_of = as_of or _latest(cfg)
+    meta = json.loads((ws.latest_scenario_dir(cfg, scenario) / "model.json").read_text())
+    cache = EventCache(cache_dir(cfg))
+    if as_of >= _latest(cfg) and "--replay" not in worker_args:
+        ensure_state(Path(cfg.workspace), cache, meta["encoder"], as_of, progress)
+    started = time.perf_counter()
+    threads = max(1, (os.cpu_count() or 1) // k)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "BASEMODEL_TORCH_THREADS": str(threads)}
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "basemodel_pipeline.cli",
+                "predict",
+                str(config),
+                "-s",
+                scenario,
+                "--as-of",
+                as_of.isoformat(),
+                "--shard",
+                f"{i}/{k}",
+                *worker_args,
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for i in range(k)
+    ]
+    errors = []
+    for i, p in enumerate(procs):
+        _, err = p.communicate()
+        if p.returncode:
+            errors.append(
+                f"shard {i}/{k} exited with {p.returncode}: {' '.join(err.strip().splitlines()[-1:])}"
+            )
+    if errors:
+        raise UserError("; ".join(errors))
+    wall = time.perf_counter() - started
+    out = merge_shards(cfg, scenario, as_of, k, _destination(worker_args))
+    return {**out, "workers": k, "workers_wall_s": round(wall, 2)}
+
+
+def _destination(args: list[str]) -> str | None:
+    for flag in ("--output", "-o"):
+        if flag in args and args.index(flag) + 1 < len(args):
+            return args[args.index(flag) + 1]
+    return None
