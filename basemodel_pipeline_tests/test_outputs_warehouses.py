@@ -237,3 +237,41 @@ def test_clickhouse_bad_password_names_output_not_secret(
     message = str(info.value)
     assert message.startswith("output 'warehouse' (clickhouse:basemodel_predictions_churn):")
     assert "AUTHENTICATION_FAILED" in message and "wrong-Out-pw-1" not in message
+
+
+# ---- Snowflake ----------------------------------------------------------------------------------------
+SF_PASSWORD = "sf-Out-Secret-8"
+
+
+@pytest.fixture(scope="module")
+def snowflake_out() -> Iterator[dict[str, Any]]:
+    start = pytest.importorskip("fakesnow").server  # the function: importing fakesnow.server shadows it
+    import logging
+
+    import snowflake.connector
+
+    logging.getLogger("uvicorn").setLevel(logging.WARNING)
+    with start() as kwargs:
+        con = snowflake.connector.connect(**kwargs)
+        con.cursor().execute("CREATE DATABASE OUTDB")
+        con.cursor().execute("CREATE SCHEMA OUTDB.SCORES")
+        con.close()
+        yield kwargs
+
+
+def test_snowflake_write_back(tiny_config: Path, snowflake_out, monkeypatch) -> None:
+    monkeypatch.setenv("TEST_SF_OUT_PASSWORD", SF_PASSWORD)
+    params = {
+        "account": snowflake_out["account"],
+        "user": snowflake_out["user"],
+        "password": "${TEST_SF_OUT_PASSWORD}",
+        "database": "OUTDB",
+        "schema": "SCORES",
+        "host": snowflake_out["host"],
+        "port": snowflake_out["port"],
+        "protocol": "http",
+    }
+    cfg = with_output(tiny_config, "snowflake", params)
+    check_contract(cfg)
+    info = write_table(open_writer(cfg, "predictions", "churn", DAY2), [predictions(2)])
+    assert info["destination"] == "OUTDB.SCORES.BASEMODEL_PREDICTIONS_CHURN"

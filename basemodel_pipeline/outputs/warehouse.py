@@ -168,16 +168,9 @@ class TableWriter(Writer):
         self.is_transient = cls.is_transient
         self.backend: Backend = self.retry(lambda: cls(src, Path(cfg.workspace)), "connect")
         self.target: exp.Table = self.qualify(self.backend.table())  # type: ignore[arg-type]
-        stage = self.target.copy()
         suffix = f"__stage_{uuid.uuid4().hex[:12]}"
-        stage.set(
-            "this",
-            exp.to_identifier(
-                self.target.name + suffix.upper() if self.upper_case_columns else self.target.name + suffix,
-                quoted=True,
-            ),
-        )
-        self.stage_table = stage
+        name = self.target.name + (suffix.upper() if self.upper_case_columns else suffix)
+        self.stage_table = self.stage_name(self.target, name)
         self.kinds: dict[str, str] = {}
         self.staged = False
 
@@ -185,6 +178,12 @@ class TableWriter(Writer):
     def qualify(self, table: exp.Table) -> exp.Table:
         """The target table with every part the warehouse needs (the backend's defaults filled in)."""
         return table
+
+    def stage_name(self, target: exp.Table, name: str) -> exp.Table:
+        """The staging table: beside the target unless the warehouse needs otherwise."""
+        stage = target.copy()
+        stage.set("this", exp.to_identifier(name, quoted=True))
+        return stage
 
     def sql(self, node: exp.Expression) -> str:
         return node.sql(dialect=self.dialect, identify=True)
