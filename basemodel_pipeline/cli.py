@@ -335,10 +335,22 @@ def _shard(text: str) -> tuple[int, int]:
 
 
 @app.command()
-def embed(config: ConfigArg, as_of: AsOfOpt = None) -> None:
+def embed(
+    config: ConfigArg,
+    as_of: AsOfOpt = None,
+    output: Annotated[
+        str | None, typer.Option("--output", "-o", help="Destination name from the config's outputs section.")
+    ] = None,
+    precision: Annotated[str, typer.Option("--precision", help="auto | fp32 | bf16 | int8.")] = "auto",
+    device: Annotated[str, typer.Option("--device", help="cpu | cuda | auto.")] = "cpu",
+    replay: Annotated[
+        bool, typer.Option("--replay", help="Recompute features from the history even as of the latest date.")
+    ] = False,
+) -> None:
     """Export float16 foundation embeddings of every entity (Parquet + client_ids.npy/embeddings.npy)."""
     date = _as_of(as_of)
-    run_stage("embed", config, lambda cfg, p: pipeline.run_embed(cfg, date, progress=p))
+    options = {"destination": output, "precision": precision, "device": device, "replay": replay}
+    run_stage("embed", config, lambda cfg, p: pipeline.run_embed(cfg, date, progress=p, **options))
 
 
 def _as_of(as_of: str | None) -> dt.date | None:

@@ -119,12 +119,14 @@ def run_predict_workers(
 
 
 def run_embed(
-    cfg: PipelineConfig, as_of: dt.date | None = None, progress: Progress | None = None
+    cfg: PipelineConfig, as_of: dt.date | None = None, progress: Progress | None = None, **options: Any
 ) -> dict[str, Any]:
-    """Export float16 foundation embeddings of every entity as of a date to workspace/embeddings/<as_of>/."""
+    """Export float16 foundation embeddings of every entity as of a date (default: Parquet + RecSys-2025 arrays
+    in workspace/embeddings/<as_of>/). Options of inference.embed.export_embeddings: destination, precision,
+    device, replay."""
     from basemodel_pipeline.inference.embed import export_embeddings
 
-    return export_embeddings(cfg, as_of, progress or NullProgress())
+    return export_embeddings(cfg, as_of, progress or NullProgress(), **options)
 
 
 def write_summary(cfg: PipelineConfig) -> dict[str, Any]:

@@ -1,18 +1,21 @@
-"""Universal behavioural embeddings: the foundation trunk's output per entity as of a date, in float16.
+"""Universal behavioural embeddings: the foundation model's embedding per entity as of a date, in float16.
 
-Written as Parquet (entity_id, as_of, embedding: fixed-size list of float32 holding the float16 values) and in
-the RecSys Challenge 2025 layout: client_ids.npy (int64 or str) + embeddings.npy (float16 [n, d]).
+Streamed in chunks to an output destination (outputs/): Parquet by default (entity_id, as_of, embedding: a
+fixed-size list of float32 holding the float16 values); file destinations also get the RecSys Challenge 2025
+layout, client_ids.npy (int64 or str) + embeddings.npy (float16 [n, d]), written through a memory map.
+As of the cache's latest date the features come from the per-entity state (inference/state.py).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 
 from basemodel_pipeline import workspace as ws
@@ -20,67 +23,119 @@ from basemodel_pipeline.cache.build import cache_dir
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import PipelineConfig
 from basemodel_pipeline.features.sketch import FeatureEncoder
-from basemodel_pipeline.inference.predict import default_as_of, feature_chunks
+from basemodel_pipeline.inference.precision import prepare_model, resolve_device
+from basemodel_pipeline.inference.predict import CHUNK, default_as_of, feature_chunks, state_chunks
+from basemodel_pipeline.inference.state import ensure_state
 from basemodel_pipeline.model.checkpoint import load_checkpoint
 from basemodel_pipeline.progress import Progress
 from basemodel_pipeline.training import loop
-from basemodel_pipeline.training.calibrate import cpu_has_bf16
 
 
 @torch.no_grad()
+def embedding_chunks(
+    model: torch.nn.Module, chunks: Iterator[np.ndarray], device: torch.device, amp: torch.dtype | None
+) -> Iterator[np.ndarray]:
+    """float16 [chunk, d] embeddings of each feature chunk."""
+    for X in chunks:
+        with loop.autocast(device, amp):
+            yield model.embed(torch.from_numpy(X).to(device)).float().cpu().numpy().astype(np.float16)
+
+
 def entity_embeddings(
     cache: EventCache,
-    checkpoint_dir,
+    checkpoint_dir: Path,
     entity: np.ndarray,
     as_of: dt.date,
-    chunk: int = 16384,
+    chunk: int = CHUNK,
     progress: Progress | None = None,
+    precision: str = "auto",
 ) -> np.ndarray:
-    """float16 [n, hidden] trunk embeddings of entity indices as of a date."""
+    """float16 [n, d] embeddings of entity indices as of a date, replayed from the cache (in memory)."""
     model, meta = load_checkpoint(checkpoint_dir)
+    model, amp, _ = prepare_model(model, precision, torch.device("cpu"))
     enc = FeatureEncoder.from_dict(meta["encoder"])
     loop.set_threads()
-    amp = torch.bfloat16 if cpu_has_bf16() else None  # the export is float16 anyway
     outs = []
-    for X in feature_chunks(cache, enc, entity, as_of, chunk):
-        with loop.autocast(torch.device("cpu"), amp):
-            outs.append(model.trunk(torch.from_numpy(X)).float().numpy().astype(np.float16))
+    for emb in embedding_chunks(
+        model, feature_chunks(cache, enc, entity, as_of, chunk), torch.device("cpu"), amp
+    ):
+        outs.append(emb)
         if progress is not None:
-            progress.advance("embed", len(X))
+            progress.advance("embed", len(emb))
     return np.concatenate(outs) if outs else np.zeros((0, meta["arch"]["hidden_dim"]), np.float16)
 
 
-def export_embeddings(cfg: PipelineConfig, as_of: dt.date | None, progress: Progress) -> dict[str, Any]:
+def export_embeddings(
+    cfg: PipelineConfig,
+    as_of: dt.date | None,
+    progress: Progress,
+    destination: str | None = None,
+    precision: str = "auto",
+    device: str = "cpu",
+    replay: bool = False,
+) -> dict[str, Any]:
+    """Embeddings of every entity as of a date (default: the day after the cache's last day) to a destination."""
+    from basemodel_pipeline.outputs import open_writer
+
     started = time.perf_counter()
     cache = EventCache(cache_dir(cfg))
     foundation = ws.latest_foundation_dir(cfg)
-    as_of = as_of or default_as_of(cache)
+    model, meta = load_checkpoint(foundation)
+    dev = resolve_device(device)
+    model, amp, chosen = prepare_model(model, precision, dev)
+    latest = default_as_of(cache)
+    as_of = as_of or latest
     entity = np.arange(cache.n_entities, dtype=np.int64)
-    progress.start("embed", len(entity))
-    emb = entity_embeddings(cache, foundation, entity, as_of, progress=progress)
-    out_dir = ws.root(cfg) / "embeddings" / as_of.isoformat()
-    ws.clean_stale_tmp(out_dir.parent)
-    tmp = ws.staging_dir(out_dir)
+    info: dict[str, Any] = {}
+    if as_of >= latest and not replay:
+        state, info = ensure_state(Path(cfg.workspace), cache, meta["encoder"], as_of, progress)
+        chunks = state_chunks(state, entity)
+    else:
+        chunks = feature_chunks(cache, FeatureEncoder.from_dict(meta["encoder"]), entity, as_of)
+    loop.set_threads()
     ids = cache.entity_ids
-    np.save(tmp / "client_ids.npy", ids)
-    np.save(tmp / "embeddings.npy", emb)
-    flat = pa.array(emb.reshape(-1).astype(np.float32))
-    table = pa.table(
-        {
-            "entity_id": ids,
-            "as_of": pa.array([as_of] * len(ids), pa.date32()),
-            "embedding": pa.FixedSizeListArray.from_arrays(flat, emb.shape[1]),
-        }
-    )
-    pq.write_table(table, tmp / "embeddings.parquet", compression="zstd")
-    ws.publish_dir(tmp, out_dir)
+    writer = open_writer(cfg, "embeddings", None, as_of, destination)
+    directory = getattr(writer, "directory", None)  # file destinations: add the RecSys-2025 arrays
+    dim = None
+    progress.start("embed", len(entity))
+    with writer:
+        npy = None
+        for a, emb in zip(
+            range(0, len(entity), CHUNK), embedding_chunks(model, chunks, dev, amp), strict=True
+        ):
+            dim = emb.shape[1]
+            if directory is not None:
+                if npy is None:
+                    np.save(directory / "client_ids.npy", ids)
+                    npy = np.lib.format.open_memmap(
+                        directory / "embeddings.npy", "w+", np.float16, (len(entity), dim)
+                    )
+                npy[a : a + len(emb)] = emb
+            flat = pa.array(emb.reshape(-1).astype(np.float32))
+            writer.write(
+                pa.table(
+                    {
+                        "entity_id": ids[a : a + len(emb)],
+                        "as_of": pa.array([as_of] * len(emb), pa.date32()),
+                        "embedding": pa.FixedSizeListArray.from_arrays(flat, dim),
+                    }
+                )
+            )
+            progress.advance("embed", len(emb))
+        if npy is not None:
+            npy.flush()
+            del npy
+        out = writer.close()
     wall = time.perf_counter() - started
     return {
-        "path": str(out_dir),
-        "entities": len(ids),
-        "dim": int(emb.shape[1]),
+        **info,
+        **out,
+        "path": str(Path(out["destination"]).parent) if directory is not None else out["destination"],
+        "entities": len(entity),
+        "dim": int(dim or meta["arch"]["hidden_dim"]),
         "as_of": as_of.isoformat(),
+        "precision": chosen,
         "foundation_version": foundation.name,
         "wall_s": round(wall, 2),
-        "inference_entities_per_s": round(len(ids) / wall, 1),
+        "inference_entities_per_s": round(len(entity) / wall, 1),
     }
