@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from test_outputs import chunks, predictions
+from test_sources_bigquery import PROJECT, bigquery_server  # noqa: F401
 from test_sources_support import edit_config
 
 from basemodel_pipeline.config import DataSource, load_config
@@ -275,3 +276,76 @@ def test_snowflake_write_back(tiny_config: Path, snowflake_out, monkeypatch) -> 
     check_contract(cfg)
     info = write_table(open_writer(cfg, "predictions", "churn", DAY2), [predictions(2)])
     assert info["destination"] == "OUTDB.SCORES.BASEMODEL_PREDICTIONS_CHURN"
+
+
+# ---- Databricks ---------------------------------------------------------------------------------------
+DBX_TOKEN = "dapi-Out-Secret-6"
+
+
+@pytest.fixture(scope="module")
+def databricks_out() -> Iterator[dict[str, Any]]:
+    """The real databricks-sql-connector against a TCLIService server on 127.0.0.1 that runs every
+    statement it receives on DuckDB after sqlglot transpiles it from Databricks SQL (statements recorded)."""
+    import duckdb
+    import sqlglot
+    from databricks.sql.thrift_api.TCLIService import TCLIService, ttypes
+    from test_sources_support import HiveServer2, free_port
+    from thrift.protocol import TBinaryProtocol
+    from thrift.server import THttpServer
+
+    class DatabricksSQL(HiveServer2):
+        statements: list[str] = []
+
+        def ExecuteStatement(self, req: Any) -> Any:  # noqa: N802 - Thrift method name
+            self.statements.append(req.statement)
+            if not req.statement.upper().startswith("USE "):
+                # Databricks SQL -> DuckDB here; the parent's Hive -> DuckDB step then leaves it unchanged
+                req.statement = sqlglot.transpile(req.statement, read="databricks", write="hive")[0]
+            return super().ExecuteStatement(req)
+
+    con = duckdb.connect()
+    con.execute("ATTACH ':memory:' AS main_catalog")
+    con.execute("CREATE SCHEMA main_catalog.scores")
+    handler = DatabricksSQL(con, ttypes)
+    port = free_port()
+    server = THttpServer.THttpServer(
+        TCLIService.Processor(handler), ("127.0.0.1", port), TBinaryProtocol.TBinaryProtocolFactory()
+    )
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    yield {
+        "connection_uri": f"http://127.0.0.1:{port}/sql/1.0/warehouses/test",
+        "handler": handler,
+        "con": con,
+    }
+    server.httpd.shutdown()
+    server.httpd.server_close()
+    con.close()
+
+
+def test_databricks_write_back(tiny_config: Path, databricks_out, monkeypatch) -> None:
+    monkeypatch.setenv("TEST_DBX_OUT_TOKEN", DBX_TOKEN)
+    params = {
+        "server_hostname": "127.0.0.1",
+        "http_path": "/sql/1.0/warehouses/test",
+        "access_token": "${TEST_DBX_OUT_TOKEN}",
+        "catalog": "main_catalog",
+        "schema": "scores",
+        "connection_uri": databricks_out["connection_uri"],
+    }
+    cfg = with_output(tiny_config, "databricks", params)
+    check_contract(cfg)
+    sent = databricks_out["handler"].statements
+    merges = [s for s in sent if s.startswith("MERGE INTO")]
+    assert merges and all("WHEN NOT MATCHED BY SOURCE AND" in s for s in merges)
+    tables = databricks_out["con"].execute("SELECT table_name FROM duckdb_tables()").fetchall()
+    assert not [t for (t,) in tables if "__stage_" in t]
+
+
+# ---- BigQuery -----------------------------------------------------------------------------------------
+def test_bigquery_write_back(tiny_config: Path, bigquery_server) -> None:  # noqa: F811
+    params = {"project_id": PROJECT, "dataset_id": "analytics", "storage_api": False, **bigquery_server}
+    cfg = with_output(tiny_config, "bigquery", params)
+    check_contract(cfg)
+    info = write_table(open_writer(cfg, "predictions", "churn", DAY2), [predictions(2)])
+    assert info["destination"] == f"{PROJECT}.analytics.basemodel_predictions_churn"
