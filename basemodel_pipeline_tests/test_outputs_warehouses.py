@@ -41,6 +41,14 @@ def with_output(tiny_config: Path, kind: str, params: dict[str, Any], **extra: A
     return load_config(edit_config(tiny_config, mutate))
 
 
+def with_table(cfg: Any, table: str) -> Any:
+    """The config with the warehouse destination writing to one fixed table."""
+    out = cfg.model_copy(deep=True)
+    dest = out.outputs.destinations["warehouse"]
+    out.outputs.destinations["warehouse"] = dest.model_copy(update={"table": table})
+    return out
+
+
 def read_table(cfg: Any, table: str) -> list[dict[str, Any]]:
     """Every row of a written table, read back through the connector of the same warehouse."""
     dest = cfg.outputs.destinations["warehouse"]
@@ -86,10 +94,7 @@ def check_contract(cfg: Any, secret: str | None = None) -> None:
     assert len(read_table(cfg, table)) == 290, "an aborted write must not change the table"
 
     # a shared table (no {scenario} in its name): scenarios are slices of it
-    shared = cfg.model_copy(deep=True)
-    shared.outputs.destinations["warehouse"] = shared.outputs.destinations["warehouse"].model_copy(
-        update={"table": "shared_scores"}
-    )
+    shared = with_table(cfg, "shared_scores")
     write_table(open_writer(shared, "predictions", "churn", DAY1), [predictions(5)])
     write_table(open_writer(shared, "predictions", "upsell", DAY1), [predictions(6)])
     write_table(open_writer(shared, "predictions", "churn", DAY1), [])  # no rows: the slice becomes empty
@@ -221,6 +226,13 @@ def test_clickhouse_write_back(tiny_config: Path, clickhouse_out, monkeypatch) -
     tables = clickhouse_out["session"].query("SHOW TABLES FROM analytics").bytes().decode().split()
     assert not [t for t in tables if "__stage_" in t]
 
+    # an existing table without the output's columns: stopped at the first chunk, named, nothing written
+    recs = pa.table({"entity_id": [1], "rank": pa.array([1], pa.int32()), "item": ["milk"]})
+    with pytest.raises(
+        DataError, match=r"has no column\(s\) rank, item .*outputs.destinations.warehouse.table"
+    ):
+        write_table(open_writer(with_table(cfg, "shared_scores"), "predictions", "recs", DAY1), [recs])
+
 
 def test_clickhouse_bad_password_names_output_not_secret(
     tiny_config: Path, clickhouse_out, monkeypatch
@@ -349,3 +361,15 @@ def test_bigquery_write_back(tiny_config: Path, bigquery_server) -> None:  # noq
     check_contract(cfg)
     info = write_table(open_writer(cfg, "predictions", "churn", DAY2), [predictions(2)])
     assert info["destination"] == f"{PROJECT}.analytics.basemodel_predictions_churn"
+    from google.api_core.client_options import ClientOptions
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import bigquery
+
+    client = bigquery.Client(
+        project=PROJECT,
+        credentials=AnonymousCredentials(),
+        client_options=ClientOptions(api_endpoint=bigquery_server["api_endpoint"]),
+    )
+    names = [t.table_id for t in client.list_tables("analytics")]
+    client.close()
+    assert "basemodel_embeddings" in names and not [n for n in names if "__stage_" in n]
