@@ -9,6 +9,7 @@
     basemodel finetune CONFIG --scenario NAME
     basemodel predict CONFIG --scenario NAME [--as-of YYYY-MM-DD]
     basemodel embed CONFIG [--as-of YYYY-MM-DD]   float16 foundation embeddings per entity
+    basemodel explain CONFIG --scenario NAME [--entity ID] [--population N] [--class LABEL]
     basemodel demo [--workspace demo_workspace]   The Complete Journey end to end through Dagster
 
 A mistake the user can fix prints one red line `error: ...` on stderr and exits with code 2.
@@ -351,6 +352,62 @@ def embed(
     date = _as_of(as_of)
     options = {"destination": output, "precision": precision, "device": device, "replay": replay}
     run_stage("embed", config, lambda cfg, p: pipeline.run_embed(cfg, date, progress=p, **options))
+
+
+@app.command()
+def explain(
+    config: ConfigArg,
+    scenario: ScenarioOpt,
+    entity: Annotated[str | None, typer.Option("--entity", help="Explain this entity id.")] = None,
+    as_of: AsOfOpt = None,
+    population: Annotated[
+        int,
+        typer.Option("--population", help="Without --entity: mean |attribution| over N sampled entities."),
+    ] = 2000,
+    label: Annotated[
+        str | None,
+        typer.Option("--class", help="Multiclass/multilabel: explain this class (default: the top one)."),
+    ] = None,
+    baseline: Annotated[
+        str, typer.Option("--baseline", help="mean (the training mean) | empty (the entity with no events).")
+    ] = "mean",
+    steps: Annotated[int, typer.Option("--steps", help="Integrated-gradients quadrature steps.", min=2)] = 32,
+) -> None:
+    """Integrated-gradients attributions of a scenario's output per source, column and value (docs/explain.md)."""
+    from basemodel_pipeline.inference.explain import run_explain
+
+    date = _as_of(as_of)
+    with user_errors():
+        cfg = load_config(config)
+        start = time.perf_counter()
+        result = run_explain(cfg, cfg.scenario(scenario), entity, date, population, label, steps, baseline)
+    out.print(explanation_table(result, time.perf_counter() - start))
+
+
+def explanation_table(result: Mapping[str, Any], seconds: float, top: int = 15) -> Table:
+    """The top sources, columns and values of an explanation, and where the JSON and plot went."""
+    single = "entity_id" in result
+    key = "attribution" if single else "mean_abs_attribution"
+    who = f"entity {result['entity_id']}" if single else f"{result['entities']} entities (mean |attribution|)"
+    table = Table(
+        title=f"explain {result['scenario']} as of {result['as_of']}: {who} ({seconds:.1f} s)",
+        caption=f"{result['output']['description']}; baseline {result['baseline']['kind']} "
+        f"({result['baseline']['output']:.4g}); JSON {result['json_path']}; plot {result['plot_path']}",
+        title_justify="left",
+        caption_justify="left",
+    )
+    for col in ("level", "source", "column", "value", key):
+        table.add_column(col, justify="right" if col == key else "left")
+    for level in ("sources", "columns", "values"):
+        for row in result[level][:top]:
+            table.add_row(
+                level[:-1],
+                escape(str(row.get("source", ""))),
+                escape(str(row.get("column", ""))),
+                escape(str(row.get("value", ""))),
+                f"{row[key]:+.4f}" if single else f"{row[key]:.4f}",
+            )
+    return table
 
 
 def _as_of(as_of: str | None) -> dt.date | None:

@@ -211,3 +211,92 @@ outputs: {result["classes"]}. Primary metric: <b>{result["metric"]}</b>. Timing:
 <h2>Charts{note}</h2>{"".join(charts)}
 </body></html>
 """
+
+
+# ---- explanations (inference/explain.py) ------------------------------------------------------------
+TOP_BARS = 12  # bars per panel of the explanation charts
+
+
+def _bars(ax, labels: list[str], values: list[float], title: str, signed: bool) -> None:
+    y = np.arange(len(values))[::-1]
+    colors = ["#d62728" if v < 0 else "#1f77b4" for v in values] if signed else "#1f77b4"
+    ax.barh(y, values, color=colors)
+    ax.set_yticks(y, [lab if len(lab) <= 48 else lab[:45] + "..." for lab in labels], fontsize=8)
+    ax.set_title(title, fontsize=10)
+    if signed:
+        ax.axvline(0.0, color="k", lw=0.6)
+
+
+def explanation_figure(expl: dict[str, Any]):
+    """Bar charts of an explanation: one entity (signed contributions of its sources and top values) or a
+    population (mean |attribution| of each source and of the top columns of each source)."""
+    single = expl["entities"] == 1
+    key = "attribution" if single else "mean_abs_attribution"
+    if single:
+        fig, (a, b, c) = plt.subplots(1, 3, figsize=(15, 4.5), gridspec_kw={"width_ratios": [1, 2, 2]})
+        _bars(
+            a, [r["source"] for r in expl["sources"]], [r[key] for r in expl["sources"]], "per source", True
+        )
+        top = expl["columns"][:TOP_BARS]
+        _bars(b, [f"{r['source']} . {r['column']}" for r in top], [r[key] for r in top], "top columns", True)
+        top = expl["values"][:TOP_BARS]
+        labels = [f"{r['column']} = {r['value']}" for r in top]
+        _bars(c, labels, [r[key] for r in top], "top values", True)
+        out = expl["output"]
+        fig.suptitle(
+            f"entity {expl.get('entity_id', '')}: {out['description']} {out['value']:.3f} "
+            f"(baseline {expl['baseline']['kind']}: {expl['baseline']['output']:.3f})",
+            fontsize=10,
+        )
+        fig.tight_layout()
+        return fig
+    sources = [r["source"] for r in expl["sources"]]
+    fig, axes = plt.subplots(1, len(sources) + 1, figsize=(4.2 * (len(sources) + 1), 4.5), squeeze=False)
+    _bars(axes[0, 0], sources, [r[key] for r in expl["sources"]], "mean |attribution| per source", False)
+    for ax, src in zip(axes[0, 1:], sources, strict=True):
+        top = [r for r in expl["columns"] if r["source"] == src][:TOP_BARS]
+        _bars(ax, [r["column"] for r in top], [r[key] for r in top], f"top columns: {src}", False)
+    fig.suptitle(
+        f"{expl['output']['description']}, {expl['entities']} entities, baseline {expl['baseline']['kind']}",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    return fig
+
+
+def explanation_png(expl: dict[str, Any]) -> bytes:
+    buf = io.BytesIO()
+    fig = explanation_figure(expl)
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def explanation_section(expl: dict[str, Any]) -> str:
+    """HTML section of a population explanation: the chart and the top values table."""
+    img = base64.b64encode(explanation_png(expl)).decode()
+    rows = "".join(
+        f"<tr><td style='text-align:left'>{html.escape(r['source'])}</td>"
+        f"<td style='text-align:left'>{html.escape(r['column'])}</td>"
+        f"<td style='text-align:left'>{html.escape(r['value'])}</td>"
+        f"<td>{r['mean_abs_attribution']:.4f}</td><td>{r['mean_attribution']:+.4f}</td></tr>"
+        for r in expl["values"][:20]
+    )
+    comp = expl["completeness"]
+    return (
+        "<h2>What drives the model (integrated gradients)</h2>"
+        f"<p>Mean |attribution| to the {html.escape(expl['output']['description'])} over "
+        f"{expl['entities']} test entities, against the <b>{html.escape(expl['baseline']['kind'])}</b> baseline "
+        f"({expl['steps']} steps; mean completeness gap {comp['mean_abs_gap']:.2g} vs mean |output change| "
+        f"{comp['mean_abs_output_change']:.3g}). See docs/explain.md.</p>"
+        f'<img alt="explanation" src="data:image/png;base64,{img}">'
+        "<table><tr><th>source</th><th>column</th><th>value</th><th>mean |attribution|</th>"
+        f"<th>mean attribution</th></tr>{rows}</table>"
+    )
+
+
+def with_explanation(report: str, expl: dict[str, Any] | None) -> str:
+    """The report with the explanation section inserted before the end of its body."""
+    if not expl:
+        return report
+    return report.replace("</body>", explanation_section(expl) + "\n</body>", 1)

@@ -1,0 +1,581 @@
+"""Integrated-gradients explanations of a scenario model, per data source, column and value.
+
+For an input x (an entity's features as of a date, features/sketch.py) and a baseline x', the attribution of
+feature i is
+
+    A_i = (x_i - x'_i) * integral over a in [0, 1] of d f(x' + a (x - x')) / d x_i
+
+and the attributions add up to f(x) - f(x') (completeness). The integral is computed with Gauss-Legendre
+quadrature on `steps` nodes (default 32; the network is smooth: GELU, LayerNorm, so the error falls fast with
+the nodes, where the usual Riemann sum needs hundreds); rows whose gap |f(x) - f(x') - sum A| is still above
+GAP_TOLERANCE * (1 + |f(x) - f(x')|) are recomputed with 64, 128, 256 nodes. The JSON reports the gap.
+
+f is the scenario model's output: binary and multilabel the logit of the (chosen) class, multiclass the
+log-probability of the chosen class (log-softmax), regression the predicted value on the target's scale
+(log1p-space for log1p targets). The class defaults to the entity's top class (one entity) or the class with
+the highest mean score (a population).
+
+Baselines: ``mean`` (default), the mean features of the foundation's validation examples, stored in the
+model (the trunk standardises its input with them, so the baseline is the centre of the data the model saw):
+A says what makes the entity's output differ from the average example's, f(x') being that output.
+``empty``: the same entity with no events (every source's decayed sums 0, recency "never", its own
+attributes kept): A says what in its history moves it away from a brand-new entity with the same attributes
+(attributes then get nothing). The empty point can lie far from the training data (features that never were
+0 there are divided by their small standard deviation), so its completeness gap is larger; see docs/explain.md.
+
+Aggregation (features/names.py describes every input index): per source (event sources, "attributes",
+"aggregates"), per column (summing half-lives, values, buckets), per value (summing half-lives). A hashed
+(high-cardinality) column's feature is a bucket shared by several values; each bucket's attribution at each
+half-life is split among the entity's values in that bucket in proportion to their decayed event counts,
+summed over partitions. With the empty baseline this is exact (buckets the entity never used have x = x' and
+get nothing); with the mean baseline the attribution of the buckets the entity never used is reported as the
+value "(buckets without the entity's values)". A population explanation is the mean |attribution| over the
+entities (and the mean signed one) at every level, each entity's totals taken before the absolute value.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from basemodel_pipeline import workspace as ws
+from basemodel_pipeline.cache.build import cache_dir
+from basemodel_pipeline.cache.store import DAY, EventCache, expand_ranges
+from basemodel_pipeline.config import PipelineConfig, Scenario
+from basemodel_pipeline.errors import UserError
+from basemodel_pipeline.features.names import (
+    ATTRIBUTES,
+    Vocabularies,
+    attr_base,
+    bucket_codes,
+    describe,
+    source_base,
+)
+from basemodel_pipeline.features.sketch import ColumnPlan, FeatureEncoder
+from basemodel_pipeline.inference.predict import default_as_of, load_scenario
+from basemodel_pipeline.model.trunk import TrunkWithHead
+from basemodel_pipeline.scenarios.heads import Head
+from basemodel_pipeline.training.splits import epoch_seconds
+
+DEFAULT_STEPS = 32
+DEFAULT_POPULATION = 2000
+REPORT_POPULATION = 500  # entities explained for the scenario report
+MAX_STEPS = 256  # rows whose completeness gap stays above GAP_TOLERANCE get up to this many steps
+GAP_TOLERANCE = 1e-3  # of 1 + |f(x) - f(baseline)|
+MAX_ROWS = 8192  # path points per forward/backward pass
+TOP_FEATURES = 50
+TOP_VALUES_PER_COLUMN = 20
+OTHER_BUCKETS = "(buckets without the entity's values)"
+BASELINES = ("mean", "empty")
+OWN_VALUE_KINDS = ("direct", "weekday", "hour")  # event columns whose every value has its own channels
+TASKS = ("binary", "multilabel", "multiclass", "regression")
+
+
+# ---- the output being explained ---------------------------------------------------------------------
+@dataclass
+class Output:
+    """Which scalar of the model is explained."""
+
+    head: Head
+    index: int  # output column (class index; 0 for binary and regression)
+    label: str | None  # class label (multiclass, multilabel)
+
+    @property
+    def description(self) -> str:
+        task = self.head.task
+        if task == "binary":
+            return "logit of the score (log-odds of the probability)"
+        if task == "multilabel":
+            return f"logit of the probability of class '{self.label}'"
+        if task == "multiclass":
+            return f"log-probability of class '{self.label}' (log-softmax)"
+        log1p = " (log1p of the target)" if self.head.spec.extra.get("log1p") else ""
+        return f"predicted value{log1p}"
+
+    def fn(self, model: TrunkWithHead) -> Callable[[torch.Tensor], torch.Tensor]:
+        """x [n, dim] -> the explained output [n]."""
+        task, j, extra = self.head.task, self.index, self.head.spec.extra
+        if task == "multiclass":
+            return lambda x: torch.log_softmax(model(x), -1)[:, j]
+        if task == "regression":
+            return lambda x: model(x)[:, 0] * extra["std"] + extra["mean"]
+        return lambda x: model(x)[:, j]
+
+
+def choose_output(head: Head, label: str | None, scores: np.ndarray | None) -> Output:
+    """The class named `label`, else the top class of `scores` (mean over rows) for multi-class tasks."""
+    task = head.task
+    if task not in TASKS:
+        raise UserError(f"explanations cover {', '.join(TASKS)} scenarios, not {task}")
+    if task in ("binary", "regression"):
+        if label is not None:
+            raise UserError(f"--class: a {task} scenario has one output; leave --class out")
+        return Output(head, 0, None)
+    classes = [str(c) for c in head.spec.classes]
+    if label is not None:
+        if label not in classes:
+            shown = ", ".join(classes[:10]) + (f", ... ({len(classes)} classes)" if len(classes) > 10 else "")
+            raise UserError(f"--class '{label}' is not a class of this scenario; its classes: {shown}")
+        return Output(head, classes.index(label), label)
+    assert scores is not None
+    j = int(np.argmax(np.asarray(scores).reshape(-1, len(classes)).mean(0)))
+    return Output(head, j, classes[j])
+
+
+# ---- integrated gradients -----------------------------------------------------------------------------
+def integrated_gradients(
+    fn: Callable[[torch.Tensor], torch.Tensor],
+    x: np.ndarray,
+    baseline: np.ndarray,
+    steps: int = DEFAULT_STEPS,
+    max_rows: int = MAX_ROWS,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(attributions [n, d], f(x) [n], f(baseline) [n]) for rows x [n, d] and a baseline [d] or [n, d].
+
+    Gauss-Legendre nodes a_k, weights w_k on [0, 1]: A = (x - x') * sum_k w_k grad f(x' + a_k (x - x'))."""
+    nodes, weights = np.polynomial.legendre.leggauss(steps)
+    alpha = torch.from_numpy(((nodes + 1) / 2).astype(np.float32))
+    w = torch.from_numpy((weights / 2).astype(np.float32))
+    X = torch.from_numpy(np.ascontiguousarray(x, np.float32))
+    B = torch.from_numpy(np.ascontiguousarray(np.broadcast_to(baseline, x.shape), np.float32))
+    attr = np.zeros(x.shape, np.float32)
+    per = max(1, max_rows // steps)
+    for a in range(0, len(X), per):
+        xb, bb = X[a : a + per], B[a : a + per]
+        delta = xb - bb
+        path = (bb.unsqueeze(1) + alpha[None, :, None] * delta.unsqueeze(1)).reshape(-1, X.shape[1])
+        path.requires_grad_(True)
+        (grad,) = torch.autograd.grad(fn(path).sum(), path)
+        avg = (grad.view(len(xb), steps, -1) * w[None, :, None]).sum(1)
+        attr[a : a + per] = (delta * avg).numpy()
+    with torch.no_grad():
+        fx = np.concatenate([fn(X[a : a + max_rows]).numpy() for a in range(0, len(X), max_rows)] or [[]])
+        fb = np.concatenate([fn(B[a : a + max_rows]).numpy() for a in range(0, len(B), max_rows)] or [[]])
+    return attr, fx.astype(np.float64), fb.astype(np.float64)
+
+
+def refined_gradients(
+    fn: Callable[[torch.Tensor], torch.Tensor],
+    x: np.ndarray,
+    baseline: np.ndarray,
+    steps: int = DEFAULT_STEPS,
+    max_steps: int = MAX_STEPS,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """integrated_gradients, then rows whose completeness gap exceeds GAP_TOLERANCE (absolute, plus relative
+    to |f(x) - f(baseline)|) again with twice the steps, up to max_steps. Returns (A, f(x), f(x'), steps)."""
+    base = np.broadcast_to(baseline, x.shape)
+    A, fx, fb = integrated_gradients(fn, x, base, steps)
+    used = np.full(len(x), steps)
+    while steps < max_steps:
+        bad = np.flatnonzero(
+            np.abs(fx - fb - A.sum(1, dtype=np.float64)) > GAP_TOLERANCE * (1 + np.abs(fx - fb))
+        )
+        if not len(bad):
+            break
+        steps *= 2
+        A[bad] = integrated_gradients(fn, x[bad], base[bad], steps)[0]
+        used[bad] = steps
+    return A, fx, fb, used
+
+
+def baseline_features(
+    kind: str, cache: EventCache, m: Model, entity: np.ndarray, times: np.ndarray
+) -> np.ndarray:
+    """The baseline: [dim] (mean) or [n, dim] (empty: each entity with no events, attributes kept)."""
+    if kind == "mean":
+        return m.model.trunk.mean.detach().cpu().numpy().astype(np.float32)
+    before_data = np.full(len(entity), epoch_seconds(cache.min_date), np.int64)  # no event has ts < this
+    return m.enc.history(cache, entity, before_data)
+
+
+# ---- aggregation --------------------------------------------------------------------------------------
+@dataclass
+class Totals:
+    """Per-entity signed totals of one level, accumulated as sums of |total| and of total."""
+
+    keys: list[tuple[str, ...]]
+    abs_sum: np.ndarray
+    sum: np.ndarray
+
+    @classmethod
+    def new(cls, keys: list[tuple[str, ...]]) -> Totals:
+        return cls(keys, np.zeros(len(keys)), np.zeros(len(keys)))
+
+    def add(self, totals: np.ndarray) -> None:  # totals [n, len(keys)]
+        self.abs_sum += np.abs(totals).sum(0)
+        self.sum += totals.sum(0)
+
+
+def _index(keys: list[tuple[str, ...]]) -> tuple[list[tuple[str, ...]], np.ndarray]:
+    """Distinct keys in first-seen order and the position of each key among them."""
+    order: dict[tuple[str, ...], int] = {}
+    idx = np.array([order.setdefault(k, len(order)) for k in keys], np.int64)
+    return list(order), idx
+
+
+def _group_sum(A: np.ndarray, idx: np.ndarray, size: int) -> np.ndarray:
+    """[n, size]: A's columns summed by idx (columns with idx < 0 are dropped)."""
+    M = np.zeros((A.shape[1], size))
+    keep = np.flatnonzero(idx >= 0)
+    M[keep, idx[keep]] = 1.0
+    return A @ M
+
+
+class ValueTable:
+    """Value attributions of one column whose values are not features of their own: codes 0..V, then the
+    OTHER_BUCKETS slot V + 1 (hashed columns: buckets the entity never used)."""
+
+    def __init__(self, group: str, column: str, vocab_size: int, features: np.ndarray) -> None:
+        self.group, self.column = group, column
+        self.features = features  # the column's input indices
+        self.abs_sum = np.zeros(vocab_size + 2)
+        self.sum = np.zeros(vocab_size + 2)
+
+    def accumulate(
+        self, owner: np.ndarray, code: np.ndarray, contrib: np.ndarray, column: np.ndarray
+    ) -> None:
+        """contrib [m] of (entity owner, value code) pairs; column [n]: each entity's column total."""
+        width = len(self.sum)
+        keys, inverse = np.unique(owner * width + code, return_inverse=True)
+        per_value = np.bincount(inverse, weights=contrib, minlength=len(keys))
+        np.add.at(self.abs_sum, keys % width, np.abs(per_value))
+        np.add.at(self.sum, keys % width, per_value)
+        other = column - np.bincount(owner, weights=contrib, minlength=len(column))
+        self.abs_sum[-1] += np.abs(other).sum()
+        self.sum[-1] += other.sum()
+
+    def add(
+        self, cache: EventCache, enc: FeatureEncoder, A: np.ndarray, e: np.ndarray, t: np.ndarray
+    ) -> None:
+        raise NotImplementedError
+
+
+class AttributeValues(ValueTable):
+    """A categorical attribute: the whole column's attribution goes to the entity's own value (its one-hot
+    moved from the baseline's to that value's channel)."""
+
+    def add(
+        self, cache: EventCache, enc: FeatureEncoder, A: np.ndarray, e: np.ndarray, t: np.ndarray
+    ) -> None:
+        column = A[:, self.features].sum(1)
+        code = np.asarray(cache.attributes[self.column], np.int64)[e]
+        self.accumulate(np.arange(len(e)), code, column, column)
+
+
+class HashedValues(ValueTable):
+    """A hashed column: each bucket's attribution at each half-life split among the entity's values in it in
+    proportion to their decayed event counts, summed over partitions."""
+
+    def __init__(self, group: str, plan: ColumnPlan, base: int, channels: int, half_lives: int) -> None:
+        C, PW = channels, plan.partitions * plan.buckets
+        feats = np.array([base + h * C + plan.offset + k for h in range(half_lives) for k in range(PW)])
+        super().__init__(group, plan.name, plan.vocab_size, feats)
+        self.plan, self.base, self.channels = plan, base, channels
+        self.table = bucket_codes(plan)  # [P, V + 1] channel within the column
+
+    def add(
+        self, cache: EventCache, enc: FeatureEncoder, A: np.ndarray, e: np.ndarray, t: np.ndarray
+    ) -> None:
+        src, col, n = cache.source(self.group), self.plan, len(e)
+        owner, rows = expand_ranges(np.asarray(src.offsets)[e], src.positions(e, t))
+        code = np.asarray(src.columns[col.name][rows], np.int64)
+        age = (t[owner] - np.asarray(src.ts[rows], np.int64)).astype(np.float64)
+        contrib = np.zeros(len(rows))
+        PW = col.partitions * col.buckets
+        for h, half_life in enumerate(enc.half_lives_days):
+            w = np.exp(-age * np.log(2.0) / (half_life * DAY))
+            for p in range(col.partitions):
+                key = owner * PW + self.table[p, code]
+                mass = np.bincount(key, weights=w, minlength=n * PW)
+                feature = self.base + h * self.channels + col.offset + self.table[p, code]
+                contrib += A[owner, feature] * w / np.maximum(mass[key], 1e-300)
+        self.accumulate(owner, code, contrib, A[:, self.features].sum(1))
+
+
+class Explainer:
+    """Accumulates attributions of entity chunks per source, column, value and feature."""
+
+    def __init__(self, cache: EventCache, enc: FeatureEncoder) -> None:
+        self.cache, self.enc = cache, enc
+        self.features = describe(enc, cache)
+        self.vocab = Vocabularies(cache)
+        self.sources_keys, self.source_idx = _index([(f.group,) for f in self.features])
+        self.column_keys, self.column_idx = _index([(f.group, f.column) for f in self.features])
+        own = [f.group != ATTRIBUTES and f.kind in OWN_VALUE_KINDS for f in self.features]
+        value_keys, value_idx = _index(
+            [(f.group, f.column, f.value) if v else ("",) for f, v in zip(self.features, own, strict=True)]
+        )
+        self.value_idx = np.where(own, value_idx, -1)
+        self.levels = {
+            "sources": Totals.new(self.sources_keys),
+            "columns": Totals.new(self.column_keys),
+            "values": Totals.new(value_keys),
+            "features": Totals.new([(str(f.index),) for f in self.features]),
+        }
+        bases, H = source_base(enc), len(enc.half_lives_days)
+        self.tables: list[ValueTable] = [
+            HashedValues(s.name, c, bases[s.name], s.channels, H)
+            for s in enc.sources
+            for c in s.columns
+            if c.kind == "hashed"
+        ]
+        self.tables += [
+            AttributeValues(ATTRIBUTES, c.name, c.vocab_size, np.arange(c.width) + attr_base(enc) + c.offset)
+            for c in enc.attributes
+            if c.kind == "direct"
+        ]
+        self.n = 0
+
+    def add(self, A: np.ndarray, e: np.ndarray, t: np.ndarray) -> None:
+        """Attributions A [n, dim] of entities e (indices) as of times t (epoch seconds)."""
+        A = A.astype(np.float64)
+        self.n += len(A)
+        self.levels["sources"].add(_group_sum(A, self.source_idx, len(self.sources_keys)))
+        self.levels["columns"].add(_group_sum(A, self.column_idx, len(self.column_keys)))
+        self.levels["values"].add(_group_sum(A, self.value_idx, len(self.levels["values"].keys)))
+        self.levels["features"].add(A)
+        for table in self.tables:
+            table.add(self.cache, self.enc, A, e, t)
+
+    # ---- results -------------------------------------------------------------------------------
+    def _rows(
+        self, keys: list[tuple[str, ...]], abs_sum: np.ndarray, total: np.ndarray, names: tuple
+    ) -> list:
+        n = max(self.n, 1)
+        rows = []
+        for k in np.argsort(-abs_sum, kind="stable"):
+            if abs_sum[k] == 0:
+                break
+            row: dict[str, Any] = dict(zip(names, keys[k], strict=True))
+            if self.n == 1:
+                row["attribution"] = float(total[k])
+            else:
+                row["mean_abs_attribution"] = float(abs_sum[k] / n)
+                row["mean_attribution"] = float(total[k] / n)
+            rows.append(row)
+        return rows
+
+    def _values(self) -> list[dict[str, Any]]:
+        names = ("source", "column", "value")
+        lv = self.levels["values"]
+        rows = self._rows(lv.keys, lv.abs_sum, lv.sum, names)
+        for vt in self.tables:
+            top = np.argsort(-vt.abs_sum, kind="stable")[:TOP_VALUES_PER_COLUMN]
+            keys = [
+                (
+                    vt.group,
+                    vt.column,
+                    OTHER_BUCKETS if c == len(vt.sum) - 1 else self.vocab.label(vt.group, vt.column, c),
+                )
+                for c in top
+            ]
+            rows += self._rows(keys, vt.abs_sum[top], vt.sum[top], names)
+        score = "attribution" if self.n == 1 else "mean_abs_attribution"
+        rows.sort(key=lambda r: -abs(r[score]))
+        per_column: dict[tuple[str, str], int] = {}
+        kept = []
+        for r in rows:
+            k = (r["source"], r["column"])
+            per_column[k] = per_column.get(k, 0) + 1
+            if per_column[k] <= TOP_VALUES_PER_COLUMN:
+                kept.append(r)
+        return kept
+
+    def result(self) -> dict[str, Any]:
+        lv = self.levels
+        features = self._rows(lv["features"].keys, lv["features"].abs_sum, lv["features"].sum, ("index",))
+        for row in features[:TOP_FEATURES]:
+            f = self.features[int(row["index"])]
+            row.update(
+                index=f.index,
+                source=f.group,
+                column=f.column,
+                value=f.value,
+                half_life_days=f.half_life_days,
+                kind=f.kind,
+            )
+        return {
+            "sources": self._rows(lv["sources"].keys, lv["sources"].abs_sum, lv["sources"].sum, ("source",)),
+            "columns": self._rows(
+                lv["columns"].keys, lv["columns"].abs_sum, lv["columns"].sum, ("source", "column")
+            ),
+            "values": self._values(),
+            "features": features[:TOP_FEATURES],
+        }
+
+
+# ---- explanations -------------------------------------------------------------------------------------
+@dataclass
+class Model:
+    """A scenario model with its encoder and head."""
+
+    model: TrunkWithHead
+    enc: FeatureEncoder
+    head: Head
+    meta: dict = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, checkpoint: Path) -> Model:
+        model, meta, head = load_scenario(checkpoint)
+        return cls(model, FeatureEncoder.from_dict(meta["encoder"]), head, meta)
+
+
+def explain(
+    cache: EventCache,
+    m: Model,
+    entity: np.ndarray,
+    times: np.ndarray,
+    label: str | None = None,
+    steps: int = DEFAULT_STEPS,
+    baseline: str = "mean",
+    X: np.ndarray | None = None,
+    chunk: int = 4096,
+) -> dict[str, Any]:
+    """Explanation of entities (indices) as of times (epoch seconds): one entity, or a population summary.
+
+    X: their features when already computed. Returns the JSON-ready dict (see docs/explain.md)."""
+    if baseline not in BASELINES:
+        raise UserError(f"--baseline '{baseline}': choose one of {', '.join(BASELINES)}")
+    started = time.perf_counter()
+    entity, times = np.asarray(entity, np.int64), np.asarray(times, np.int64)
+    if X is None:
+        X = m.enc.history(cache, entity, times)
+    training = m.model.training
+    m.model.eval()
+    try:
+        with torch.no_grad():
+            logits = m.model(torch.from_numpy(X)).numpy()
+        scores = m.head.scores(logits)
+        out = choose_output(m.head, label, scores if m.head.task in ("multiclass", "multilabel") else None)
+        ex = Explainer(cache, m.enc)
+        base = baseline_features(baseline, cache, m, entity, times)
+        fn = out.fn(m.model)
+        fx, fb, gap, steps_used = [], [], [], []
+        for a in range(0, len(X), chunk):
+            b = base if base.ndim == 1 else base[a : a + chunk]
+            A, f_x, f_b, used = refined_gradients(fn, X[a : a + chunk], b, steps)
+            steps_used.append(used)
+            ex.add(A, entity[a : a + chunk], times[a : a + chunk])
+            fx.append(f_x)
+            fb.append(f_b)
+            gap.append(f_x - f_b - A.astype(np.float64).sum(1))
+    finally:
+        m.model.train(training)
+    f_x, f_b, g = np.concatenate(fx), np.concatenate(fb), np.concatenate(gap)
+    score = np.asarray(scores)
+    if score.ndim == 2:
+        score = score[:, out.index]
+    result: dict[str, Any] = {
+        "task": m.head.task,
+        "output": {"description": out.description, "class": out.label, "index": out.index},
+        "baseline": {"kind": baseline, "output": float(f_b.mean())},
+        "steps": {"initial": steps, "max_used": int(np.concatenate(steps_used).max())},
+        "entities": len(entity),
+        **ex.result(),
+    }
+    if len(entity) == 1:
+        result["output"].update(value=float(f_x[0]), score=float(score[0]))
+        result["completeness"] = {
+            "output": float(f_x[0]),
+            "baseline_output": float(f_b[0]),
+            "sum_of_attributions": float(f_x[0] - f_b[0] - g[0]),
+            "gap": float(g[0]),
+        }
+    else:
+        result["output"].update(mean_value=float(f_x.mean()), mean_score=float(score.mean()))
+        result["completeness"] = {
+            "mean_abs_gap": float(np.abs(g).mean()),
+            "max_abs_gap": float(np.abs(g).max()),
+            "mean_abs_output_change": float(np.abs(f_x - f_b).mean()),
+        }
+    result["seconds"] = round(time.perf_counter() - started, 2)
+    return result
+
+
+def sample_entities(n_entities: int, n: int, seed: int = 0) -> np.ndarray:
+    """A sorted, seeded sample of min(n, n_entities) entity indices."""
+    rng = np.random.default_rng(seed)
+    return np.sort(rng.choice(n_entities, min(n, n_entities), replace=False)).astype(np.int64)
+
+
+def _file_stem(entity_id: str) -> str:
+    return "entity-" + re.sub(r"[^A-Za-z0-9_.-]", "_", entity_id)[:100]
+
+
+def run_explain(
+    cfg: PipelineConfig,
+    scenario: Scenario,
+    entity_id: str | None = None,
+    as_of: dt.date | None = None,
+    population: int = DEFAULT_POPULATION,
+    label: str | None = None,
+    steps: int = DEFAULT_STEPS,
+    baseline: str = "mean",
+) -> dict[str, Any]:
+    """Explain one entity (entity_id) or a population sample of the latest scenario model as of a date;
+    writes <workspace>/explanations/<scenario>/<as_of>/{entity-<id>,population}.{json,png}."""
+    from basemodel_pipeline.reports.html import explanation_png
+
+    cache = EventCache(cache_dir(cfg))
+    m = Model.load(ws.latest_scenario_dir(cfg, scenario.name))
+    as_of = as_of or default_as_of(cache)
+    if as_of <= cfg.data_params.data_start_date:
+        raise UserError(f"--as-of {as_of} is before data_start_date ({cfg.data_params.data_start_date})")
+    if population <= 0:
+        raise UserError(f"--population {population}: give a positive number of entities")
+    if entity_id is not None:
+        try:
+            idx = int(cache.entity_index(np.array([entity_id]))[0])
+        except ValueError:  # not even of the ids' type (text for integer ids)
+            idx = -1
+        if idx < 0:
+            some = ", ".join(str(i) for i in cache.entity_ids[:5])
+            raise UserError(
+                f"--entity '{entity_id}' is not an entity of the event cache at {cache.path} "
+                f"({cache.n_entities} entities, e.g. {some})"
+            )
+        entity, stem = np.array([idx], np.int64), _file_stem(entity_id)
+    else:
+        entity, stem = sample_entities(cache.n_entities, population), "population"
+    t = np.full(len(entity), epoch_seconds(as_of), np.int64)
+    result = explain(cache, m, entity, t, label, steps, baseline)
+    result = {
+        "scenario": scenario.name,
+        "as_of": as_of.isoformat(),
+        "model_version": m.meta.get("version"),
+        **({"entity_id": entity_id} if entity_id is not None else {}),
+        **result,
+    }
+    out_dir = ws.root(cfg) / "explanations" / scenario.name / as_of.isoformat()
+    json_path, png_path = out_dir / f"{stem}.json", out_dir / f"{stem}.png"
+    result["json_path"], result["plot_path"] = str(json_path), str(png_path)
+    ws.atomic_write_bytes(png_path, explanation_png(result))
+    ws.atomic_write_text(json_path, json.dumps(result, indent=2))
+    return result
+
+
+def add_report_explanation(
+    extra: dict[str, str], shared: Any, model: TrunkWithHead, head: Head, test: Any
+) -> None:
+    """For training/finetune._finish: explain up to REPORT_POPULATION test examples (population, mean
+    baseline), add the section to extra["report.html"] and the JSON as extra["explanation.json"].
+
+    shared: finetune.Shared (cache, enc, X, rows()); test: the test Examples. Recommendation: nothing."""
+    from basemodel_pipeline.reports.html import with_explanation
+
+    if head.task not in TASKS or len(test) == 0:
+        return
+    pick = sample_entities(len(test), REPORT_POPULATION)
+    X = shared.X[shared.rows(test)[pick]]
+    expl = explain(shared.cache, Model(model, shared.enc, head), test.entity[pick], test.time[pick], X=X)
+    extra["report.html"] = with_explanation(extra["report.html"], expl)
+    extra["explanation.json"] = json.dumps(expl, indent=2)
