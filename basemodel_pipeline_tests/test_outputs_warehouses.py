@@ -226,6 +226,19 @@ def test_clickhouse_write_back(tiny_config: Path, clickhouse_out, monkeypatch) -
     tables = clickhouse_out["session"].query("SHOW TABLES FROM analytics").bytes().decode().split()
     assert not [t for t in tables if "__stage_" in t]
 
+    # a failing replace (a table partitioned otherwise) reports the step and leaves the table unchanged
+    session = clickhouse_out["session"]
+    session.query(
+        "CREATE TABLE analytics.custom (entity_id Int64, as_of Date32, score Nullable(Float32), "
+        "scenario Nullable(String), written_at DateTime64(6, 'UTC')) ENGINE = MergeTree ORDER BY entity_id"
+    )
+    session.query("INSERT INTO analytics.custom VALUES (1, '2024-03-01', 0.5, 'churn', now64())")
+    with pytest.raises(DataError, match=r"^output 'warehouse' \(clickhouse:custom\): replace the slice: "):
+        write_table(open_writer(with_table(cfg, "custom"), "predictions", "churn", DAY1), [predictions(4)])
+    assert session.query("SELECT count() FROM analytics.custom", "CSV").bytes().strip() == b"1"
+    tables = session.query("SHOW TABLES FROM analytics").bytes().decode().split()
+    assert not [t for t in tables if "__stage_" in t]
+
     # an existing table without the output's columns: stopped at the first chunk, named, nothing written
     recs = pa.table({"entity_id": [1], "rank": pa.array([1], pa.int32()), "item": ["milk"]})
     with pytest.raises(
@@ -311,7 +324,7 @@ def databricks_out() -> Iterator[dict[str, Any]]:
         def ExecuteStatement(self, req: Any) -> Any:  # noqa: N802 - Thrift method name
             self.statements.append(req.statement)
             if not req.statement.upper().startswith("USE "):
-                # Databricks SQL -> DuckDB here; the parent's Hive -> DuckDB step then leaves it unchanged
+                # Databricks SQL -> the same statement in Hive SQL, which the parent transpiles to DuckDB
                 req.statement = sqlglot.transpile(req.statement, read="databricks", write="hive")[0]
             return super().ExecuteStatement(req)
 

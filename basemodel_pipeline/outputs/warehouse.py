@@ -19,7 +19,9 @@ connection parameters (secrets included) are never formatted into a message or a
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import logging
 import math
 import uuid
 from abc import abstractmethod
@@ -37,6 +39,7 @@ from basemodel_pipeline.outputs.base import Writer
 from basemodel_pipeline.sources import backend_class
 from basemodel_pipeline.sources.base import Backend, first_line, with_retry
 
+log = logging.getLogger(__name__)
 SCENARIO = "scenario"
 WRITTEN_AT = "written_at"
 AS_OF = "as_of"
@@ -236,10 +239,7 @@ class TableWriter(Writer):
 
     def create_table_sql(self) -> str:
         cols = ", ".join(f"{self.q(n)} {sql_type(k, self.dialect)}" for n, k in self.kinds.items())
-        return f"CREATE TABLE IF NOT EXISTS {self.sql(self.target)} ({cols}){self.table_options()}"
-
-    def table_options(self) -> str:
-        return ""
+        return f"CREATE TABLE IF NOT EXISTS {self.sql(self.target)} ({cols})"
 
     def check_target_columns(self) -> None:
         existing = self.retry(self.backend.schema, "read the table's columns")
@@ -270,23 +270,29 @@ class TableWriter(Writer):
             self.retry(self.publish, "replace the slice")
         elif self.retry(self.target_exists, "look up the table"):  # no rows: the slice becomes empty
             self.retry(self.clear_slice, "clear the slice")
-        self.drop_stage()
+        self.drop_stage()  # the rows are published: a failure here only leaves the staging table behind
         self.backend.close()
         return {"destination": self.display(), "table": self.display()}
 
     def _abort(self) -> None:
-        try:
-            self.drop_stage()
-        finally:
+        self.drop_stage()
+        with contextlib.suppress(Exception):
             self.backend.close()
 
     def drop_stage(self) -> None:
-        if self.staged:
-            self.retry(
-                lambda: self.execute(f"DROP TABLE IF EXISTS {self.sql(self.stage_table)}"),
-                "drop the staging table",
+        """Drop the staging table; never raises (abort runs while another error is on its way up)."""
+        if not self.staged:
+            return
+        self.staged = False
+        try:
+            self.execute(f"DROP TABLE IF EXISTS {self.sql(self.stage_table)}")
+        except Exception as exc:  # noqa: BLE001 - reported, not raised
+            log.warning(
+                "%s: could not drop the staging table %s (%s); drop it by hand",
+                self.what,
+                ".".join(p.name for p in self.stage_table.parts),
+                first_line(exc),
             )
-            self.staged = False
 
     def target_exists(self) -> bool:
         try:
