@@ -210,15 +210,14 @@ def clickhouse_out(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[st
         session.close()
 
 
+def clickhouse_output(tiny_config: Path, server: dict[str, Any]) -> Any:
+    params = {"host": "127.0.0.1", "port": server["port"], "password": "${TEST_CH_OUT_PASSWORD}"}
+    return with_output(tiny_config, "clickhouse", {**params, "database": "analytics"})
+
+
 def test_clickhouse_write_back(tiny_config: Path, clickhouse_out, monkeypatch) -> None:
     monkeypatch.setenv("TEST_CH_OUT_PASSWORD", CH_PASSWORD)
-    params = {
-        "host": "127.0.0.1",
-        "port": clickhouse_out["port"],
-        "password": "${TEST_CH_OUT_PASSWORD}",
-        "database": "analytics",
-    }
-    cfg = with_output(tiny_config, "clickhouse", params)
+    cfg = clickhouse_output(tiny_config, clickhouse_out)
     check_contract(cfg)
     ddl = clickhouse_out["session"].query("SHOW CREATE TABLE analytics.basemodel_predictions_churn").bytes()
     assert b"PARTITION BY (ifNull(scenario, ''), as_of)" in ddl.replace(b"\\'", b"'")
@@ -251,13 +250,7 @@ def test_clickhouse_bad_password_names_output_not_secret(
     tiny_config: Path, clickhouse_out, monkeypatch
 ) -> None:
     monkeypatch.setenv("TEST_CH_OUT_PASSWORD", "wrong-Out-pw-1")
-    params = {
-        "host": "127.0.0.1",
-        "port": clickhouse_out["port"],
-        "password": "${TEST_CH_OUT_PASSWORD}",
-        "database": "analytics",
-    }
-    cfg = with_output(tiny_config, "clickhouse", params)
+    cfg = clickhouse_output(tiny_config, clickhouse_out)
     with pytest.raises(DataError) as info:
         write_table(open_writer(cfg, "predictions", "churn", DAY1), [predictions(3)])
     message = str(info.value)
