@@ -217,6 +217,11 @@ class TableWriter(Writer):
     def prepare(self, table: pa.Table) -> pa.Table:
         """The chunk with scenario and written_at added, names and types normalised for the warehouse."""
         n = table.num_rows
+        if clash := {SCENARIO, WRITTEN_AT} & set(table.column_names):
+            raise DataError(
+                f"{self.what}: the output already has column(s) {', '.join(sorted(clash))}, "
+                "which the warehouse writer adds itself"
+            )
         table = table.append_column(SCENARIO, pa.array([self.scenario] * n, pa.string()))
         table = table.append_column(WRITTEN_AT, pa.array([self.written_at] * n, ARROW["timestamp"]))
         if not self.kinds:
