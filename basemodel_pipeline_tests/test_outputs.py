@@ -14,7 +14,7 @@ from test_sources_support import edit_config
 
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.errors import ConfigError, UserError
-from basemodel_pipeline.outputs import open_writer, write_table
+from basemodel_pipeline.outputs import open_writer, write_parquet_parts, write_table
 
 AS_OF = dt.date(2024, 3, 1)
 
@@ -163,3 +163,14 @@ def test_outputs_config_destinations_and_errors(tiny_config: Path, tmp_path: Pat
 
     with pytest.raises(ConfigError, match=r"only the placeholders \{dataset\} and \{scenario\}"):
         load_config(edit_config(tiny_config, bad_table))
+
+
+def test_shard_parts_are_written_as_one_slice(tiny_config: Path, tmp_path: Path) -> None:
+    cfg = load_config(tiny_config)
+    parts = []
+    for i in range(3):  # three shards' Parquet files
+        parts.append(tmp_path / f"part-{i}.parquet")
+        pq.write_table(predictions(100, seed=i, start=100 * i), parts[-1])
+    info = write_parquet_parts(open_writer(cfg, "predictions", "churn", AS_OF, "tsv"), parts, batch_rows=64)
+    got = read(info["path"], "tsv")
+    assert info["rows"] == 300 and got.column("entity_id").to_pylist() == list(range(300))

@@ -17,13 +17,19 @@ table and an aborted run changes nothing.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from basemodel_pipeline.config import PipelineConfig
 from basemodel_pipeline.config.outputs import FileOutput
 from basemodel_pipeline.errors import UserError
 from basemodel_pipeline.outputs.base import DATASETS, Writer
 
-__all__ = ["DATASETS", "Writer", "open_writer", "write_table"]
+__all__ = ["DATASETS", "Writer", "open_writer", "write_parquet_parts", "write_table"]
 
 WAREHOUSE_WRITERS = {
     "snowflake": "basemodel_pipeline.outputs.snowflake:SnowflakeWriter",
@@ -64,7 +70,7 @@ def open_writer(
     return cls(cfg, name, dest, dataset, scenario, as_of)
 
 
-def write_table(writer: Writer, chunks) -> dict:  # noqa: ANN001 - any iterable of pyarrow tables
+def write_table(writer: Writer, chunks: Iterable[pa.Table | pa.RecordBatch]) -> dict[str, Any]:
     """Write every chunk and close; abort on any error (helper for callers without their own loop)."""
     try:
         for chunk in chunks:
@@ -73,3 +79,13 @@ def write_table(writer: Writer, chunks) -> dict:  # noqa: ANN001 - any iterable 
     except BaseException:
         writer.abort()
         raise
+
+
+def write_parquet_parts(writer: Writer, parts: Iterable[Path], batch_rows: int = 65_536) -> dict[str, Any]:
+    """Stream Parquet files (e.g. one per scoring shard) through one writer: one slice, replaced once."""
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for part in parts:
+            yield from pq.ParquetFile(part).iter_batches(batch_size=batch_rows)
+
+    return write_table(writer, batches())
