@@ -13,6 +13,7 @@ import yaml
 from pydantic import ValidationError
 
 from basemodel_pipeline.config.models import PipelineConfig
+from basemodel_pipeline.config.outputs import OUTPUT_KINDS
 from basemodel_pipeline.config.sources import DATABASE_TYPES
 from basemodel_pipeline.errors import ConfigError
 
@@ -67,7 +68,7 @@ def _line_of(root: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
 
 def _clean_loc(loc: tuple[Any, ...]) -> tuple[Any, ...]:
     # pydantic adds discriminator tags ('binary') and validator names to locations; keep real keys only
-    tags = ("binary", "multilabel", *DATABASE_TYPES)
+    tags = ("binary", "multilabel", *DATABASE_TYPES, *OUTPUT_KINDS)
     return tuple(p for p in loc if not (isinstance(p, str) and (p in tags or "[" in p)))
 
 
