@@ -7,6 +7,7 @@ from pathlib import Path
 
 import duckdb
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from basemodel_pipeline.cache.store import EventCache, expand_ranges
@@ -69,9 +70,13 @@ def test_cache_is_reused_until_an_extract_changes(built) -> None:
     assert not meta["reused"]
     assert run_cache(cfg)["reused"]
     day = sorted((Path(cfg.workspace) / "extracts" / "transactions").glob("*.parquet"))[-1]
-    day.touch()
+    day.touch()  # the signature is the content, not the mtime
+    assert run_cache(cfg)["reused"]
+    first = sorted((Path(cfg.workspace) / "extracts" / "transactions").glob("*.parquet"))[0]
+    table = pq.read_table(first)
+    pq.write_table(table.slice(0, table.num_rows - 1), first)  # an old day changes: rebuild
     rebuilt = run_cache(cfg)
-    assert not rebuilt["reused"] and rebuilt["events"] == meta["events"]
+    assert not rebuilt["reused"] and rebuilt["appends"] == 0 and rebuilt["events"] == meta["events"] - 1
 
 
 def test_positions_and_windows(built) -> None:

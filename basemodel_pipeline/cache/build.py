@@ -1,82 +1,88 @@
-"""Build the event cache from the extracts with DuckDB.
+"""Build, reuse or append to the event cache from the extracts.
 
 Layout of <workspace>/cache/<fingerprint>/ (all arrays are .npy, read back through memory maps):
-    manifest.json                  sizes, column types, inputs, sha256 of every file
-    entities.parquet               entity_id in entity-index order
+    manifest.json                  sizes, column types, inputs, shards, appends, sha256 of every file
+    entities.parquet               entity_id in entity-index order (entity-hash shards, each sorted by id)
     events/<source>/offsets.npy    int64 [n_entities + 1]: events of entity i are rows offsets[i]:offsets[i+1]
     events/<source>/ts.npy         int64 [n_events] epoch seconds, sorted within each entity
     events/<source>/<column>.npy   int32 codes (categorical, 0 = missing) or float32 (numeric)
     vocab/<source>/<column>.parquet  value, count: code k is row k-1 (most frequent first)
     attributes/<column>.npy        main-entity attributes per entity index
+    appends/<NNNN>/                one segment per append: the same layout for the new days only (offsets
+                                   over the grown entity index, new entities and new vocabulary values only)
+See docs/cache.md; EventCache (cache/store.py) presents the base and its appends as one CSR view.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import fcntl
+import hashlib
 import json
+import math
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import duckdb
-import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from basemodel_pipeline import workspace as ws
+from basemodel_pipeline.cache import plan as P
+from basemodel_pipeline.cache.preflight import DiskUsage, preflight
+from basemodel_pipeline.cache.segment import write_segment
 from basemodel_pipeline.config import PipelineConfig, data_fingerprint
 from basemodel_pipeline.config.models import DataSource
 from basemodel_pipeline.errors import DataError
 from basemodel_pipeline.progress import Progress
-from basemodel_pipeline.sources.parquet import quote_ident, quote_literal
 
-FORMAT_VERSION = 1
-NUMERIC_PREFIXES = (
-    "TINYINT",
-    "SMALLINT",
-    "INTEGER",
-    "BIGINT",
-    "HUGEINT",
-    "UTINYINT",
-    "USMALLINT",
-    "UINTEGER",
-    "UBIGINT",
-    "FLOAT",
-    "DOUBLE",
-    "DECIMAL",
-    "REAL",
+FORMAT_VERSION = 2
+# re-exported for sources/suggest.py
+infer_column_type, FLOAT_PREFIXES, NUMERIC_PREFIXES = (
+    P.infer_column_type,
+    P.FLOAT_PREFIXES,
+    P.NUMERIC_PREFIXES,
 )
-FLOAT_PREFIXES = ("FLOAT", "DOUBLE", "DECIMAL", "REAL")
 
 
-def infer_column_type(name: str, duck_type: str, override: str | None) -> str:
-    """categorical | numeric | ignore. Integers named like ids are categorical; floats numeric; text categorical."""
-    if override:
-        return override
-    t = duck_type.upper()
-    if t.startswith(("DATE", "TIME", "INTERVAL", "BLOB", "STRUCT", "MAP", "LIST")) or t.endswith("[]"):
-        return "ignore"
-    if t.startswith(FLOAT_PREFIXES):
-        return "numeric"
-    if t.startswith(NUMERIC_PREFIXES):
-        return "categorical" if name.lower().endswith("id") or name.lower().endswith("_key") else "numeric"
-    return "categorical"
-
-
-def extract_glob(cfg: PipelineConfig, src: DataSource) -> str:
+def extract_files(cfg: PipelineConfig, src: DataSource) -> list[Path]:
     d = ws.extracts_dir(cfg, src.name)
     files = sorted(d.glob("*.parquet"))
     if not files:
         raise DataError(f"no extract found for source '{src.name}' in {d}; run the extract stage first")
-    return str(d / "*.parquet")
+    return files
+
+
+def extract_glob(cfg: PipelineConfig, src: DataSource) -> str:
+    extract_files(cfg, src)
+    return str(ws.extracts_dir(cfg, src.name) / "*.parquet")
+
+
+def content_hash(path: Path) -> str:
+    """sha256 of a Parquet file's footer (schema, row groups, sizes, statistics): changes when the content
+    does, costs O(1) per file whatever its size. Other files are hashed whole."""
+    with open(path, "rb") as fh:
+        fh.seek(0, 2)
+        size = fh.tell()
+        if size >= 12:
+            fh.seek(size - 8)
+            tail = fh.read(8)
+            footer = int.from_bytes(tail[:4], "little")
+            if tail[4:] == b"PAR1" and footer + 8 <= size:
+                fh.seek(size - 8 - footer)
+                return hashlib.sha256(fh.read(footer + 8)).hexdigest()[:32]
+    return ws.sha256_file(path)[:32]
 
 
 def input_signature(cfg: PipelineConfig) -> dict[str, list[list[Any]]]:
-    """Name, size and mtime of every extract file: the cache is rebuilt when any of them changes."""
+    """Name, size and content hash of every extract file (never the mtime: a touched file is unchanged)."""
     sig = {}
     for src in cfg.data_sources:
         d = ws.extracts_dir(cfg, src.name)
-        sig[src.name] = [
-            [f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in sorted(d.glob("*.parquet"))
-        ]
+        sig[src.name] = [[f.name, f.stat().st_size, content_hash(f)] for f in sorted(d.glob("*.parquet"))]
     return sig
 
 
@@ -84,280 +90,219 @@ def cache_dir(cfg: PipelineConfig) -> Path:
     return ws.cache_root(cfg) / data_fingerprint(cfg)
 
 
-def build_cache(cfg: PipelineConfig, progress: Progress) -> dict[str, Any]:
+def read_manifest(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((path / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+@contextlib.contextmanager
+def cache_lock(final: Path) -> Iterator[None]:
+    """One writer per cache directory (across processes); released when the process dies."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with open(final.parent / f"{final.name}.lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def build_cache(
+    cfg: PipelineConfig, progress: Progress, disk_usage: DiskUsage = shutil.disk_usage
+) -> dict[str, Any]:
+    """Reuse the cache when the extracts are unchanged, append when only new days were added after its last
+    day, else build it afresh (after a free-space preflight). Every outcome is published atomically."""
+    from basemodel_pipeline.cache.append import append_days, plan_append
+
     final = cache_dir(cfg)
     signature = input_signature(cfg)
-    manifest_file = final / "manifest.json"
-    if manifest_file.exists():
-        manifest = json.loads(manifest_file.read_text())
-        if manifest.get("inputs") == signature and manifest.get("format_version") == FORMAT_VERSION:
-            return _summary(final, manifest, reused=True)
-    ws.clean_stale_tmp(final.parent)
-    tmp = ws.staging_dir(final)
-    con = _connect(cfg, tmp)
-    try:
-        manifest = _build(cfg, con, tmp, progress)
-    finally:
-        con.close()
-        shutil.rmtree(tmp / ".duckdb_spill", ignore_errors=True)
-    manifest["inputs"] = signature
-    manifest["files"] = {
-        str(f.relative_to(tmp)): {"bytes": f.stat().st_size, "sha256": ws.sha256_file(f)}
-        for f in sorted(tmp.rglob("*"))
-        if f.is_file()
-    }
-    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
-    ws.publish_dir(tmp, final)
-    return _summary(final, manifest, reused=False)
+    with cache_lock(final):
+        manifest = read_manifest(final)
+        if manifest and manifest.get("format_version") == FORMAT_VERSION:
+            if manifest.get("inputs") == signature:
+                return summary(final, manifest, reused=True)
+            new_days = plan_append(cfg, manifest, signature)
+            if new_days and len(manifest.get("appends", [])) < cfg.cache.max_appends:
+                appended = append_days(cfg, final, manifest, new_days, signature, progress)
+                if appended is not None:
+                    return appended
+        ws.clean_stale_tmp(final.parent)
+        preflight(cfg, final.parent, disk_usage)
+        tmp = ws.staging_dir(final)
+        spill = Path(cfg.cache.spill_directory) / tmp.name if cfg.cache.spill_directory else tmp / ".spill"
+        con = connect(cfg, spill / "duckdb")
+        try:
+            manifest, hashes = _build(cfg, con, tmp, spill, progress)
+        finally:
+            con.close()
+            shutil.rmtree(spill, ignore_errors=True)
+        manifest["inputs"] = signature
+        manifest["files"] = file_records(tmp, hashes)
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
+        ws.publish_dir(tmp, final)
+    return summary(final, manifest, reused=False)
 
 
-def _connect(cfg: PipelineConfig, staging: Path) -> duckdb.DuckDBPyConnection:
-    """DuckDB with bounded memory: sorts larger than the limit spill to disk instead of growing the process."""
+def file_records(root: Path, known: dict[str, str], under: Path | None = None) -> dict[str, Any]:
+    """{relative path: {bytes, sha256}} of every file under `under` (default: root); `known` hashes are
+    reused (computed while writing), the rest are read."""
+    records = {}
+    for f in sorted((under or root).rglob("*")):
+        if f.is_file() and f.name != "manifest.json":
+            rel = str(f.relative_to(root))
+            records[rel] = {"bytes": f.stat().st_size, "sha256": known.get(str(f)) or ws.sha256_file(f)}
+    return records
+
+
+def connect(cfg: PipelineConfig, spill: Path) -> duckdb.DuckDBPyConnection:
+    """DuckDB with bounded memory: whatever exceeds the limit spills to disk instead of growing the process."""
     p = cfg.cache
-    spill = Path(p.spill_directory) if p.spill_directory else staging / ".duckdb_spill"
     spill.mkdir(parents=True, exist_ok=True)
-    config = {"memory_limit": p.duckdb_memory_limit, "temp_directory": str(spill)}
+    config: dict[str, Any] = {
+        "memory_limit": p.duckdb_memory_limit,
+        "temp_directory": str(spill),
+        "preserve_insertion_order": False,  # the order is restored by the sort (segment.py)
+    }
     if p.threads:
         config["threads"] = p.threads
     return duckdb.connect(config=config)
 
 
-def _summary(path: Path, manifest: dict[str, Any], reused: bool) -> dict[str, Any]:
+def summary(path: Path, manifest: dict[str, Any], reused: bool) -> dict[str, Any]:
+    sources = manifest["sources"].values()
+    appends = manifest.get("appends", [])
     return {
         "path": str(path),
         "fingerprint": manifest["fingerprint"],
         "entities": manifest["n_entities"],
-        "events": sum(s["n_events"] for s in manifest["sources"].values()),
+        "events": sum(s["n_events"] for s in sources),
         "bytes": sum(f["bytes"] for f in manifest["files"].values()),
-        "min_date": min(s["min_date"] for s in manifest["sources"].values()),
-        "max_date": max(s["max_date"] for s in manifest["sources"].values()),
+        "shards": len(manifest.get("shards", [])),
+        "appends": len(appends),
+        "min_date": min((s["min_date"] for s in sources if s["min_date"]), default=None),
+        "max_date": max((s["max_date"] for s in sources if s["max_date"]), default=None),
         "reused": reused,
     }
 
 
-def _event_view(
-    cfg: PipelineConfig, con: duckdb.DuckDBPyConnection, src: DataSource
-) -> dict[str, tuple[str, str]]:
-    """Create view ev_<name>: the event extract joined with its attribute sources.
+def attribute_rels(cfg: PipelineConfig) -> dict[str, str]:
+    return {s.name: P.parquet_rel([str(f) for f in extract_files(cfg, s)]) for s in cfg.sources("attribute")}
 
-    Returns column -> (duckdb type, inferred type) for the data columns of the view."""
-    view = quote_ident(f"ev_{src.name}")
-    base = f"read_parquet({quote_literal(extract_glob(cfg, src))})"
-    selects, joins = ["e.*"], []
-    event_cols = {r[0]: r[1] for r in con.execute(f"DESCRIBE SELECT * FROM {base}").fetchall()}
-    types = {c: (t, infer_column_type(c, t, src.column_types.get(c))) for c, t in event_cols.items()}
-    for j, join in enumerate(src.joined_data_sources):
-        attr = cfg.source(join.name)
-        attr_rel = f"read_parquet({quote_literal(extract_glob(cfg, attr))})"
-        attr_cols = {r[0]: r[1] for r in con.execute(f"DESCRIBE SELECT * FROM {attr_rel}").fetchall()}
-        keys = list(join.join_on.values())
-        dup = con.execute(
-            f"SELECT {', '.join(quote_ident(k) for k in keys)}, count(*) FROM {attr_rel} GROUP BY ALL "
-            "HAVING count(*) > 1 LIMIT 1"
-        ).fetchone()
-        if dup:
-            raise DataError(
-                f"attribute source '{attr.name}': key {dict(zip(keys, dup[:-1], strict=True))} appears {dup[-1]} "
-                f"times; join keys {keys} must be unique (deduplicate the table or pick another key)"
-            )
-        alias = f"a{j}"
-        cond = " AND ".join(
-            f"CAST(e.{quote_ident(left)} AS VARCHAR) = CAST({alias}.{quote_ident(right)} AS VARCHAR)"
-            for left, right in join.join_on.items()
-        )
-        joins.append(f"LEFT JOIN {attr_rel} {alias} ON {cond}")
-        matched = con.execute(
-            f"SELECT count(*) FROM {base} e SEMI JOIN {attr_rel} {alias} ON {cond}"
-        ).fetchone()[0]
-        if matched == 0:
-            raise DataError(
-                f"source '{src.name}' joined with '{attr.name}' on {join.join_on}: no event matches any row "
-                "(are the ids formatted differently in the two sources?)"
-            )
-        for c, t in attr_cols.items():
-            if c in keys:
-                continue
-            name = c if c not in types else f"{attr.name}.{c}"
-            selects.append(f"{alias}.{quote_ident(c)} AS {quote_ident(name)}")
-            types[name] = (t, infer_column_type(c, t, attr.column_types.get(c)))
-    con.execute(
-        f"CREATE OR REPLACE TEMP VIEW {view} AS SELECT {', '.join(selects)} FROM {base} e {' '.join(joins)}"
-    )
-    # materialise once: the entity index, the vocabularies and the sorted write all scan it
-    con.execute(f"CREATE OR REPLACE TEMP TABLE {quote_ident(f'evt_{src.name}')} AS SELECT * FROM {view}")
-    assert src.main_entity_column and src.date_column
-    for key in (src.main_entity_column, src.date_column.name):
-        types.pop(key, None)
-    return {c: v for c, v in types.items() if v[1] != "ignore"}
+
+def day(ts: int | None) -> str | None:
+    return None if ts is None else dt.datetime.fromtimestamp(ts, dt.UTC).date().isoformat()
+
+
+def source_meta(plan: P.SourcePlan, n: int, ts_range: tuple[int, int] | None, vocab: dict) -> dict[str, Any]:
+    return {
+        "n_events": n,
+        "entity_column": plan.src.main_entity_column,
+        "min_ts": ts_range[0] if ts_range else None,
+        "max_ts": ts_range[1] if ts_range else None,
+        "min_date": day(ts_range[0]) if ts_range else None,
+        "max_date": day(ts_range[1]) if ts_range else None,
+        "columns": {c.name: c.meta(vocab.get(c.name, (None, 0))[1]) for c in plan.columns},
+    }
+
+
+def write_vocab(out: Path, plan: P.SourcePlan, vocab: dict[str, tuple[pa.Table, int]]) -> None:
+    for col in plan.columns:
+        if col.name in vocab:
+            (out / "vocab" / plan.src.name).mkdir(parents=True, exist_ok=True)
+            pq.write_table(vocab[col.name][0], out / "vocab" / plan.src.name / f"{col.file}.parquet")
+
+
+def shard_count(cfg: PipelineConfig, events: int, entities: int) -> int:
+    k = cfg.cache.shards or max(1, math.ceil(events / cfg.cache.shard_events))
+    return max(1, min(k, entities))
 
 
 def _build(
-    cfg: PipelineConfig, con: duckdb.DuckDBPyConnection, out: Path, progress: Progress
-) -> dict[str, Any]:
+    cfg: PipelineConfig, con: duckdb.DuckDBPyConnection, out: Path, spill: Path, progress: Progress
+) -> tuple[dict[str, Any], dict[str, str]]:
     events = cfg.sources("event")
     progress.start("cache", len(events) + 2)
-    columns = {src.name: _event_view(cfg, con, src) for src in events}
-    # entity index: every entity with at least one event, sorted by id
-    union = " UNION ".join(
-        f"SELECT DISTINCT CAST({quote_ident(s.main_entity_column)} AS VARCHAR) AS entity_id "
-        f"FROM {quote_ident('evt_' + s.name)} WHERE {quote_ident(s.main_entity_column)} IS NOT NULL"
+    attr_rels = attribute_rels(cfg)
+    plans = [
+        P.plan_source(cfg, con, s, P.parquet_rel([str(f) for f in extract_files(cfg, s)], True), attr_rels)
         for s in events
-    )
-    id_types = {
-        con.execute(
-            f"SELECT typeof({quote_ident(s.main_entity_column)}) FROM {quote_ident('evt_' + s.name)} LIMIT 1"
-        ).fetchone()[0]
-        for s in events
-    }
-    numeric_ids = all(t in ("BIGINT", "INTEGER", "HUGEINT", "UBIGINT") for t in id_types)
-    order = "CAST(entity_id AS BIGINT)" if numeric_ids else "entity_id"
+    ]
+    id_type = P.entity_id_type(plans)
+    con.execute(f"CREATE TEMP TABLE ent_counts AS {P.entity_counts_sql(plans, id_type)}")
+    n_entities, total = con.execute("SELECT count(*), coalesce(sum(n), 0) FROM ent_counts").fetchone()
+    if not n_entities:
+        raise DataError("the event extracts hold no event with an entity and a time; check the extracts")
+    k = shard_count(cfg, int(total), int(n_entities))
+    # entity index: shard by a hash of the id, then by id inside each shard
+    shard = f"(hash(id) % {k})"
     con.execute(
-        f"CREATE TEMP TABLE entities AS SELECT entity_id, row_number() OVER (ORDER BY {order}) - 1 AS idx "
-        f"FROM ({union})"
+        f"CREATE TEMP TABLE ent_map AS SELECT id, (row_number() OVER (ORDER BY {shard}, id) - 1)::BIGINT AS idx, "
+        f"{shard}::INTEGER AS shard FROM ent_counts"
     )
-    n_entities = con.execute("SELECT count(*) FROM entities").fetchone()[0]
-    ent_sql = f"SELECT {'CAST(entity_id AS BIGINT)' if numeric_ids else 'entity_id'} AS entity_id FROM entities ORDER BY idx"
-    con.execute(f"COPY ({ent_sql}) TO {quote_literal(str(out / 'entities.parquet'))} (FORMAT parquet)")
+    sizes = dict(con.execute("SELECT shard, count(*) FROM ent_map GROUP BY 1").fetchall())
+    shards, start = [], 0
+    for s in range(k):
+        if sizes.get(s):
+            shards.append((start, start + sizes[s]))
+            start += sizes[s]
+    con.execute(
+        f"COPY (SELECT id AS entity_id FROM ent_map ORDER BY idx) TO {P.quote_literal(str(out / 'entities.parquet'))} "
+        "(FORMAT parquet)"
+    )
     progress.advance("cache")
+    now = dt.datetime.now(dt.UTC).isoformat()
     manifest: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
         "fingerprint": data_fingerprint(cfg),
-        "created": dt.datetime.now(dt.UTC).isoformat(),
+        "created": now,  # this version of the content (a build or an append)
+        "built": now,  # the last full build
         "n_entities": int(n_entities),
-        "entity_id_type": "int64" if numeric_ids else "string",
+        "entity_id_type": "int64" if id_type == "BIGINT" else "string",
+        "shards": [list(s) for s in shards],
+        "appends": [],
         "sources": {},
     }
-    for src in events:
-        manifest["sources"][src.name] = _write_source(con, src, columns[src.name], out, n_entities)
-        progress.advance("cache")
-    manifest["attributes"] = _write_attributes(cfg, con, out)
+    hashes: dict[str, str] = {}
+    for plan in plans:
+        P.key_counts(con, plan)
+        P.check_joins(con, plan)
+        vocab = P.build_vocabularies(con, plan, {})
+        write_vocab(out, plan, vocab)
+        sql, cols = P.scan_sql(plan, id_type)
+        n, ts_range, h = write_segment(
+            con, sql, cols, shards, int(n_entities), out / "events" / plan.src.name, spill / plan.src.name
+        )
+        hashes.update(h)
+        manifest["sources"][plan.src.name] = source_meta(plan, n, ts_range, vocab)
+        progress.advance("cache", events=n)
+    manifest["attributes"] = write_attributes(cfg, con, out, id_type, 0, {}, check=True)
     progress.advance("cache")
-    return manifest
+    return manifest, hashes
 
 
-def _vocab(con: duckdb.DuckDBPyConnection, view: str, col: str, out: Path) -> tuple[str, int]:
-    """Frequency-ordered vocabulary table voc_<col>(v, code); writes it to Parquet. Returns (table, size)."""
-    table = quote_ident(f"voc_{view}_{col}")
-    con.execute(
-        f"CREATE OR REPLACE TEMP TABLE {table} AS SELECT v, row_number() OVER (ORDER BY c DESC, v) AS code, c "
-        f"FROM (SELECT CAST({quote_ident(col)} AS VARCHAR) AS v, count(*) AS c FROM {quote_ident(view)} "
-        f"WHERE {quote_ident(col)} IS NOT NULL GROUP BY 1)"
-    )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    con.execute(
-        f"COPY (SELECT v AS value, c AS count FROM {table} ORDER BY code) TO {quote_literal(str(out))} "
-        "(FORMAT parquet)"
-    )
-    return table, int(con.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
-
-
-def _write_source(
+def write_attributes(
+    cfg: PipelineConfig,
     con: duckdb.DuckDBPyConnection,
-    src: DataSource,
-    cols: dict[str, tuple[str, str]],
     out: Path,
-    n_entities: int,
+    id_type: str,
+    first: int,
+    existing: dict[str, pa.Table],
+    check: bool,
 ) -> dict[str, Any]:
-    view = f"evt_{src.name}"
-    ent, ts = (
-        quote_ident(src.main_entity_column or ""),
-        quote_ident(src.date_column.name if src.date_column else ""),
-    )
-    d = out / "events" / src.name
-    d.mkdir(parents=True)
-    selects, joins, meta = ["en.idx AS __idx", f"CAST(epoch(e.{ts}) AS BIGINT) AS __ts"], [], {}
-    for i, (col, (duck_type, kind)) in enumerate(cols.items()):
-        fname = _file_name(col)
-        if kind == "categorical":
-            table, size = _vocab(con, view, col, out / "vocab" / src.name / f"{fname}.parquet")
-            joins.append(f"LEFT JOIN {table} v{i} ON CAST(e.{quote_ident(col)} AS VARCHAR) = v{i}.v")
-            selects.append(f"CAST(coalesce(v{i}.code, 0) AS INTEGER) AS c{i}")
-            meta[col] = {"type": "categorical", "vocab_size": size, "file": fname, "source_type": duck_type}
-        else:
-            selects.append(f"CAST(coalesce(e.{quote_ident(col)}, 0) AS FLOAT) AS c{i}")
-            meta[col] = {"type": "numeric", "file": fname, "source_type": duck_type}
-    sql = (
-        f"SELECT {', '.join(selects)} FROM {quote_ident(view)} e "
-        f"JOIN entities en ON CAST(e.{ent} AS VARCHAR) = en.entity_id {' '.join(joins)} "
-        f"WHERE e.{ts} IS NOT NULL ORDER BY __idx, __ts"
-    )
-    n = con.execute(
-        f"SELECT count(*) FROM {quote_ident(view)} e WHERE e.{ent} IS NOT NULL AND e.{ts} IS NOT NULL"
-    ).fetchone()[0]
-    arrays = {
-        "__idx": np.lib.format.open_memmap(d / ".idx.npy", "w+", np.int64, (n,)),
-        "__ts": np.lib.format.open_memmap(d / "ts.npy", "w+", np.int64, (n,)),
-    }
-    for i, m in enumerate(meta.values()):
-        dtype = np.int32 if m["type"] == "categorical" else np.float32
-        arrays[f"c{i}"] = np.lib.format.open_memmap(d / f"{m['file']}.npy", "w+", dtype, (n,))
-    pos = 0
-    reader = con.execute(sql).fetch_record_batch(1 << 20)
-    for batch in reader:
-        k = batch.num_rows
-        for name, arr in arrays.items():
-            arr[pos : pos + k] = batch.column(name).to_numpy(zero_copy_only=False)
-        pos += k
-    assert pos == n, (pos, n)
-    counts = np.bincount(arrays["__idx"], minlength=n_entities)
-    offsets = np.zeros(n_entities + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    np.save(d / "offsets.npy", offsets)
-    ts_arr = arrays["__ts"]
-    for arr in arrays.values():
-        arr.flush()
-    del arrays
-    (d / ".idx.npy").unlink()
-    return {
-        "n_events": int(n),
-        "entity_column": src.main_entity_column,
-        "min_date": dt.datetime.fromtimestamp(int(ts_arr.min()), dt.UTC).date().isoformat() if n else None,
-        "max_date": dt.datetime.fromtimestamp(int(ts_arr.max()), dt.UTC).date().isoformat() if n else None,
-        "columns": meta,
-    }
-
-
-def _write_attributes(cfg: PipelineConfig, con: duckdb.DuckDBPyConnection, out: Path) -> dict[str, Any]:
+    """attributes/<column>.npy for entity indices >= first and their new vocabulary values."""
     srcs = cfg.sources("main_entity_attribute")
     if not srcs:
         return {}
-    src = srcs[0]
-    rel = f"read_parquet({quote_literal(extract_glob(cfg, src))})"
-    con.execute(f"CREATE TEMP VIEW attr AS SELECT * FROM {rel}")
-    key = src.main_entity_column or ""
-    desc = {r[0]: r[1] for r in con.execute("DESCRIBE SELECT * FROM attr").fetchall()}
-    matched = con.execute(
-        f"SELECT count(*) FROM entities en SEMI JOIN attr a ON en.entity_id = CAST(a.{quote_ident(key)} AS VARCHAR)"
-    ).fetchone()[0]
-    if matched == 0:
-        raise DataError(
-            f"main_entity_attribute source '{src.name}': no {key} matches any entity of the event "
-            "sources (are the ids formatted differently?)"
-        )
-    d = out / "attributes"
-    d.mkdir()
-    meta: dict[str, Any] = {"source": src.name, "matched_entities": int(matched), "columns": {}}
-    for col, t in desc.items():
-        kind = infer_column_type(col, t, src.column_types.get(col))
-        if col == key or kind == "ignore":
-            continue
-        fname = _file_name(col)
-        if kind == "categorical":
-            table, size = _vocab(con, "attr", col, out / "vocab" / "__attributes" / f"{fname}.parquet")
-            value = "coalesce(v.code, 0)::INTEGER"
-            join = f"LEFT JOIN {table} v ON CAST(a.{quote_ident(col)} AS VARCHAR) = v.v"
-            meta["columns"][col] = {"type": "categorical", "vocab_size": size, "file": fname}
-        else:
-            value, join = f"coalesce(a.{quote_ident(col)}, 0)::FLOAT", ""
-            meta["columns"][col] = {"type": "numeric", "file": fname}
-        sql = (
-            f"SELECT {value} AS x FROM entities en LEFT JOIN (SELECT DISTINCT ON ({quote_ident(key)}) * FROM attr) a "
-            f"ON en.entity_id = CAST(a.{quote_ident(key)} AS VARCHAR) {join} ORDER BY en.idx"
-        )
-        np.save(d / f"{fname}.npy", con.execute(sql).fetchnumpy()["x"])
+    import numpy as np
+
+    rel = P.parquet_rel([str(f) for f in extract_files(cfg, srcs[0])])
+    meta, arrays, new_vocab = P.attribute_arrays(cfg, con, rel, id_type, first, existing, check)
+    (out / "attributes").mkdir(parents=True, exist_ok=True)
+    for name, values in arrays.items():
+        np.save(out / "attributes" / f"{name}.npy", values)
+    for col, table in new_vocab.items():
+        (out / "vocab" / "__attributes").mkdir(parents=True, exist_ok=True)
+        pq.write_table(table, out / "vocab" / "__attributes" / f"{P.file_name(col)}.parquet")
     return meta
-
-
-def _file_name(col: str) -> str:
-    """File stem for a column: prefixed so that no column can collide with ts/offsets."""
-    return "col_" + "".join(ch if ch.isalnum() or ch in "_-" else "_" for ch in col)

@@ -33,6 +33,7 @@ class EventSource:
     columns: dict[str, np.ndarray]  # int32 codes or float32 values, [n_events]
     info: dict[str, ColumnInfo] = field(default_factory=dict)
     vocab_dir: Path | None = None
+    vocab_dirs: list[Path] = field(default_factory=list)  # base then appended segments (default: vocab_dir)
     device_cache: dict = field(default_factory=dict, repr=False, compare=False)  # features/kernels.py
 
     @property
@@ -60,8 +61,12 @@ class EventSource:
     def vocab(self, column: str) -> list[str]:
         """Values of a categorical column; code k is vocab[k - 1]."""
         assert self.vocab_dir is not None
-        file = self.vocab_dir / f"col_{_stem(column)}.parquet"
-        return [str(v) for v in pq.read_table(file, columns=["value"]).column("value").to_pylist()]
+        files = [d / f"col_{_stem(column)}.parquet" for d in (self.vocab_dirs or [self.vocab_dir])]
+        values: list[str] = []
+        for file in files:
+            if file.exists() or file == files[0]:
+                values += [str(v) for v in pq.read_table(file, columns=["value"]).column("value").to_pylist()]
+        return values
 
 
 def bisect_rows(
@@ -104,16 +109,23 @@ def _stem(col: str) -> str:
 
 
 class EventCache:
+    """The cache as one CSR view: the base and its appended segments (a view merged once per version, see
+    cache/view.py), entity ids in index order, vocabularies and main-entity attributes."""
+
     def __init__(self, path: str | Path) -> None:
+        from basemodel_pipeline.cache.view import events_root, segment_dirs
+
         self.path = Path(path)
         manifest = self.path / "manifest.json"
         if not manifest.exists():
             raise UserError(f"no event cache at {self.path}; run the cache stage (`basemodel cache CONFIG`)")
         self.manifest = json.loads(manifest.read_text())
         self.n_entities: int = self.manifest["n_entities"]
+        self.segments = segment_dirs(self.path, self.manifest)
+        root = events_root(self.path, self.manifest)
         self.sources: dict[str, EventSource] = {}
         for name, meta in self.manifest["sources"].items():
-            d = self.path / "events" / name
+            d = root / "events" / name
             self.sources[name] = EventSource(
                 name=name,
                 offsets=np.load(d / "offsets.npy"),
@@ -125,36 +137,63 @@ class EventCache:
                     c: ColumnInfo(c, m["type"], m.get("vocab_size", 0)) for c, m in meta["columns"].items()
                 },
                 vocab_dir=self.path / "vocab" / name,
+                vocab_dirs=[s / "vocab" / name for s in self.segments],
             )
         attrs = self.manifest.get("attributes") or {}
         self.attribute_info = {
             c: ColumnInfo(c, m["type"], m.get("vocab_size", 0)) for c, m in attrs.get("columns", {}).items()
         }
         self.attributes = {
-            c: np.load(self.path / "attributes" / f"{m['file']}.npy")
+            c: np.concatenate(
+                [np.load(f) for s in self.segments if (f := s / "attributes" / f"{m['file']}.npy").exists()]
+            )
             for c, m in attrs.get("columns", {}).items()
         }
 
     @cached_property
     def entity_ids(self) -> np.ndarray:
-        return (
-            pq.read_table(self.path / "entities.parquet").column("entity_id").to_numpy(zero_copy_only=False)
-        )
+        """Entity id of each index (int64 or str): the base's entities, then each append's new ones."""
+        parts = [
+            pq.read_table(s / "entities.parquet").column("entity_id").to_numpy(zero_copy_only=False)
+            for s in self.segments
+            if (s / "entities.parquet").exists()
+        ]
+        return np.concatenate(parts) if len(parts) > 1 else parts[0]
+
+    @cached_property
+    def _id_order(self) -> np.ndarray:
+        return np.argsort(self.entity_ids, kind="stable")
 
     def entity_index(self, ids: np.ndarray) -> np.ndarray:
-        """Entity index of each id, -1 where unknown."""
+        """Entity index of each id, -1 where unknown (the ids are not sorted: shards, then appends)."""
         ids = np.asarray(ids).astype(self.entity_ids.dtype)
-        pos = np.searchsorted(self.entity_ids, ids)
-        pos = np.clip(pos, 0, len(self.entity_ids) - 1)
-        return np.where(self.entity_ids[pos] == ids, pos, -1)
+        if not len(self.entity_ids):
+            return np.full(len(ids), -1, dtype=np.int64)
+        order = self._id_order
+        sorted_ids = self.entity_ids[order]
+        pos = np.clip(np.searchsorted(sorted_ids, ids), 0, len(order) - 1)
+        return np.where(sorted_ids[pos] == ids, order[pos], -1)
+
+    @property
+    def shards(self) -> list[tuple[int, int]]:
+        """Contiguous [start, end) entity-index ranges: the build's hash shards, then one per append."""
+        return [(int(a), int(b)) for a, b in self.manifest.get("shards", [[0, self.n_entities]])]
+
+    def appended_since(self, day: dt.date) -> list[dict]:
+        """Appends (days, events, new entities, time) that added days after `day`."""
+        return [a for a in self.manifest.get("appends", []) if max(a["days"]) > day.isoformat()]
 
     @property
     def max_date(self) -> dt.date:
-        return max(dt.date.fromisoformat(s["max_date"]) for s in self.manifest["sources"].values())
+        return max(
+            dt.date.fromisoformat(s["max_date"]) for s in self.manifest["sources"].values() if s["max_date"]
+        )
 
     @property
     def min_date(self) -> dt.date:
-        return min(dt.date.fromisoformat(s["min_date"]) for s in self.manifest["sources"].values())
+        return min(
+            dt.date.fromisoformat(s["min_date"]) for s in self.manifest["sources"].values() if s["min_date"]
+        )
 
     def source(self, name: str) -> EventSource:
         if name not in self.sources:

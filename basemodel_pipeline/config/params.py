@@ -169,3 +169,19 @@ class CacheParams(Strict):
         default=None, description="Where DuckDB spills (default: inside the cache's staging directory)."
     )
     threads: int | None = Field(default=None, gt=0, description="DuckDB threads (default: all cores).")
+    shards: int | None = Field(
+        default=None,
+        gt=0,
+        description="Entity-hash shards, each a contiguous range of entity indices sorted and written on its own "
+        "(default: one per shard_events events).",
+    )
+    shard_events: int = Field(
+        default=8_000_000,
+        gt=0,
+        description="Target events per shard when `shards` is not set; bounds the memory of the per-shard sort.",
+    )
+    max_appends: int = Field(
+        default=64,
+        ge=0,
+        description="Appended day segments kept before the next change rebuilds the cache (0: never append).",
+    )

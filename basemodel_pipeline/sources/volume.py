@@ -92,6 +92,16 @@ def source_bytes(cfg: PipelineConfig) -> int:
     return total
 
 
+def recommended_working_volume(
+    cfg: PipelineConfig, src_bytes: int | None = None, checkpoint_bytes: int | None = None
+) -> int:
+    """Source bytes + checkpoint bytes + 20% headroom."""
+    src_bytes = source_bytes(cfg) if src_bytes is None else src_bytes
+    if checkpoint_bytes is None:
+        checkpoint_bytes = _bytes_under(ws.root(cfg) / "checkpoints")
+    return int((src_bytes + checkpoint_bytes) * (1 + HEADROOM))
+
+
 def cache_sizing(cfg: PipelineConfig) -> dict[str, Any]:
     """Cache bytes against source bytes, entities, events, date range, and the recommended working volume
     (source bytes + checkpoint bytes + 20% headroom) next to the free space of the workspace's volume."""
@@ -110,7 +120,7 @@ def cache_sizing(cfg: PipelineConfig) -> dict[str, Any]:
     cache_bytes = sum(f["bytes"] for f in manifest.get("files", {}).values())
     src_bytes = source_bytes(cfg)
     checkpoint_bytes = _bytes_under(ws.root(cfg) / "checkpoints")
-    recommended = int((src_bytes + checkpoint_bytes) * (1 + HEADROOM))
+    recommended = recommended_working_volume(cfg, src_bytes, checkpoint_bytes)
     return {
         "cache_path": str(manifest_file.parent),
         "cache_bytes": cache_bytes,

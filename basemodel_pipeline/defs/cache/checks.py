@@ -30,9 +30,12 @@ def manifest_problems(cache_dir: Path) -> tuple[list[str], int, int]:
             problems.append(f"{rel}: sha256 differs from the manifest")
     listed = set(files) | {"manifest.json"}
     extra = [
-        str(p.relative_to(cache_dir))
+        rel
         for p in cache_dir.rglob("*")
-        if p.is_file() and str(p.relative_to(cache_dir)) not in listed
+        if p.is_file()
+        and (rel := str(p.relative_to(cache_dir))) not in listed
+        and not rel.startswith("view/")  # derived: the merged view of the appends (cache/view.py)
+        and not any(part.startswith(".") for part in p.relative_to(cache_dir).parts)  # staging, locks
     ]
     problems += [f"{rel}: not in the manifest" for rel in sorted(extra)]
     return problems, checked, size

@@ -1,0 +1,222 @@
+"""Append new days to an event cache without rebuilding it.
+
+When the extracts differ from the cache's inputs only by new day files of event sources, each later than
+the source's last day in the cache (every existing file unchanged: same size and content hash), the new
+days are written as one segment appends/<NNNN>/ in the base layout: events of the new days only, CSR
+offsets over the grown entity index, the new entities (indices after the existing ones) and the new
+vocabulary values (codes after the existing ones). Existing entities keep their index and values their
+code. The work reads only the new day files plus the entity ids and vocabularies (no event of the history).
+
+The segment is staged, renamed into place, then manifest.json is replaced atomically: a killed append
+leaves the previous cache as it was. Anything else (a changed, removed or late old day, a new attribute
+table, events not after the cache's last time) returns None and the caller rebuilds.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from basemodel_pipeline import workspace as ws
+from basemodel_pipeline.cache import build as B
+from basemodel_pipeline.cache import plan as P
+from basemodel_pipeline.cache.segment import write_segment
+from basemodel_pipeline.cache.view import segment_dirs
+from basemodel_pipeline.config import PipelineConfig
+from basemodel_pipeline.progress import Progress
+
+DAY_FILE = re.compile(r"^\d{4}-\d{2}-\d{2}\.parquet$")
+
+
+def plan_append(
+    cfg: PipelineConfig, manifest: dict[str, Any], signature: dict[str, list[list[Any]]]
+) -> dict[str, list[str]] | None:
+    """{event source: new day files} when only new, later days were added; None otherwise."""
+    old = manifest.get("inputs") or {}
+    if set(old) != set(signature):
+        return None
+    added: dict[str, list[str]] = {}
+    for name, files in signature.items():
+        before = {f[0]: f for f in old[name]}
+        now = {f[0]: f for f in files}
+        if any(now.get(k) != v for k, v in before.items()):
+            return None  # an existing file changed or disappeared
+        new = sorted(set(now) - set(before))
+        if not new:
+            continue
+        src = cfg.source(name)
+        last = max(before, default="")
+        if src.type != "event" or any(not DAY_FILE.match(f) or f <= last for f in new):
+            return None
+        added[name] = new
+    return added or None
+
+
+def existing_vocab(path: Path, manifest: dict[str, Any], sub: str, column_file: str) -> pa.Table:
+    return P.read_vocab([d / "vocab" / sub / f"{column_file}.parquet" for d in segment_dirs(path, manifest)])
+
+
+def append_days(
+    cfg: PipelineConfig,
+    final: Path,
+    manifest: dict[str, Any],
+    new_days: dict[str, list[str]],
+    signature: dict[str, list[list[Any]]],
+    progress: Progress,
+) -> dict[str, Any] | None:
+    """Write and publish the append segment; None when the new data cannot be appended (rebuild instead)."""
+    appends_dir = final / "appends"
+    appends_dir.mkdir(exist_ok=True)
+    known = {a["segment"] for a in manifest.get("appends", [])}
+    for leftover in appends_dir.iterdir():  # a killed append: staged or renamed but never in the manifest
+        if leftover.name not in known:
+            shutil.rmtree(leftover, ignore_errors=True)
+    name = f"{len(manifest.get('appends', [])) + 1:04d}"
+    tmp = appends_dir / f".{name}.tmp"
+    tmp.mkdir()
+    spill = (
+        Path(cfg.cache.spill_directory) / f".{final.name}.{name}.tmp"
+        if cfg.cache.spill_directory
+        else tmp / ".spill"
+    )
+    con = B.connect(cfg, spill / "duckdb")
+    try:
+        result = _write(cfg, con, final, manifest, new_days, tmp, name, spill, progress)
+    except duckdb.Error as exc:  # e.g. a column whose type changed: rebuild, which reports real problems
+        progress.log(f"cannot append ({exc}); rebuilding the cache")
+        result = None
+    finally:
+        con.close()
+        shutil.rmtree(spill, ignore_errors=True)
+    if result is None:
+        shutil.rmtree(tmp, ignore_errors=True)
+        return None
+    new_manifest, hashes = result
+    new_manifest["inputs"] = signature
+    files = B.file_records(tmp, hashes)
+    new_manifest["files"] = {
+        **manifest["files"],
+        **{f"appends/{name}/{rel}": rec for rel, rec in files.items()},
+    }
+    for f in tmp.rglob("*"):
+        if f.is_file():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+    tmp.rename(appends_dir / name)
+    ws.fsync_dir(appends_dir)
+    ws.atomic_write_text(final / "manifest.json", json.dumps(new_manifest, indent=2))
+    return {**B.summary(final, new_manifest, reused=False), "appended": new_manifest["appends"][-1]}
+
+
+def _write(
+    cfg: PipelineConfig,
+    con: duckdb.DuckDBPyConnection,
+    final: Path,
+    manifest: dict[str, Any],
+    new_days: dict[str, list[str]],
+    out: Path,
+    segment: str,
+    spill: Path,
+    progress: Progress,
+) -> tuple[dict[str, Any], dict[str, str]] | None:
+    progress.start("cache append", len(new_days) + 1)
+    id_type = "BIGINT" if manifest["entity_id_type"] == "int64" else "VARCHAR"
+    ids = pa.concat_tables(
+        [
+            pq.read_table(d / "entities.parquet")
+            for d in segment_dirs(final, manifest)
+            if (d / "entities.parquet").exists()
+        ]
+    ).column("entity_id")
+    n_old = len(ids)
+    con.register("__ids", pa.table({"id": ids, "idx": pa.array(range(n_old), pa.int64())}))
+    con.execute(f"CREATE TEMP TABLE ent_map AS SELECT CAST(id AS {id_type}) AS id, idx FROM __ids")
+    con.unregister("__ids")
+    attr_rels = B.attribute_rels(cfg)
+    plans = []
+    for src_name, files in new_days.items():
+        src = cfg.source(src_name)
+        rel = P.parquet_rel([str(ws.extracts_dir(cfg, src.name) / f) for f in files], True)
+        plan = P.plan_source(cfg, con, src, rel, attr_rels)
+        old_cols = manifest["sources"][src.name]["columns"]
+        if {c.name: c.kind for c in plan.columns} != {c: m["type"] for c, m in old_cols.items()}:
+            progress.log(f"source '{src.name}': the new days have other columns; rebuilding the cache")
+            return None
+        plans.append(plan)
+    # new entities: after every existing index, ordered by id
+    counts = P.entity_counts_sql(plans, id_type)
+    con.execute(
+        f"INSERT INTO ent_map SELECT c.id, {n_old} + row_number() OVER (ORDER BY c.id) - 1 FROM ({counts}) c "
+        "WHERE NOT EXISTS (SELECT 1 FROM ent_map m WHERE m.id = c.id)"
+    )
+    n_total = con.execute("SELECT count(*) FROM ent_map").fetchone()[0]
+    if n_total > n_old:
+        con.execute(
+            f"COPY (SELECT id AS entity_id FROM ent_map WHERE idx >= {n_old} ORDER BY idx) "
+            f"TO {P.quote_literal(str(out / 'entities.parquet'))} (FORMAT parquet)"
+        )
+    new = json.loads(json.dumps(manifest))
+    hashes: dict[str, str] = {}
+    events = 0
+    for plan in plans:
+        meta = new["sources"][plan.src.name]
+        P.key_counts(con, plan)
+        old_vocab = {
+            c.name: existing_vocab(final, manifest, plan.src.name, c.file)
+            for c in plan.columns
+            if c.kind == "categorical"
+        }
+        vocab = P.build_vocabularies(con, plan, old_vocab)
+        B.write_vocab(out, plan, vocab)
+        sql, cols = P.scan_sql(plan, id_type)
+        n, ts_range, h = write_segment(
+            con, sql, cols, [(0, n_total)], n_total, out / "events" / plan.src.name, spill / plan.src.name
+        )
+        if ts_range and meta.get("max_ts") is not None and ts_range[0] <= meta["max_ts"]:
+            progress.log(
+                f"source '{plan.src.name}': new days start before the cache's last event; rebuilding"
+            )
+            return None
+        hashes.update(h)
+        events += n
+        meta["n_events"] += n
+        if ts_range:
+            meta["max_ts"], meta["max_date"] = ts_range[1], B.day(ts_range[1])
+            if meta.get("min_ts") is None:
+                meta["min_ts"], meta["min_date"] = ts_range[0], B.day(ts_range[0])
+        for c in plan.columns:
+            if c.name in vocab:
+                meta["columns"][c.name]["vocab_size"] = vocab[c.name][1]
+        progress.advance("cache append", events=n)
+    if manifest.get("attributes") and n_total > n_old:
+        old_attr = {
+            c: existing_vocab(final, manifest, "__attributes", m["file"])
+            for c, m in manifest["attributes"]["columns"].items()
+            if m["type"] == "categorical"
+        }
+        attrs = B.write_attributes(cfg, con, out, id_type, n_old, old_attr, check=False)
+        if set(attrs.get("columns", {})) != set(manifest["attributes"]["columns"]):
+            return None
+        new["attributes"] = {**manifest["attributes"], "columns": attrs["columns"]}
+    progress.advance("cache append")
+    now = dt.datetime.now(dt.UTC).isoformat()
+    new["n_entities"] = int(n_total)
+    if n_total > n_old:
+        new["shards"] = [*manifest.get("shards", []), [n_old, int(n_total)]]
+    new["created"] = now
+    days = sorted({f.removesuffix(".parquet") for files in new_days.values() for f in files})
+    new["appends"] = [
+        *manifest.get("appends", []),
+        {"segment": segment, "days": days, "events": events,
+         "new_entities": int(n_total - n_old), "n_entities": int(n_total), "at": now},
+    ]  # fmt: skip
+    return new, hashes

@@ -1,0 +1,360 @@
+"""The SQL side of a cache build or append: which columns an event source contributes, the entity map and
+the vocabularies as DuckDB tables on native types, and the one scan query that joins them to the events.
+
+Tables (per connection): ``ent_map(id, idx)``; ``voc_<source>_<i>(v, code, n)`` per categorical column;
+``kc_<source>_<j>`` (join-key counts of the events) and ``acodes_<source>_<j>`` (one row per attribute key
+with its codes and numbers) per joined attribute source. Vocabularies can start from an existing cache's
+values (appends keep every code and add new values after them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from basemodel_pipeline.cache.segment import IDX, ROW_ALIAS, TS, OutColumn
+from basemodel_pipeline.config import PipelineConfig
+from basemodel_pipeline.config.models import DataSource
+from basemodel_pipeline.errors import DataError
+from basemodel_pipeline.sources.sql import quote_ident, quote_literal
+
+INTEGER_PREFIXES = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT",
+                    "UINTEGER", "UBIGINT")  # fmt: skip
+NUMERIC_PREFIXES = (*INTEGER_PREFIXES, "FLOAT", "DOUBLE", "DECIMAL", "REAL")
+FLOAT_PREFIXES = ("FLOAT", "DOUBLE", "DECIMAL", "REAL")
+
+
+def infer_column_type(name: str, duck_type: str, override: str | None) -> str:
+    """categorical | numeric | ignore. Integers named like ids are categorical; floats numeric; text categorical."""
+    if override:
+        return override
+    t = duck_type.upper()
+    if t.startswith(("DATE", "TIME", "INTERVAL", "BLOB", "STRUCT", "MAP", "LIST")) or t.endswith("[]"):
+        return "ignore"
+    if t.startswith(FLOAT_PREFIXES):
+        return "numeric"
+    if t.startswith(NUMERIC_PREFIXES):
+        return "categorical" if name.lower().endswith("id") or name.lower().endswith("_key") else "numeric"
+    return "categorical"
+
+
+def file_name(col: str) -> str:
+    """File stem for a column: prefixed so that no column can collide with ts/offsets."""
+    return "col_" + "".join(ch if ch.isalnum() or ch in "_-" else "_" for ch in col)
+
+
+def describe(con: duckdb.DuckDBPyConnection, rel: str) -> dict[str, str]:
+    return {r[0]: r[1] for r in con.execute(f"DESCRIBE SELECT * FROM {rel}").fetchall()}
+
+
+def equals(left: str, left_type: str, right: str, right_type: str) -> str:
+    """Join condition on native types when both sides are integers or of the same type, else as text."""
+    same = left_type == right_type or (
+        left_type.upper().startswith(INTEGER_PREFIXES) and right_type.upper().startswith(INTEGER_PREFIXES)
+    )
+    return f"{left} = {right}" if same else f"CAST({left} AS VARCHAR) = CAST({right} AS VARCHAR)"
+
+
+ROW = "file_row_number"
+
+
+def parquet_rel(files: list[str], row_numbers: bool = False) -> str:
+    """read_parquet of the files; with row_numbers, each row's number in its file (the tie-breaker that makes
+    the order of simultaneous events of an entity the order of the extract, whatever DuckDB's join order)."""
+    opts = ", file_row_number = true" if row_numbers else ""
+    return f"read_parquet([{', '.join(quote_literal(f) for f in files)}]{opts})"
+
+
+@dataclass
+class Column:
+    name: str
+    kind: str  # categorical | numeric
+    source_type: str
+    expr: str  # in the scan, over the events e (and the attribute code table for joined columns)
+    join: int | None = None  # index of the joined attribute source, None for the event's own columns
+    attr_column: str = ""  # column in the attribute source
+
+    @property
+    def file(self) -> str:
+        return file_name(self.name)
+
+    def meta(self, vocab_size: int = 0) -> dict[str, Any]:
+        m: dict[str, Any] = {"type": self.kind, "file": self.file, "source_type": self.source_type}
+        if self.kind == "categorical":
+            m["vocab_size"] = vocab_size
+        return m
+
+
+@dataclass
+class Join:
+    source: DataSource
+    rel: str
+    types: dict[str, str]
+    on: dict[str, str]  # event column -> attribute column
+
+
+@dataclass
+class SourcePlan:
+    src: DataSource
+    rel: str  # FROM expression of the events
+    types: dict[str, str]
+    columns: list[Column] = field(default_factory=list)
+    joins: list[Join] = field(default_factory=list)
+
+    @property
+    def entity(self) -> str:
+        return quote_ident(self.src.main_entity_column or "")
+
+    @property
+    def ts(self) -> str:
+        return quote_ident(self.src.date_column.name if self.src.date_column else "")
+
+    def table(self, kind: str, i: int) -> str:
+        return quote_ident(f"{kind}_{self.src.name}_{i}")
+
+
+def plan_source(
+    cfg: PipelineConfig, con: duckdb.DuckDBPyConnection, src: DataSource, rel: str, attr_rels: dict[str, str]
+) -> SourcePlan:
+    """Columns of an event source (its own, then those of its joined attribute sources) and their types."""
+    types = describe(con, rel)
+    plan = SourcePlan(src, rel, types)
+    assert src.main_entity_column and src.date_column
+    skip = {src.main_entity_column, src.date_column.name, ROW}
+    names = set(types)
+    for c, t in types.items():
+        kind = infer_column_type(c, t, src.column_types.get(c))
+        if c not in skip and kind != "ignore":
+            plan.columns.append(Column(c, kind, t, f"e.{quote_ident(c)}"))
+    for j, join in enumerate(src.joined_data_sources):
+        attr = cfg.source(join.name)
+        arel = attr_rels[attr.name]
+        atypes = describe(con, arel)
+        plan.joins.append(Join(attr, arel, atypes, dict(join.join_on)))
+        for c, t in atypes.items():
+            if c in join.join_on.values():
+                continue
+            name = c if c not in names else f"{attr.name}.{c}"
+            names.add(name)
+            kind = infer_column_type(c, t, attr.column_types.get(c))
+            if kind != "ignore":
+                plan.columns.append(Column(name, kind, t, "", join=j, attr_column=c))
+    return plan
+
+
+def check_joins(con: duckdb.DuckDBPyConnection, plan: SourcePlan) -> None:
+    """Attribute keys must be unique and match at least one event (run after key_counts)."""
+    for j, join in enumerate(plan.joins):
+        keys = list(join.on.values())
+        dup = con.execute(
+            f"SELECT {', '.join(quote_ident(k) for k in keys)}, count(*) FROM {join.rel} GROUP BY ALL "
+            "HAVING count(*) > 1 LIMIT 1"
+        ).fetchone()
+        if dup:
+            raise DataError(
+                f"attribute source '{join.source.name}': key {dict(zip(keys, dup[:-1], strict=True))} appears "
+                f"{dup[-1]} times; join keys {keys} must be unique (deduplicate the table or pick another key)"
+            )
+        matched = con.execute(
+            f"SELECT count(*) FROM {plan.table('kc', j)} k SEMI JOIN {join.rel} a ON {_key_cond(plan, j, 'k')}"
+        ).fetchone()[0]
+        if matched == 0:
+            raise DataError(
+                f"source '{plan.src.name}' joined with '{join.source.name}' on {join.on}: no event matches any "
+                "row (are the ids formatted differently in the two sources?)"
+            )
+
+
+def _key_cond(plan: SourcePlan, j: int, left: str, right: str = "a") -> str:
+    join = plan.joins[j]
+    return " AND ".join(
+        equals(f"{left}.{quote_ident(ev)}", plan.types[ev], f"{right}.{quote_ident(at)}", join.types[at])
+        for ev, at in join.on.items()
+    )
+
+
+def key_counts(con: duckdb.DuckDBPyConnection, plan: SourcePlan) -> None:
+    """kc_<source>_<j>: events per join key (the vocabularies of joined columns count events through it)."""
+    for j, join in enumerate(plan.joins):
+        keys = ", ".join(quote_ident(k) for k in join.on)
+        con.execute(
+            f"CREATE OR REPLACE TEMP TABLE {plan.table('kc', j)} AS SELECT {keys}, count(*) AS n "
+            f"FROM {plan.rel} GROUP BY ALL"
+        )
+
+
+def vocab_table(
+    con: duckdb.DuckDBPyConnection, table: str, counts_sql: str, duck_type: str, existing: pa.Table | None
+) -> pa.Table:
+    """Create `table(v, code, n)`: the existing values keep codes 1..len(existing); values of `counts_sql`
+    (v, n) not among them get the next codes, most frequent first. Returns the new values (value, count)."""
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {table} (v {duck_type}, code INTEGER, n BIGINT)")
+    start = 0
+    if existing is not None and existing.num_rows:
+        con.register("__old_vocab", existing)
+        con.execute(
+            f"INSERT INTO {table} SELECT CAST(value AS {duck_type}), row_number() OVER ()::INTEGER, 0 "
+            "FROM __old_vocab"
+        )
+        con.unregister("__old_vocab")
+        start = existing.num_rows
+    con.execute(
+        f"INSERT INTO {table} SELECT c.v, ({start} + row_number() OVER (ORDER BY c.n DESC, CAST(c.v AS VARCHAR)))"
+        f"::INTEGER, c.n FROM ({counts_sql}) c WHERE c.v IS NOT NULL AND NOT EXISTS "
+        f"(SELECT 1 FROM {table} t WHERE t.v = c.v)"
+    )
+    return con.execute(
+        f"SELECT CAST(v AS VARCHAR) AS value, n AS count FROM {table} WHERE code > {start} ORDER BY code"
+    ).to_arrow_table()
+
+
+def build_vocabularies(
+    con: duckdb.DuckDBPyConnection, plan: SourcePlan, existing: dict[str, pa.Table]
+) -> dict[str, tuple[pa.Table, int]]:
+    """voc_<source>_<i> for every categorical column and acodes_<source>_<j> for every join.
+    Returns {column: (new values, vocabulary size)}."""
+    out: dict[str, tuple[pa.Table, int]] = {}
+    for i, col in enumerate(plan.columns):
+        if col.kind != "categorical":
+            continue
+        if col.join is None:
+            q = quote_ident(col.name)
+            counts = f"SELECT {q} AS v, count(*) AS n FROM {plan.rel} GROUP BY 1"
+        else:
+            j, q = col.join, quote_ident(col.attr_column)
+            counts = (
+                f"SELECT a.{q} AS v, sum(k.n)::BIGINT AS n FROM {plan.table('kc', j)} k "
+                f"JOIN {plan.joins[j].rel} a ON {_key_cond(plan, j, 'k')} GROUP BY 1"
+            )
+        old = existing.get(col.name)
+        new = vocab_table(con, plan.table("voc", i), counts, col.source_type, old)
+        out[col.name] = (new, (old.num_rows if old is not None else 0) + new.num_rows)
+    for j, join in enumerate(plan.joins):
+        selects = [f"a.{quote_ident(k)}" for k in join.on.values()]
+        joins = []
+        for i, col in enumerate(plan.columns):
+            if col.join != j:
+                continue
+            q = quote_ident(col.attr_column)
+            if col.kind == "categorical":
+                joins.append(f"LEFT JOIN {plan.table('voc', i)} v{i} ON a.{q} = v{i}.v")
+                selects.append(f"v{i}.code AS c{i}")
+            else:
+                selects.append(f"CAST(a.{q} AS FLOAT) AS c{i}")
+            col.expr = f"j{j}.c{i}"
+        con.execute(
+            f"CREATE OR REPLACE TEMP TABLE {plan.table('acodes', j)} AS SELECT {', '.join(selects)} "
+            f"FROM {join.rel} a {' '.join(joins)}"
+        )
+    return out
+
+
+def ts_expr(col: str) -> str:
+    """Epoch seconds (floor) of a DATE/TIMESTAMP column."""
+    return f"CAST(floor(epoch_us(CAST({col} AS TIMESTAMP)) / 1000000.0) AS BIGINT)"
+
+
+def scan_sql(plan: SourcePlan, id_type: str) -> tuple[str, list[OutColumn]]:
+    """The query streaming (entity index, epoch seconds, codes/values) of every event with an entity and a time."""
+    selects = [
+        f"m.idx AS {IDX}",
+        f"{ts_expr('e.' + plan.ts)} AS {TS}",
+        f"CAST(e.{ROW} AS INTEGER) AS {ROW_ALIAS}",
+    ]
+    joins = [f"JOIN ent_map m ON CAST(e.{plan.entity} AS {id_type}) = m.id"]
+    outs = []
+    for i, col in enumerate(plan.columns):
+        if col.kind == "categorical":
+            if col.join is None:
+                joins.append(f"LEFT JOIN {plan.table('voc', i)} v{i} ON {col.expr} = v{i}.v")
+                value = f"v{i}.code"
+            else:
+                value = col.expr
+            selects.append(f"CAST(coalesce({value}, 0) AS INTEGER) AS c{i}")
+            outs.append(OutColumn(f"c{i}", col.file, np.int32))
+        else:
+            selects.append(f"CAST(coalesce({col.expr}, 0) AS FLOAT) AS c{i}")
+            outs.append(OutColumn(f"c{i}", col.file, np.float32))
+    for j in range(len(plan.joins)):
+        cond = _key_cond(plan, j, "e", f"j{j}")
+        joins.append(f"LEFT JOIN {plan.table('acodes', j)} j{j} ON {cond}")
+    sql = f"SELECT {', '.join(selects)} FROM {plan.rel} e {' '.join(joins)} WHERE e.{plan.ts} IS NOT NULL"
+    return sql, outs
+
+
+def entity_id_type(plans: list[SourcePlan]) -> str:
+    """BIGINT when every event source's entity column is an integer, else VARCHAR."""
+    types = [p.types[p.src.main_entity_column or ""] for p in plans]
+    return "BIGINT" if all(t.upper().startswith(INTEGER_PREFIXES) for t in types) else "VARCHAR"
+
+
+def entity_counts_sql(plans: list[SourcePlan], id_type: str) -> str:
+    """(id, n): events per entity over every event source."""
+    union = " UNION ALL ".join(
+        f"SELECT CAST({p.entity} AS {id_type}) AS id, count(*) AS n FROM {p.rel} "
+        f"WHERE {p.entity} IS NOT NULL AND {p.ts} IS NOT NULL GROUP BY 1"
+        for p in plans
+    )
+    return f"SELECT id, sum(n)::BIGINT AS n FROM ({union}) GROUP BY 1"
+
+
+def attribute_arrays(
+    cfg: PipelineConfig,
+    con: duckdb.DuckDBPyConnection,
+    rel: str,
+    id_type: str,
+    first: int,
+    existing: dict[str, pa.Table],
+    check: bool,
+) -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, pa.Table]]:
+    """Main-entity attributes of entity indices >= first: (manifest meta, {file stem: array}, {column: new
+    vocabulary values})."""
+    src = cfg.sources("main_entity_attribute")[0]
+    key = src.main_entity_column or ""
+    types = describe(con, rel)
+    cond = f"m.id = CAST(a.{quote_ident(key)} AS {id_type})"
+    if check:
+        matched = con.execute(f"SELECT count(*) FROM ent_map m SEMI JOIN {rel} a ON {cond}").fetchone()[0]
+        if matched == 0:
+            raise DataError(
+                f"main_entity_attribute source '{src.name}': no {key} matches any entity of the event "
+                "sources (are the ids formatted differently?)"
+            )
+    meta: dict[str, Any] = {"source": src.name, "columns": {}}
+    selects, joins, new_vocab = [], [], {}
+    for i, (col, t) in enumerate(types.items()):
+        kind = infer_column_type(col, t, src.column_types.get(col))
+        if col == key or kind == "ignore":
+            continue
+        q, name = quote_ident(col), file_name(col)
+        if kind == "categorical":
+            table = quote_ident(f"voc_attr_{i}")
+            counts = f"SELECT {q} AS v, count(*) AS n FROM {rel} GROUP BY 1"
+            new = vocab_table(con, table, counts, t, existing.get(col))
+            new_vocab[col] = new
+            size = new.num_rows + (existing[col].num_rows if col in existing else 0)
+            joins.append(f"LEFT JOIN {table} v{i} ON a.{q} = v{i}.v")
+            selects.append(f"CAST(coalesce(v{i}.code, 0) AS INTEGER) AS {quote_ident(name)}")
+            meta["columns"][col] = {"type": "categorical", "vocab_size": size, "file": name}
+        else:
+            selects.append(f"CAST(coalesce(a.{q}, 0) AS FLOAT) AS {quote_ident(name)}")
+            meta["columns"][col] = {"type": "numeric", "file": name}
+    if not selects:
+        return meta, {}, new_vocab
+    sql = (
+        f"SELECT {', '.join(selects)} FROM ent_map m LEFT JOIN (SELECT DISTINCT ON ({quote_ident(key)}) * "
+        f"FROM {rel}) a ON {cond} {' '.join(joins)} WHERE m.idx >= {first} ORDER BY m.idx"
+    )
+    return meta, con.execute(sql).fetchnumpy(), new_vocab
+
+
+def read_vocab(files: list[Any]) -> pa.Table:
+    """Concatenated (value, code order) of vocabulary segment files that exist."""
+    tables = [pq.read_table(f, columns=["value"]) for f in files if f.exists()]
+    if not tables:
+        return pa.table({"value": pa.array([], pa.string())})
+    return pa.concat_tables(tables)

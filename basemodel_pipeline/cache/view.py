@@ -1,0 +1,114 @@
+"""One contiguous CSR view over a cache's base and its appended segments.
+
+Readers (features, training, inference) need each entity's events in one run of the arrays. With no
+appends the base arrays are that view. After appends, the first reader merges base + segments into
+view/<NNNN>/events/<source>/ (NNNN = number of appends): per entity its base run, then its run in each
+segment, in order. It is a sequential copy in bounded chunks (no sort, no DuckDB), staged and renamed
+atomically under a lock; later readers map it directly, and older views are removed. The view is derived
+data: not in the manifest, rebuilt if missing.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from basemodel_pipeline import workspace as ws
+from basemodel_pipeline.errors import UserError
+
+CHUNK_ROWS = 1 << 22
+
+
+def segment_dirs(path: Path, manifest: dict[str, Any]) -> list[Path]:
+    """Base directory then every appended segment, in order."""
+    return [path, *(path / "appends" / a["segment"] for a in manifest.get("appends", []))]
+
+
+def events_root(path: Path, manifest: dict[str, Any]) -> Path:
+    """Directory whose events/<source>/ holds the contiguous arrays of this cache version."""
+    appends = manifest.get("appends", [])
+    if not appends:
+        return path
+    views = path / "view"
+    target = views / f"{len(appends):04d}"
+    if target.is_dir():
+        return target
+    try:
+        views.mkdir(exist_ok=True)
+        lock = open(views / ".lock", "a")  # noqa: SIM115 (held for the merge)
+    except OSError as exc:
+        raise UserError(
+            f"the cache at {path} has {len(appends)} appended segments and its merged view must be written "
+            f"under {views} ({exc}); make the cache directory writable or rebuild it"
+        ) from exc
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not target.is_dir():
+            tmp = views / f".{target.name}.tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            segments = segment_dirs(path, manifest)
+            for name, meta in manifest["sources"].items():
+                files = ["ts", *(m["file"] for m in meta["columns"].values())]
+                merge_source(
+                    [s / "events" / name for s in segments],
+                    files,
+                    manifest["n_entities"],
+                    tmp / "events" / name,
+                )
+            for f in tmp.rglob("*"):
+                if f.is_file():
+                    with open(f, "rb") as fh:
+                        os.fsync(fh.fileno())
+            os.replace(tmp, target)
+            ws.fsync_dir(views)
+        for old in views.iterdir():  # older versions (open memory maps of them stay valid)
+            if old.name != target.name and not old.name.startswith(".") and old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+    return target
+
+
+def merge_source(segments: list[Path], files: list[str], n_entities: int, out: Path) -> None:
+    """Write offsets.npy and every <file>.npy of the merged CSR arrays of `segments` (missing ones skipped)."""
+    segments = [s for s in segments if (s / "offsets.npy").exists()]
+    offs = []
+    for s in segments:
+        o = np.load(s / "offsets.npy")
+        offs.append(np.concatenate([o, np.full(n_entities + 1 - len(o), o[-1], dtype=np.int64)]))
+    counts = sum(np.diff(o) for o in offs)
+    merged = np.zeros(n_entities + 1, dtype=np.int64)
+    np.cumsum(counts, out=merged[1:])
+    out.mkdir(parents=True, exist_ok=True)
+    np.save(out / "offsets.npy", merged)
+    arrays = {f: [np.load(s / f"{f}.npy", mmap_mode="r") for s in segments] for f in files}
+    outs = {
+        f: np.lib.format.open_memmap(out / f"{f}.npy", "w+", arrays[f][0].dtype, (int(merged[-1]),))
+        for f in files
+    }
+    # entity chunks of about CHUNK_ROWS merged rows
+    bounds = np.unique(
+        np.searchsorted(merged, np.arange(0, merged[-1] + CHUNK_ROWS, CHUNK_ROWS)).clip(0, n_entities)
+    )
+    bounds = np.unique(np.concatenate([[0], bounds, [n_entities]]))
+    for e0, e1 in zip(bounds[:-1], bounds[1:], strict=True):
+        base = merged[e0]
+        start = merged[e0:e1] - base
+        places = []
+        for o in offs:
+            c = np.diff(o[e0 : e1 + 1])
+            k = int(c.sum())
+            within = np.arange(k) - np.repeat(np.cumsum(c) - c, c)
+            places.append((slice(int(o[e0]), int(o[e1])), np.repeat(start, c) + within))
+            start = start + c
+        for f in files:
+            buf = np.empty(int(merged[e1] - base), dtype=outs[f].dtype)
+            for arr, (rows, dest) in zip(arrays[f], places, strict=True):
+                buf[dest] = arr[rows]
+            outs[f][base : merged[e1]] = buf
+    for f in files:
+        outs[f].flush()
+    del outs
