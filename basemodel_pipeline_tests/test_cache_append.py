@@ -104,7 +104,10 @@ def new_day_with_new_values(days: Days) -> Path:
     return days.dir / f"{name}.parquet"
 
 
-def test_append_new_days_equals_a_clean_build(held_back: Days) -> None:
+def test_append_new_days_equals_a_clean_build(held_back: Days, monkeypatch: pytest.MonkeyPatch) -> None:
+    from basemodel_pipeline.cache import view
+
+    monkeypatch.setattr(view, "CHUNK_ROWS", 500)  # the view is merged in many entity chunks
     cfg = held_back.cfg
     base = run_cache(cfg)
     before = EventCache(base["path"])

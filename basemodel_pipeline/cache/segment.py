@@ -67,7 +67,7 @@ def write_segment(
             counts += np.diff(bounds)
     n = int(counts.sum())
     files = {TS: out / "ts.npy"} | {c.alias: out / f"{c.file}.npy" for c in columns}
-    header = {name: _create_npy(files[name], dt, n) for name, dt in fields if name in files}
+    header = {name: create_npy(files[name], dt, n) for name, dt in fields if name in files}
     hashers = {name: hashlib.sha256(_head(files[name], header[name])) for name in header}
     ts_min, ts_max = None, None
     offsets = np.zeros(n_entities + 1, dtype=np.int64)
@@ -93,7 +93,7 @@ def write_segment(
             values = ts if name == TS else np.fromfile(spill / f"{k}.{name}.bin", dtype=dt)
             (spill / f"{k}.{name}.bin").unlink()
             chunk = np.ascontiguousarray(values[order])
-            _pwrite(files[name], header[name] + pos * np.dtype(dt).itemsize, chunk)
+            pwrite(files[name], header[name] + pos * np.dtype(dt).itemsize, chunk)
             hashers[name].update(memoryview(chunk).cast("B"))
             del chunk
             del values
@@ -132,7 +132,7 @@ def _sort_order(local: np.ndarray, ts: np.ndarray, row: np.ndarray) -> np.ndarra
     return np.lexsort((row, ts, local))
 
 
-def _create_npy(path: Path, dtype: type, n: int) -> int:
+def create_npy(path: Path, dtype: type, n: int) -> int:
     """An .npy file of n elements (sparse until written); returns the byte offset of its data."""
     with open(path, "wb") as fh:
         descr = np.lib.format.dtype_to_descr(np.dtype(dtype))
@@ -147,7 +147,7 @@ def _head(path: Path, n: int) -> bytes:
         return fh.read(n)
 
 
-def _pwrite(path: Path, offset: int, values: np.ndarray) -> None:
+def pwrite(path: Path, offset: int, values: np.ndarray) -> None:
     fd = os.open(path, os.O_WRONLY)
     try:
         view = memoryview(np.ascontiguousarray(values)).cast("B")

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from basemodel_pipeline import workspace as ws
+from basemodel_pipeline.cache.segment import create_npy, pwrite
 from basemodel_pipeline.errors import UserError
 
 CHUNK_ROWS = 1 << 22
@@ -73,7 +74,8 @@ def events_root(path: Path, manifest: dict[str, Any]) -> Path:
 
 
 def merge_source(segments: list[Path], files: list[str], n_entities: int, out: Path) -> None:
-    """Write offsets.npy and every <file>.npy of the merged CSR arrays of `segments` (missing ones skipped)."""
+    """Write offsets.npy and every <file>.npy of the merged CSR arrays of `segments` (missing ones skipped).
+    Reads and writes chunk by chunk (pread/pwrite, no memory map), so memory stays at one chunk."""
     segments = [s for s in segments if (s / "offsets.npy").exists()]
     offs = []
     for s in segments:
@@ -84,31 +86,35 @@ def merge_source(segments: list[Path], files: list[str], n_entities: int, out: P
     np.cumsum(counts, out=merged[1:])
     out.mkdir(parents=True, exist_ok=True)
     np.save(out / "offsets.npy", merged)
-    arrays = {f: [np.load(s / f"{f}.npy", mmap_mode="r") for s in segments] for f in files}
-    outs = {
-        f: np.lib.format.open_memmap(out / f"{f}.npy", "w+", arrays[f][0].dtype, (int(merged[-1]),))
-        for f in files
-    }
+    inputs = {f: [_npy_layout(s / f"{f}.npy") for s in segments] for f in files}
+    header = {f: create_npy(out / f"{f}.npy", inputs[f][0][1], int(merged[-1])) for f in files}
     # entity chunks of about CHUNK_ROWS merged rows
-    bounds = np.unique(
-        np.searchsorted(merged, np.arange(0, merged[-1] + CHUNK_ROWS, CHUNK_ROWS)).clip(0, n_entities)
-    )
-    bounds = np.unique(np.concatenate([[0], bounds, [n_entities]]))
+    cuts = np.searchsorted(merged, np.arange(0, merged[-1] + CHUNK_ROWS, CHUNK_ROWS)).clip(0, n_entities)
+    bounds = np.unique(np.concatenate([[0], cuts, [n_entities]]))
     for e0, e1 in zip(bounds[:-1], bounds[1:], strict=True):
         base = merged[e0]
         start = merged[e0:e1] - base
         places = []
         for o in offs:
             c = np.diff(o[e0 : e1 + 1])
-            k = int(c.sum())
-            within = np.arange(k) - np.repeat(np.cumsum(c) - c, c)
-            places.append((slice(int(o[e0]), int(o[e1])), np.repeat(start, c) + within))
+            within = np.arange(int(c.sum())) - np.repeat(np.cumsum(c) - c, c)
+            places.append((int(o[e0]), int(o[e1]), np.repeat(start, c) + within))
             start = start + c
         for f in files:
-            buf = np.empty(int(merged[e1] - base), dtype=outs[f].dtype)
-            for arr, (rows, dest) in zip(arrays[f], places, strict=True):
-                buf[dest] = arr[rows]
-            outs[f][base : merged[e1]] = buf
-    for f in files:
-        outs[f].flush()
-    del outs
+            dtype = inputs[f][0][1]
+            buf = np.empty(int(merged[e1] - base), dtype=dtype)
+            for (path, _, offset), (lo, hi, dest) in zip(inputs[f], places, strict=True):
+                if hi > lo:
+                    buf[dest] = np.fromfile(
+                        path, dtype=dtype, count=hi - lo, offset=offset + lo * dtype.itemsize
+                    )
+            pwrite(out / f"{f}.npy", header[f] + int(base) * dtype.itemsize, buf)
+
+
+def _npy_layout(path: Path) -> tuple[Path, np.dtype, int]:
+    """(path, dtype, byte offset of the data) of a 1-d .npy file."""
+    with open(path, "rb") as fh:
+        major, _ = np.lib.format.read_magic(fh)
+        read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+        _, _, dtype = read(fh)
+        return path, dtype, fh.tell()

@@ -132,6 +132,9 @@ def cache_sizing(cfg: PipelineConfig) -> dict[str, Any]:
         "events": sum(s.get("n_events", 0) for s in sources.values()),
         "first_day": min((s["min_date"] for s in sources.values() if s.get("min_date")), default=None),
         "last_day": max((s["max_date"] for s in sources.values() if s.get("max_date")), default=None),
+        "shards": len(manifest.get("shards", [])),
+        "appends": len(manifest.get("appends", [])),
+        "last_build": manifest.get("built"),
         "recommended_working_volume_bytes": recommended,
         "workspace_free_bytes": shutil.disk_usage(ws.root(cfg)).free,
     }
