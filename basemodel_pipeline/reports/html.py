@@ -251,11 +251,16 @@ def explanation_figure(expl: dict[str, Any]):
         fig.tight_layout()
         return fig
     sources = [r["source"] for r in expl["sources"]]
-    fig, axes = plt.subplots(1, len(sources) + 1, figsize=(4.2 * (len(sources) + 1), 4.5), squeeze=False)
-    _bars(axes[0, 0], sources, [r[key] for r in expl["sources"]], "mean |attribution| per source", False)
-    for ax, src in zip(axes[0, 1:], sources, strict=True):
+    ncols = min(3, len(sources) + 1)
+    nrows = -(-(len(sources) + 1) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 4.2 * nrows), squeeze=False)
+    panels = list(axes.ravel())
+    _bars(panels[0], sources, [r[key] for r in expl["sources"]], "mean |attribution| per source", False)
+    for ax, src in zip(panels[1:], sources, strict=False):
         top = [r for r in expl["columns"] if r["source"] == src][:TOP_BARS]
         _bars(ax, [r["column"] for r in top], [r[key] for r in top], f"top columns: {src}", False)
+    for ax in panels[len(sources) + 1 :]:
+        ax.axis("off")
     fig.suptitle(
         f"{expl['output']['description']}, {expl['entities']} entities, baseline {expl['baseline']['kind']}",
         fontsize=10,
@@ -287,8 +292,10 @@ def explanation_section(expl: dict[str, Any]) -> str:
         "<h2>What drives the model (integrated gradients)</h2>"
         f"<p>Mean |attribution| to the {html.escape(expl['output']['description'])} over "
         f"{expl['entities']} test entities, against the <b>{html.escape(expl['baseline']['kind'])}</b> baseline "
-        f"({expl['steps']} steps; mean completeness gap {comp['mean_abs_gap']:.2g} vs mean |output change| "
-        f"{comp['mean_abs_output_change']:.3g}). See docs/explain.md.</p>"
+        f"(up to {expl['steps']['max_used']} quadrature steps; mean completeness gap "
+        f"{comp['mean_abs_gap']:.2g} vs mean |output change| {comp['mean_abs_output_change']:.3g}). "
+        "Each entity's totals per source and column are taken before the absolute value; "
+        "see docs/explain.md.</p>"
         f'<img alt="explanation" src="data:image/png;base64,{img}">'
         "<table><tr><th>source</th><th>column</th><th>value</th><th>mean |attribution|</th>"
         f"<th>mean attribution</th></tr>{rows}</table>"
