@@ -362,3 +362,20 @@ def test_shards_merge_to_the_single_process_table(world, monkeypatch: pytest.Mon
     assert pq.read_table(merged["path"]).equals(single)
     with pytest.raises(UserError, match="missing part-00000.parquet, part-00001"):
         run_merge_shards(cfg, "top_department", None, 4)
+
+
+def test_predict_entrypoint_with_workers_matches_one_process(world) -> None:
+    import os
+    import subprocess
+
+    cfg, _ = world
+    single = pq.read_table(run_predict(cfg, "grocery_buyer", precision="fp32")["path"])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")}
+    cmd = [sys.executable, "-m", "basemodel_pipeline.jobs.predict", "--config",
+           str(Path(cfg.workspace) / "config.yaml"), "--scenario", "grocery_buyer",
+           "--precision", "fp32", "--workers", "2"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout[proc.stdout.index("{") :])["metadata"]
+    assert report["workers"] == 2 and report["shards"] == 2 and report["rows"] == single.num_rows
+    assert pq.read_table(report["path"]).equals(single)

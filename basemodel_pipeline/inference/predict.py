@@ -141,6 +141,13 @@ def score_entities(
     return np.concatenate(outs)
 
 
+def _empty(scorer: Scorer, top_k: int) -> Any:
+    """Outputs of zero entities, shaped like the scenario's."""
+    if scorer.head.task == "recommendation":
+        return np.zeros((0, top_k), np.int64), np.zeros((0, top_k), np.float32)
+    return scorer.head.scores(np.zeros((0, scorer.meta["arch"]["out_dim"]), np.float32))
+
+
 def _long(
     ids: np.ndarray, as_of: dt.date, labels: np.ndarray, scores: np.ndarray, keep: np.ndarray
 ) -> pa.Table:
@@ -308,6 +315,10 @@ def predict(
             out = scorer.outputs(cache, X, e, as_of, model_top_k)
             writer.write(output_table(scorer.head, ids[e], as_of, out, top_k, threshold))
             progress.advance("predict", len(e))
+        if len(entity) == 0:  # an empty shard or subset still writes the table's columns
+            writer.write(
+                output_table(scorer.head, ids[:0], as_of, _empty(scorer, model_top_k), top_k, threshold)
+            )
         info = writer.close()
     scoring_s = time.perf_counter() - scoring_started
     wall = time.perf_counter() - started

@@ -118,7 +118,10 @@ def merge_shards(
         for f in files:
             pf = pq.ParquetFile(f)
             for g in range(pf.num_row_groups):
-                writer.write(pf.read_row_group(g).replace_schema_metadata(None))
+                if pf.metadata.row_group(g).num_rows:  # an empty shard's types may be narrower
+                    writer.write(pf.read_row_group(g).replace_schema_metadata(None))
+        if writer.rows == 0:  # every shard empty: still the table's columns
+            writer.write(pq.read_table(files[0]).replace_schema_metadata(None))
         info = writer.close()
     return {**info, "as_of": as_of.isoformat(), "shards": k, "model_version": versions.pop()}
 

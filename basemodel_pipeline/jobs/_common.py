@@ -23,7 +23,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ class JobArgs:
     scenario: str | None = None
     as_of: dt.date | None = None
     source: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)  # scoring: precision, destination, workers
 
 
 StageFn = Callable[[PipelineConfig, JobArgs, Progress], Mapping[str, Any]]
@@ -182,7 +183,7 @@ class _PipesSession:
 
 
 def parse_args(
-    stage: str, argv: list[str] | None, *, scenario: bool, as_of: bool, source: bool
+    stage: str, argv: list[str] | None, *, scenario: bool, as_of: bool, source: bool, scoring: bool = False
 ) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=f"python -m basemodel_pipeline.jobs.{stage}", description=__doc__)
     parser.add_argument("--config", required=True, help="path to the pipeline's YAML config")
@@ -192,6 +193,10 @@ def parse_args(
         parser.add_argument("--as-of", dest="as_of", help="score entities as of this date (YYYY-MM-DD)")
     if source:
         parser.add_argument("--source", help="extract only this data source (default: all)")
+    if scoring:
+        parser.add_argument("--precision", default="auto", help="auto | fp32 | bf16 | int8")
+        parser.add_argument("--output", dest="destination", help="destination name from the outputs section")
+        parser.add_argument("--workers", type=int, default=1, help="local processes, one shard each")
     return parser.parse_args(argv)
 
 
@@ -206,7 +211,8 @@ def _job_args(ns: argparse.Namespace, session: Any, needs_scenario: bool) -> Job
             as_of = dt.date.fromisoformat(raw)
         except ValueError:
             raise UserError(f"--as-of: '{raw}' is not a date; write YYYY-MM-DD") from None
-    return JobArgs(config=ns.config, scenario=scenario, as_of=as_of, source=getattr(ns, "source", None))
+    options = {k: getattr(ns, k) for k in ("precision", "destination", "workers") if hasattr(ns, k)}
+    return JobArgs(ns.config, scenario, as_of, getattr(ns, "source", None), options)
 
 
 def _run(session: Any, ns: argparse.Namespace, fn: StageFn, stage: str, needs_scenario: bool) -> None:
@@ -231,9 +237,10 @@ def main(
     needs_scenario: bool = False,
     as_of: bool = False,
     source: bool = False,
+    scoring: bool = False,
 ) -> None:
     """Run one stage as a Pipes entrypoint (or standalone); exits 2 with one line on stderr on a UserError."""
-    ns = parse_args(stage, argv, scenario=scenario, as_of=as_of, source=source)
+    ns = parse_args(stage, argv, scenario=scenario, as_of=as_of, source=source, scoring=scoring)
     try:
         if rank() != 0:  # under torchrun only rank 0 speaks Pipes (one session, one materialization)
             _run(_QuietSession(), ns, fn, stage, needs_scenario)

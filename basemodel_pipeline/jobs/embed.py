@@ -1,4 +1,5 @@
-"""Export foundation embeddings: ``python -m basemodel_pipeline.jobs.embed --config PATH [--as-of DATE]``."""
+"""Export foundation embeddings: ``python -m basemodel_pipeline.jobs.embed --config PATH [--as-of DATE]
+[--precision P] [--output DESTINATION]``."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from basemodel_pipeline.progress import Progress
 
 
 def stage(cfg: PipelineConfig, args: JobArgs, progress: Progress) -> Mapping[str, Any]:
-    return run_embed(cfg, args.as_of, progress)
+    options = {k: v for k, v in args.options.items() if k != "workers"}
+    return run_embed(cfg, args.as_of, progress, **options)
 
 
 if __name__ == "__main__":
-    main("embed", stage, as_of=True)
+    main("embed", stage, as_of=True, scoring=True)

@@ -1,4 +1,5 @@
-"""Score entities: ``python -m basemodel_pipeline.jobs.predict --config PATH --scenario NAME [--as-of DATE]``.
+"""Score entities: ``python -m basemodel_pipeline.jobs.predict --config PATH --scenario NAME [--as-of DATE]
+[--precision auto|fp32|bf16|int8] [--output DESTINATION] [--workers K]``.
 
 Under Dagster the scenario defaults to the partition key of the ``predictions`` asset.
 """
@@ -17,8 +18,20 @@ from basemodel_pipeline.progress import Progress
 def stage(cfg: PipelineConfig, args: JobArgs, progress: Progress) -> Mapping[str, Any]:
     assert args.scenario is not None
     cfg.scenario(args.scenario)  # unknown name -> ConfigError before any work
-    return run_predict(cfg, args.scenario, args.as_of, progress)
+    options = dict(args.options)
+    workers = options.pop("workers", 1)
+    if workers > 1:
+        from pathlib import Path
+
+        from basemodel_pipeline.pipeline import run_predict_workers
+
+        forwarded = ["--precision", options["precision"]]
+        forwarded += ["--output", options["destination"]] if options.get("destination") else []
+        return run_predict_workers(
+            cfg, Path(args.config), args.scenario, args.as_of, workers, forwarded, progress
+        )
+    return run_predict(cfg, args.scenario, args.as_of, progress, **options)
 
 
 if __name__ == "__main__":
-    main("predict", stage, scenario=True, needs_scenario=True, as_of=True)
+    main("predict", stage, scenario=True, needs_scenario=True, as_of=True, scoring=True)

@@ -12,6 +12,20 @@ from basemodel_pipeline.defs.resources import BasemodelConfigResource
 SCORE_TAGS = {**TRAIN_TAGS, "basemodel/stage": "score"}
 
 
+class ScoringConfig(dg.Config):
+    """Run-time options of a scoring run (the launchpad's config editor; defaults suit a nightly run)."""
+
+    precision: str = "auto"  # auto | fp32 | bf16 | int8 (CPU dynamic quantization)
+    output: str | None = None  # a destination name of the config's outputs section (default: Parquet)
+    workers: int = 1  # predictions: local processes, one shard of the entities each, merged in order
+
+    def args(self, workers: bool = True) -> list[str]:
+        out = ["--precision", self.precision]
+        out += ["--output", self.output] if self.output else []
+        out += ["--workers", str(self.workers)] if workers and self.workers > 1 else []
+        return out
+
+
 @dg.asset(
     deps=[scenario_model, "event_cache"],
     partitions_def=scenarios_partitions,
@@ -22,14 +36,18 @@ SCORE_TAGS = {**TRAIN_TAGS, "basemodel/stage": "score"}
     op_tags=SCORE_TAGS,
 )
 def predictions(
-    context: dg.AssetExecutionContext, basemodel_config: BasemodelConfigResource, launcher: Launcher
+    context: dg.AssetExecutionContext,
+    config: ScoringConfig,
+    basemodel_config: BasemodelConfigResource,
+    launcher: Launcher,
 ) -> dg.MaterializeResult:
     """Scores of one scenario (partition) for every entity: <workspace>/predictions/<scenario>/<as_of>/.
 
     Runs `python -m basemodel_pipeline.jobs.predict` through Dagster Pipes (scenario = partition key), only
-    after the scenario's blocking checks (test metric above its floor and above popularity) passed.
+    after the scenario's blocking checks (test metric above its floor and above popularity) passed. As of the
+    latest day the features come from the per-entity state, advanced with the days the cache gained.
     """
-    return run_pipes_job(context, launcher, "predict", basemodel_config.config_path)
+    return run_pipes_job(context, launcher, "predict", basemodel_config.config_path, config.args())
 
 
 @dg.asset(
@@ -41,11 +59,14 @@ def predictions(
     op_tags=SCORE_TAGS,
 )
 def entity_embeddings(
-    context: dg.AssetExecutionContext, basemodel_config: BasemodelConfigResource, launcher: Launcher
+    context: dg.AssetExecutionContext,
+    config: ScoringConfig,
+    basemodel_config: BasemodelConfigResource,
+    launcher: Launcher,
 ) -> dg.MaterializeResult:
     """Universal float16 behavioural embeddings of every entity from the foundation trunk, as of the day after
     the data: <workspace>/embeddings/<as_of>/ (embeddings.parquet, client_ids.npy + embeddings.npy).
 
     Runs `python -m basemodel_pipeline.jobs.embed` through Dagster Pipes.
     """
-    return run_pipes_job(context, launcher, "embed", basemodel_config.config_path)
+    return run_pipes_job(context, launcher, "embed", basemodel_config.config_path, config.args(workers=False))
