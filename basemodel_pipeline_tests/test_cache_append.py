@@ -298,3 +298,45 @@ def test_sigkill_during_append_keeps_the_previous_cache(scale_dataset: Path, tmp
     assert len(appended.manifest["appends"]) == 1
     clean_cfg = _copy_workspace(scale_dataset, tmp_path / "clean")
     assert_same_events(appended, EventCache(run_cache(load_config(clean_cfg))["path"]))
+
+
+def test_text_entity_ids_build_append_and_index(tiny_config: Path) -> None:
+    data = tiny_config.parent / "data"
+    for name in ("transactions", "demographics"):
+        t = pq.read_table(data / f"{name}.parquet")
+        i = t.schema.names.index("household_id")
+        ids = pc.binary_join_element_wise("H-", pc.cast(t.column(i), pa.string()), "")
+        pq.write_table(t.set_column(i, "household_id", ids), data / f"{name}.parquet")
+    tiny_config.write_text(tiny_config.read_text() + "cache: {shards: 3}\n")
+    cfg = load_config(tiny_config)
+    run_extract(cfg)
+    d = Path(cfg.workspace) / "extracts" / "transactions"
+    last = sorted(d.glob("*.parquet"))[-1]
+    held = shutil.move(last, tiny_config.parent / last.name)
+    base = EventCache(run_cache(cfg)["path"])
+    assert base.manifest["entity_id_type"] == "string" and len(base.shards) == 3
+    assert all(str(i).startswith("H-") for i in base.entity_ids)
+    assert (base.entity_index(base.entity_ids) == np.arange(base.n_entities)).all()
+    assert base.entity_index(np.array(["nobody"]))[0] == -1
+    assert (base.attributes["age"] > 0).any()  # demographics matched on text ids
+    shutil.move(held, last)
+    appended = EventCache(run_cache(cfg)["path"])
+    assert len(appended.manifest["appends"]) == 1
+    np.testing.assert_array_equal(appended.entity_ids[: base.n_entities], base.entity_ids)
+    clean = tiny_config.parent / "clean"
+    shutil.copytree(data, clean / "data")
+    shutil.copytree(Path(cfg.workspace) / "extracts", clean / "extracts")
+    clean_cfg = load_config(shutil.copy(tiny_config, clean / "config.yaml"))
+    assert_same_events(appended, EventCache(run_cache(clean_cfg)["path"]))
+
+
+def test_max_appends_rebuilds(held_back: Days) -> None:
+    cfg = held_back.cfg.model_copy(
+        update={"cache": held_back.cfg.cache.model_copy(update={"max_appends": 1})}
+    )
+    run_cache(cfg)
+    shutil.copy(held_back.held[0], held_back.dir)
+    assert run_cache(cfg)["appends"] == 1
+    shutil.copy(held_back.held[1], held_back.dir)
+    again = run_cache(cfg)
+    assert again["appends"] == 0 and not again["reused"]

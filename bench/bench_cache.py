@@ -151,7 +151,7 @@ def main() -> None:
         "events_after_append": cache.source("transactions").n_events,
     }
     assert result["events_after_append"] == events + day_events
-    tag = f"{events // 1_000_000}M" + (f"_append{args.append_events // 1000}k" if args.append_events else "")
+    tag = f"{round(events / 1e6)}M" + (f"_append{args.append_events // 1000}k" if args.append_events else "")
     out = Path(__file__).parent / "results" / f"cache_{tag}.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
