@@ -180,9 +180,10 @@ def _ensure(
     enc = FeatureEncoder.from_dict(encoder)
     old = EntityState.open(path)
     fingerprint = cache.manifest.get("fingerprint")
-    if old is not None and old.as_of == as_of and _valid(old, cache, fingerprint):
+    valid = old is not None and _valid(old, cache, fingerprint)
+    if old is not None and valid and old.as_of == as_of:
         return old, {"state": "reused", "state_as_of": as_of.isoformat(), "new_events": 0}
-    base = old if old is not None and old.as_of < as_of and _valid(old, cache, fingerprint) else None
+    base = old if old is not None and valid and old.as_of < as_of else None
     t1 = epoch_seconds(as_of)
     ws.clean_stale_tmp(path.parent)
     tmp = ws.staging_dir(path)
@@ -191,10 +192,9 @@ def _ensure(
     totals_file = None
     layout: list[tuple[str, int]] = [tuple(x) for x in base.manifest["totals_layout"]] if base else []
     progress.start("state", n)
-    new_events = 0
+    before = events_before(cache, t1)
     if base is not None:
         t0 = epoch_seconds(base.as_of)
-        new_events = sum(events_before(cache, t1).values()) - sum(base.manifest["events_before"].values())
     for a in range(0, n, chunk):
         b = min(a + chunk, n)
         e = torch.arange(a, b, dtype=torch.int64)
@@ -223,7 +223,7 @@ def _ensure(
         "dim": enc.dim,
         "encoder_key": encoder_key(encoder),
         "cache_fingerprint": fingerprint,
-        "events_before": events_before(cache, t1),
+        "events_before": before,
         "totals_layout": [list(x) for x in layout],
         "updates": (base.manifest.get("updates", 0) + 1) if base else 0,
         "created": dt.datetime.now(dt.UTC).isoformat(),
@@ -232,11 +232,8 @@ def _ensure(
     ws.publish_dir(tmp, path)
     state = EntityState.open(path)
     assert state is not None
-    info = {
-        "state": "advanced" if base else "built",
-        "state_as_of": as_of.isoformat(),
-        "new_events": int(new_events) if base else sum(manifest["events_before"].values()),
-    }
+    read = sum(before.values()) - (sum(base.manifest["events_before"].values()) if base else 0)
+    info = {"state": "advanced" if base else "built", "state_as_of": as_of.isoformat(), "new_events": read}
     return state, info
 
 
