@@ -177,9 +177,16 @@ def _write(
         }
         vocab = P.build_vocabularies(con, plan, old_vocab)
         B.write_vocab(out, plan, vocab)
-        sql, cols = P.scan_sql(plan, id_type)
+        sql, entity, cols = P.scan_sql(con, plan, id_type)
         n, ts_range, h = write_segment(
-            con, sql, cols, [(0, n_total)], n_total, out / "events" / plan.src.name, spill / plan.src.name
+            con,
+            sql,
+            entity,
+            cols,
+            [(0, n_total)],
+            n_total,
+            out / "events" / plan.src.name,
+            spill / plan.src.name,
         )
         if ts_range and meta.get("max_ts") is not None and ts_range[0] <= meta["max_ts"]:
             progress.log(

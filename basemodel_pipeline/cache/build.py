@@ -270,9 +270,16 @@ def _build(
         P.check_joins(con, plan)
         vocab = P.build_vocabularies(con, plan, {})
         write_vocab(out, plan, vocab)
-        sql, cols = P.scan_sql(plan, id_type)
+        sql, entity, cols = P.scan_sql(con, plan, id_type)
         n, ts_range, h = write_segment(
-            con, sql, cols, shards, int(n_entities), out / "events" / plan.src.name, spill / plan.src.name
+            con,
+            sql,
+            entity,
+            cols,
+            shards,
+            int(n_entities),
+            out / "events" / plan.src.name,
+            spill / plan.src.name,
         )
         hashes.update(h)
         manifest["sources"][plan.src.name] = source_meta(plan, n, ts_range, vocab)

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import duckdb
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
 BATCH_ROWS = 1 << 20
@@ -25,23 +27,44 @@ IDX, TS, ROW_ALIAS = "__idx", "__ts", "__row"
 
 
 @dataclass(frozen=True)
+class Lookup:
+    """Dense table from an integer key to a value: replaces a hash join when the keys span a small range."""
+
+    key: str  # column of the scan query holding the raw integer key
+    lo: int
+    table: np.ndarray
+    default: int | float = 0
+
+    def __call__(self, batch: pa.RecordBatch) -> np.ndarray:
+        raw = pc.fill_null(batch.column(self.key), self.lo - 1)
+        pos = raw.to_numpy(zero_copy_only=False).astype(np.int64, copy=False) - self.lo
+        inside = (pos >= 0) & (pos < len(self.table))
+        out = self.table[np.where(inside, pos, 0)]
+        out[~inside] = self.default
+        return out
+
+
+@dataclass(frozen=True)
 class OutColumn:
-    alias: str  # column of the scan query
+    alias: str  # column of the scan query (or, with lookup, the name of the looked-up array)
     file: str  # file stem, e.g. col_product_id
     dtype: type  # np.int32 (codes) or np.float32
+    lookup: Lookup | None = None
 
 
 def write_segment(
     con: duckdb.DuckDBPyConnection,
     scan_sql: str,
+    entity: Lookup | None,
     columns: list[OutColumn],
     shards: list[tuple[int, int]],
     n_entities: int,
     out: Path,
     spill: Path,
 ) -> tuple[int, tuple[int, int] | None, dict[str, str]]:
-    """Run `scan_sql` (selects __idx, __ts and every column alias) and write the sorted CSR arrays of the
-    rows into `out`. `shards` are contiguous [start, end) entity ranges covering [0, n_entities).
+    """Run `scan_sql` (selects __idx, __ts, __row and every column alias, or the raw keys of the lookups) and
+    write the sorted CSR arrays of the rows into `out`. With `entity`, the entity index is looked up
+    from its raw key. `shards` are contiguous [start, end) entity ranges covering [0, n_entities).
     Returns (events, (min ts, max ts) or None, {file path: sha256} of the arrays, hashed while written)."""
     out.mkdir(parents=True, exist_ok=True)
     spill.mkdir(parents=True, exist_ok=True)
@@ -55,10 +78,18 @@ def write_segment(
             for name, _ in fields
         }
         for batch in con.execute(scan_sql).to_arrow_reader(BATCH_ROWS):
+            lookups = {c.alias: c.lookup for c in columns if c.lookup} | ({IDX: entity} if entity else {})
             arrays = {
-                name: batch.column(name).to_numpy(zero_copy_only=False).astype(dt, copy=False)
+                name: (
+                    lookups[name](batch)
+                    if name in lookups
+                    else batch.column(name).to_numpy(zero_copy_only=False)
+                ).astype(dt, copy=False)
                 for name, dt in fields
             }
+            if entity and (arrays[IDX] < 0).any():  # ids outside the entity map (inner join)
+                keep = arrays[IDX] >= 0
+                arrays = {name: a[keep] for name, a in arrays.items()}
             order, bounds = _route(arrays[IDX], starts)
             for name, _ in fields:
                 routed = arrays[name] if order is None else arrays[name][order]
