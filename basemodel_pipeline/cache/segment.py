@@ -36,7 +36,9 @@ class Lookup:
     default: int | float = 0
 
     def __call__(self, batch: pa.RecordBatch) -> np.ndarray:
-        raw = pc.fill_null(batch.column(self.key), self.lo - 1)
+        raw = batch.column(self.key)
+        if raw.null_count:
+            raw = pc.fill_null(raw, self.lo - 1)
         pos = raw.to_numpy(zero_copy_only=False).astype(np.int64, copy=False) - self.lo
         inside = (pos >= 0) & (pos < len(self.table))
         out = self.table[np.where(inside, pos, 0)]
