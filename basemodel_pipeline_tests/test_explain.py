@@ -26,13 +26,17 @@ from basemodel_pipeline.cli import app
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.errors import UserError
 from basemodel_pipeline.features.names import ATTRIBUTES, describe
+from basemodel_pipeline.features.sketch import FeatureEncoder
 from basemodel_pipeline.inference.explain import (
     OTHER_BUCKETS,
+    REPORT_POPULATION,
     Explainer,
     HashedValues,
     Model,
+    add_report_explanation,
     baseline_features,
     choose_output,
+    explain,
     integrated_gradients,
     run_explain,
 )
@@ -40,7 +44,7 @@ from basemodel_pipeline.inference.predict import default_as_of
 from basemodel_pipeline.pipeline import run_cache, run_extract, run_pretrain
 from basemodel_pipeline.progress import NullProgress
 from basemodel_pipeline.reports.html import with_explanation
-from basemodel_pipeline.training.finetune import finetune_many
+from basemodel_pipeline.training.finetune import Shared, finetune_many, prepare
 from basemodel_pipeline.training.splits import epoch_seconds
 
 N, DAYS, START = 200, 112, dt.date(2024, 1, 1)
@@ -165,22 +169,21 @@ def test_completeness(world, scenario: str, baseline: str) -> None:
 
 def test_planted_signal_gets_the_largest_attribution(world) -> None:
     _, cfg, caller = world
+    cache, m, *_ = _inputs(cfg, "phones", 1)
+    t = np.array([epoch_seconds(default_as_of(cache))])
     checked = {"caller": 0, "other": 0}
     for idx in range(30):
-        out = run_explain(cfg, cfg.scenario("phones"), entity_id=str(idx + 1))
-        top = out["columns"][0]
-        score = out["output"]["score"]
+        out = explain(cache, m, cache.entity_index(np.array([idx + 1])), t)
+        top, score = out["columns"][0], out["output"]["score"]
         if caller[idx] and score > 0.8:
-            assert (top["source"], top["column"]) == ("events", "channel") and top["attribution"] > 0, out[
-                "columns"
-            ][:3]
+            assert (top["source"], top["column"]) == ("events", "channel"), out["columns"][:3]
+            assert top["attribution"] > 0
             phone = next(v for v in out["values"] if v["column"] == "channel" and v["value"] == "phone")
             assert phone["attribution"] > 0
             checked["caller"] += 1
         elif not caller[idx] and score < 0.2:
-            assert (top["source"], top["column"]) == ("events", "channel") and top["attribution"] < 0, out[
-                "columns"
-            ][:3]
+            assert (top["source"], top["column"]) == ("events", "channel"), out["columns"][:3]
+            assert top["attribution"] < 0
             checked["other"] += 1
     assert min(checked.values()) >= 5, checked
 
@@ -250,3 +253,24 @@ def test_population(world) -> None:
     report = with_explanation("<html><body><h1>x</h1></body></html>", data)
     assert "What drives the model" in report and report.count("data:image/png;base64,") == 1
     assert report.endswith("</body></html>")
+
+
+def test_report_explanation_from_finetune_state(world) -> None:
+    """add_report_explanation works on what training/finetune._finish holds (Shared, model, head, test)."""
+    _, cfg, _ = world
+    cache = EventCache(cache_dir(cfg))
+    foundation = ws.latest_foundation_dir(cfg)
+    fmeta = json.loads((foundation / "model.json").read_text())
+    shared = Shared(cfg, cache, fmeta, foundation, FeatureEncoder.from_dict(fmeta["encoder"]))
+    _, ex = prepare(shared, cfg.scenario("phones"))
+    shared.featurise(list(ex.values()))
+    m = Model.load(ws.latest_scenario_dir(cfg, "phones"))
+    extra = {"report.html": "<html><body><h1>phones</h1></body></html>"}
+    add_report_explanation(extra, shared, m.model, m.head, ex["test"])
+    expl = json.loads(extra["explanation.json"])
+    assert expl["entities"] == min(len(ex["test"]), REPORT_POPULATION)
+    assert expl["columns"][0]["column"] == "channel"
+    assert (
+        "What drives the model" in extra["report.html"] and "data:image/png;base64," in extra["report.html"]
+    )
+    assert not m.model.training  # left as it was
