@@ -305,7 +305,7 @@ class AttributeValues(ValueTable):
         self, cache: EventCache, enc: FeatureEncoder, A: np.ndarray, e: np.ndarray, t: np.ndarray
     ) -> None:
         column = A[:, self.features].sum(1)
-        code = np.asarray(cache.attributes[self.column], np.int64)[e]
+        code = np.asarray(cache.attributes[self.column], np.int64)[e].clip(0, len(self.sum) - 2)
         self.accumulate(np.arange(len(e)), code, column, column)
 
 
