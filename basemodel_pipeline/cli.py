@@ -294,11 +294,12 @@ def predict(
     date = _as_of(as_of)
     options: dict[str, Any] = {
         "top_k": top_k, "threshold": threshold, "precision": precision, "device": device,
-        "destination": output, "replay": replay, "shard": _shard(shard) if shard else None,
+        "destination": output, "replay": replay,
     }  # fmt: skip
 
     def stage(cfg: PipelineConfig, p: Progress) -> Mapping[str, Any]:
         from basemodel_pipeline.inference.predict import read_entity_ids
+        from basemodel_pipeline.inference.shards import parse_shard
 
         name = _scenario(cfg, scenario)
         if workers:
@@ -308,6 +309,8 @@ def predict(
             return pipeline.run_merge_shards(cfg, name, date, merge_shards, output)
         if entities is not None:
             options["entities"] = read_entity_ids(entities)
+        if shard:
+            options["shard"] = parse_shard(shard)
         return pipeline.run_predict(cfg, name, date, progress=p, **options)
 
     run_stage(f"predict {scenario}", config, stage)
@@ -324,15 +327,6 @@ def _drop_workers(args: list[str]) -> list[str]:
         elif not a.startswith(("--workers=", "--scenario=", "--as-of=")):
             out.append(a)
     return out
-
-
-def _shard(text: str) -> tuple[int, int]:
-    i, _, k = text.partition("/")
-    try:
-        return int(i), int(k)
-    except ValueError:
-        fail(f"--shard: '{text}' is not I/K (e.g. 0/4)")
-    return 0, 1
 
 
 @app.command()
@@ -389,10 +383,11 @@ def explanation_table(result: Mapping[str, Any], seconds: float, top: int = 15) 
     single = "entity_id" in result
     key = "attribution" if single else "mean_abs_attribution"
     who = f"entity {result['entity_id']}" if single else f"{result['entities']} entities (mean |attribution|)"
+    value = result["output"]["value" if single else "mean_value"]
     table = Table(
         title=f"explain {result['scenario']} as of {result['as_of']}: {who} ({seconds:.1f} s)",
-        caption=f"{result['output']['description']}; baseline {result['baseline']['kind']} "
-        f"({result['baseline']['output']:.4g}); JSON {result['json_path']}; plot {result['plot_path']}",
+        caption=f"{result['output']['description']}: {value:.4g}; baseline {result['baseline']['kind']} "
+        f"{result['baseline']['output']:.4g}; JSON {result['json_path']}; plot {result['plot_path']}",
         title_justify="left",
         caption_justify="left",
     )

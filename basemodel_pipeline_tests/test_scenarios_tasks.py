@@ -379,3 +379,42 @@ def test_predict_entrypoint_with_workers_matches_one_process(world) -> None:
     report = json.loads(proc.stdout[proc.stdout.index("{") :])["metadata"]
     assert report["workers"] == 2 and report["shards"] == 2 and report["rows"] == single.num_rows
     assert pq.read_table(report["path"]).equals(single)
+
+
+def test_predict_job_shard_runs_and_merge_run(world) -> None:
+    """What one Dagster run per shard does: K runs with shard I/K, then one run with merge_shards K."""
+    from basemodel_pipeline.jobs._common import JobArgs
+    from basemodel_pipeline.jobs.predict import stage
+
+    cfg, _ = world
+    single = pq.read_table(run_predict(cfg, "top_department", precision="fp32")["path"])
+    config = str(Path(cfg.workspace) / "config.yaml")
+    for shard in ("1/2", "0/2"):
+        stage(
+            cfg,
+            JobArgs(config, "top_department", None, None, {"precision": "fp32", "shard": shard}),
+            NullProgress(),
+        )
+    merged = stage(cfg, JobArgs(config, "top_department", None, None, {"merge_shards": 2}), NullProgress())
+    assert pq.read_table(merged["path"]).equals(single)
+    with pytest.raises(UserError, match="is not I/K"):
+        stage(cfg, JobArgs(config, "top_department", None, None, {"shard": "half"}), NullProgress())
+    with pytest.raises(UserError, match="0 <= I < K"):
+        stage(cfg, JobArgs(config, "top_department", None, None, {"shard": "2/2"}), NullProgress())
+
+
+def test_cli_predict_subset_summary_and_bad_shard(world, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from basemodel_pipeline.cli import app
+
+    cfg, _ = world
+    config = str(Path(cfg.workspace) / "config.yaml")
+    ids = tmp_path / "ids.txt"
+    table = pq.read_table(run_predict(cfg, "grocery_buyer")["path"])
+    ids.write_text(f"{table.column('entity_id')[0].as_py()}\nnot-a-customer\n")
+    result = CliRunner().invoke(app, ["predict", config, "-s", "grocery_buyer", "--entities", str(ids)])
+    assert result.exit_code == 0, result.output
+    assert "unknown_entities" in result.output and "not-a-customer" in result.output
+    bad = CliRunner().invoke(app, ["predict", config, "-s", "grocery_buyer", "--shard", "3/2"])
+    assert bad.exit_code == 2 and "0 <= I < K" in bad.output

@@ -51,6 +51,17 @@ def shard_range(n: int, shard: tuple[int, int] | None, align: int | None = None)
     return slice(cut(i), cut(i + 1))
 
 
+def parse_shard(text: str) -> tuple[int, int]:
+    """'I/K' -> (I, K)."""
+    i, _, k = str(text).partition("/")
+    try:
+        shard = int(i), int(k)
+    except ValueError:
+        raise UserError(f"--shard: '{text}' is not I/K (e.g. 0/4)") from None
+    shard_range(0, shard)  # validates 0 <= I < K
+    return shard
+
+
 def parts_dir(cfg: PipelineConfig, scenario: str, as_of: dt.date, k: int) -> Path:
     return ws.root(cfg) / "predictions" / ".shards" / scenario / as_of.isoformat() / str(k)
 

@@ -197,6 +197,8 @@ def parse_args(
         parser.add_argument("--precision", default="auto", help="auto | fp32 | bf16 | int8")
         parser.add_argument("--output", dest="destination", help="destination name from the outputs section")
         parser.add_argument("--workers", type=int, default=1, help="local processes, one shard each")
+        parser.add_argument("--shard", help="I/K: score only the I-th of K slices into a part file")
+        parser.add_argument("--merge-shards", dest="merge_shards", type=int, help="K: merge K part files")
     return parser.parse_args(argv)
 
 
@@ -211,7 +213,8 @@ def _job_args(ns: argparse.Namespace, session: Any, needs_scenario: bool) -> Job
             as_of = dt.date.fromisoformat(raw)
         except ValueError:
             raise UserError(f"--as-of: '{raw}' is not a date; write YYYY-MM-DD") from None
-    options = {k: getattr(ns, k) for k in ("precision", "destination", "workers") if hasattr(ns, k)}
+    keys = ("precision", "destination", "workers", "shard", "merge_shards")
+    options = {k: getattr(ns, k) for k in keys if getattr(ns, k, None) is not None}
     return JobArgs(ns.config, scenario, as_of, getattr(ns, "source", None), options)
 
 

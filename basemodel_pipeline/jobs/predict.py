@@ -1,5 +1,5 @@
 """Score entities: ``python -m basemodel_pipeline.jobs.predict --config PATH --scenario NAME [--as-of DATE]
-[--precision auto|fp32|bf16|int8] [--output DESTINATION] [--workers K]``.
+[--precision auto|fp32|bf16|int8] [--output DESTINATION] [--workers K | --shard I/K | --merge-shards K]``.
 
 Under Dagster the scenario defaults to the partition key of the ``predictions`` asset.
 """
@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from basemodel_pipeline.config import PipelineConfig
+from basemodel_pipeline.inference.shards import parse_shard
 from basemodel_pipeline.jobs._common import JobArgs, main
 from basemodel_pipeline.pipeline import run_predict
 from basemodel_pipeline.progress import Progress
@@ -20,6 +21,14 @@ def stage(cfg: PipelineConfig, args: JobArgs, progress: Progress) -> Mapping[str
     cfg.scenario(args.scenario)  # unknown name -> ConfigError before any work
     options = dict(args.options)
     workers = options.pop("workers", 1)
+    if options.get("merge_shards"):
+        from basemodel_pipeline.pipeline import run_merge_shards
+
+        return run_merge_shards(
+            cfg, args.scenario, args.as_of, options["merge_shards"], options.get("destination")
+        )
+    if options.get("shard"):
+        options["shard"] = parse_shard(options["shard"])
     if workers > 1:
         from pathlib import Path
 

@@ -18,11 +18,16 @@ class ScoringConfig(dg.Config):
     precision: str = "auto"  # auto | fp32 | bf16 | int8 (CPU dynamic quantization)
     output: str | None = None  # a destination name of the config's outputs section (default: Parquet)
     workers: int = 1  # predictions: local processes, one shard of the entities each, merged in order
+    shard: str | None = None  # predictions: "I/K", this run scores one slice into a part file ...
+    merge_shards: int | None = None  # ... and a last run with merge_shards: K writes the K parts
 
     def args(self, workers: bool = True) -> list[str]:
         out = ["--precision", self.precision]
         out += ["--output", self.output] if self.output else []
-        out += ["--workers", str(self.workers)] if workers and self.workers > 1 else []
+        if workers:
+            out += ["--workers", str(self.workers)] if self.workers > 1 else []
+            out += ["--shard", self.shard] if self.shard else []
+            out += ["--merge-shards", str(self.merge_shards)] if self.merge_shards else []
         return out
 
 
