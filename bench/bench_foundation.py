@@ -47,6 +47,20 @@ class MemorySampler(threading.Thread):
         self.stage = "start"
         self.stage_anon: dict[str, int] = {}  # peak anonymous memory per stage
         self.stop = threading.Event()
+        self.times: dict[str, float] = {}  # seconds per timed stage
+
+    def timed(self, name: str, fn):  # noqa: ANN001, ANN201
+        """Run fn() as stage `name` (memory attributed to it), record and print its seconds."""
+        self.stage = name.removesuffix("_s")
+        t0 = time.perf_counter()
+        result = fn()
+        self.times[name] = round(time.perf_counter() - t0, 2)
+        print(
+            f"{name}: {self.times[name]} s {json.dumps(result, default=str)[:300]}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return result
 
     def run(self) -> None:
         me = psutil.Process()
@@ -92,15 +106,7 @@ def main() -> None:
     cfg = load_config(config)
     sampler = MemorySampler()
     sampler.start()
-    times: dict[str, float] = {}
-
-    def stage(name: str, fn):
-        sampler.stage = name.removesuffix("_s")
-        t0 = time.perf_counter()
-        result = fn()
-        times[name] = round(time.perf_counter() - t0, 2)
-        print(f"{name}: {times[name]} s", file=sys.stderr, flush=True)
-        return result
+    times, stage = sampler.times, sampler.timed
 
     stage("extract_s", lambda: pipeline.run_extract(cfg))
     built = stage("cache_s", lambda: pipeline.run_cache(cfg))

@@ -138,15 +138,7 @@ def throughput(args: argparse.Namespace) -> dict:
     cfg = load_config(config)
     sampler = MemorySampler()
     sampler.start()
-    times: dict[str, float] = {}
-
-    def stage(name: str, fn):
-        sampler.stage = name.removesuffix("_s")
-        t0 = time.perf_counter()
-        out = fn()
-        times[name] = round(time.perf_counter() - t0, 2)
-        print(f"{name}: {times[name]} s {json.dumps(out, default=str)[:300]}", file=sys.stderr, flush=True)
-        return out
+    times, stage = sampler.times, sampler.timed
 
     if not (workdir / "extracts").exists():
         stage("extract_s", lambda: pipeline.run_extract(cfg))
