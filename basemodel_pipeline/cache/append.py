@@ -29,7 +29,6 @@ import pyarrow.parquet as pq
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache import build as B
 from basemodel_pipeline.cache import plan as P
-from basemodel_pipeline.cache.segment import write_segment
 from basemodel_pipeline.cache.view import segment_dirs
 from basemodel_pipeline.config import PipelineConfig
 from basemodel_pipeline.progress import Progress
@@ -175,18 +174,8 @@ def _write(
             for c in plan.columns
             if c.kind == "categorical"
         }
-        vocab = P.build_vocabularies(con, plan, old_vocab)
-        B.write_vocab(out, plan, vocab)
-        sql, entity, cols = P.scan_sql(con, plan, id_type)
-        n, ts_range, h = write_segment(
-            con,
-            sql,
-            entity,
-            cols,
-            [(0, n_total)],
-            n_total,
-            out / "events" / plan.src.name,
-            spill / plan.src.name,
+        n, ts_range, h, vocab = B.write_source(
+            con, plan, id_type, old_vocab, [(0, n_total)], n_total, out, spill
         )
         if ts_range and meta.get("max_ts") is not None and ts_range[0] <= meta["max_ts"]:
             progress.log(

@@ -268,25 +268,35 @@ def _build(
     for plan in plans:
         P.key_counts(con, plan)
         P.check_joins(con, plan)
-        vocab = P.build_vocabularies(con, plan, {})
-        write_vocab(out, plan, vocab)
-        sql, entity, cols = P.scan_sql(con, plan, id_type)
-        n, ts_range, h = write_segment(
-            con,
-            sql,
-            entity,
-            cols,
-            shards,
-            int(n_entities),
-            out / "events" / plan.src.name,
-            spill / plan.src.name,
-        )
+        n, ts_range, h, vocab = write_source(con, plan, id_type, {}, shards, int(n_entities), out, spill)
         hashes.update(h)
         manifest["sources"][plan.src.name] = source_meta(plan, n, ts_range, vocab)
         progress.advance("cache", events=n)
     manifest["attributes"] = write_attributes(cfg, con, out, id_type, 0, {}, check=True)
     progress.advance("cache")
     return manifest, hashes
+
+
+def write_source(
+    con: duckdb.DuckDBPyConnection,
+    plan: P.SourcePlan,
+    id_type: str,
+    old_vocab: dict[str, pa.Table],
+    shards: list[tuple[int, int]],
+    n_entities: int,
+    out: Path,
+    spill: Path,
+) -> tuple[int, tuple[int, int] | None, dict[str, str], dict[str, tuple[pa.Table, int]]]:
+    """Vocabularies (extending old_vocab) and the sorted CSR arrays of one event source into `out`.
+    Returns (events, time range, sha256 of the arrays, {column: (new vocabulary values, size)})."""
+    vocab = P.build_vocabularies(con, plan, old_vocab)
+    write_vocab(out, plan, vocab)
+    sql, entity, cols = P.scan_sql(con, plan, id_type)
+    events = out / "events" / plan.src.name
+    n, ts_range, hashes = write_segment(
+        con, sql, entity, cols, shards, n_entities, events, spill / plan.src.name
+    )
+    return n, ts_range, hashes, vocab
 
 
 def write_attributes(
