@@ -376,6 +376,7 @@ def _finish(
     progress: Progress,
     timing: dict,
 ) -> dict[str, Any]:
+    from basemodel_pipeline.inference.explain import add_report_explanation
     from basemodel_pipeline.reports.html import scenario_report
 
     cfg, task = shared.cfg, scenario.task
@@ -426,6 +427,9 @@ def _finish(
         "metrics.json": json.dumps(result, indent=2),
         "report.html": scenario_report(scenario, result, truth, outputs),
     }
+    t0 = time.perf_counter()
+    add_report_explanation(extra, shared, model, head, ex["test"])  # "what drives the model" + explanation.json
+    timing["explain_s"] = time.perf_counter() - t0
     if big:
         extra["target.json"] = json.dumps(big)
     if isinstance(scenario.target, PythonTarget):
