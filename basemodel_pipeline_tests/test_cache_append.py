@@ -72,6 +72,17 @@ def _attr_vocab(cache: EventCache, col: str) -> list[str]:
     ]
 
 
+def clean_build(cfg) -> EventCache:
+    """A cache built from scratch from a copy of the workspace's data and extracts."""
+    work = Path(cfg.workspace)
+    clean = work / "clean_copy"
+    shutil.copytree(work / "data", clean / "data")
+    shutil.copytree(work / "extracts", clean / "extracts")
+    return EventCache(
+        run_cache(load_config(shutil.copy(work / "config.yaml", clean / "config.yaml")))["path"]
+    )
+
+
 Days = namedtuple("Days", "cfg dir held")
 
 
@@ -138,20 +149,18 @@ def test_append_new_days_equals_a_clean_build(held_back: Days, monkeypatch: pyte
         "0001",
         "0002",
     ]
+    from basemodel_pipeline.defs.cache.checks import manifest_problems
+
+    assert manifest_problems(appended.path)[0] == []  # segments checksummed; the derived view is not listed
     src = appended.source("transactions")
     assert src.n_events == two["events"] and src.offsets[-1] == src.n_events
     assert all(
         (np.diff(src.ts[a:b]) >= 0).all() for a, b in zip(src.offsets[:-1], src.offsets[1:], strict=True)
     )
     # the merged view equals a build from scratch of the same extracts (in a copy of the workspace)
-    work = Path(cfg.workspace)
-    clean_dir = work.parent / "clean"
-    shutil.copytree(work / "data", clean_dir / "data")
-    shutil.copytree(work / "extracts", clean_dir / "extracts")
-    clean_cfg = load_config(shutil.copy(work / "config.yaml", clean_dir / "config.yaml"))
-    clean = run_cache(clean_cfg)
-    assert clean["appends"] == 0 and clean["events"] == two["events"]
-    assert_same_events(appended, EventCache(clean["path"]))
+    clean = clean_build(cfg)
+    assert clean.manifest["appends"] == [] and clean.source("transactions").n_events == two["events"]
+    assert_same_events(appended, clean)
 
 
 def test_changed_or_late_old_day_rebuilds(held_back: Days) -> None:
@@ -355,13 +364,24 @@ def test_text_entity_ids_build_append_and_index(tiny_config: Path) -> None:
     assert_same_events(appended, EventCache(run_cache(clean_cfg)["path"]))
 
 
-def test_max_appends_rebuilds(held_back: Days) -> None:
+def test_max_appends_compacts_keeping_indices_and_codes(held_back: Days) -> None:
     cfg = held_back.cfg.model_copy(
         update={"cache": held_back.cfg.cache.model_copy(update={"max_appends": 1})}
     )
     run_cache(cfg)
     shutil.copy(held_back.held[0], held_back.dir)
-    assert run_cache(cfg)["appends"] == 1
+    assert run_cache(cfg)["active_segments"] == 1
+    before = EventCache(cache_dir(cfg))
+    ids, vocab = before.entity_ids.copy(), before.source("transactions").vocab("product_id")
     shutil.copy(held_back.held[1], held_back.dir)
-    again = run_cache(cfg)
-    assert again["appends"] == 0 and not again["reused"]
+    new_day_with_new_values(held_back)
+    again = run_cache(cfg)  # compacts the first segment into the base, then appends
+    assert again["appends"] == 2 and again["active_segments"] == 1 and not again["reused"]
+    after = EventCache(cache_dir(cfg))
+    assert not (after.path / "appends" / "0001").exists() and after.manifest["compacted"]
+    np.testing.assert_array_equal(after.entity_ids[: len(ids)], ids)
+    assert after.source("transactions").vocab("product_id")[: len(vocab)] == vocab
+    from basemodel_pipeline.defs.cache.checks import manifest_problems
+
+    assert manifest_problems(after.path)[0] == []
+    assert_same_events(after, clean_build(cfg))

@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache import build as B
 from basemodel_pipeline.cache import plan as P
-from basemodel_pipeline.cache.view import segment_dirs
+from basemodel_pipeline.cache.view import active_segments, segment_dirs
 from basemodel_pipeline.config import PipelineConfig
 from basemodel_pipeline.progress import Progress
 
@@ -75,7 +75,7 @@ def append_days(
     """Write and publish the append segment; None when the new data cannot be appended (rebuild instead)."""
     appends_dir = final / "appends"
     appends_dir.mkdir(exist_ok=True)
-    known = {a["segment"] for a in manifest.get("appends", [])}
+    known = set(active_segments(manifest))
     for leftover in appends_dir.iterdir():  # a killed append: staged or renamed but never in the manifest
         if leftover.name not in known:
             shutil.rmtree(leftover, ignore_errors=True)

@@ -34,6 +34,7 @@ from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache import plan as P
 from basemodel_pipeline.cache.preflight import DiskUsage, preflight
 from basemodel_pipeline.cache.segment import write_segment
+from basemodel_pipeline.cache.view import active_segments, compact
 from basemodel_pipeline.config import PipelineConfig, data_fingerprint
 from basemodel_pipeline.config.models import DataSource
 from basemodel_pipeline.errors import DataError
@@ -124,7 +125,9 @@ def build_cache(
             if manifest.get("inputs") == signature:
                 return summary(final, manifest, reused=True)
             new_days = plan_append(cfg, manifest, signature)
-            if new_days and len(manifest.get("appends", [])) < cfg.cache.max_appends:
+            if new_days and cfg.cache.max_appends:
+                if len(active_segments(manifest)) >= cfg.cache.max_appends:
+                    manifest = compact_cache(final, manifest, progress)
                 appended = append_days(cfg, final, manifest, new_days, signature, progress)
                 if appended is not None:
                     return appended
@@ -143,6 +146,18 @@ def build_cache(
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
         ws.publish_dir(tmp, final)
     return summary(final, manifest, reused=False)
+
+
+def compact_cache(final: Path, manifest: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    """Fold the appended segments into a new base (same entity indices and codes), published atomically."""
+    progress.log(f"compacting {len(active_segments(manifest))} appended segments of {final}")
+    ws.clean_stale_tmp(final.parent)
+    tmp = ws.staging_dir(final)
+    new, hashes = compact(final, manifest, tmp)
+    new["files"] = file_records(tmp, hashes)
+    (tmp / "manifest.json").write_text(json.dumps(new, indent=2))
+    ws.publish_dir(tmp, final)
+    return new
 
 
 def file_records(root: Path, known: dict[str, str], under: Path | None = None) -> dict[str, Any]:
@@ -181,6 +196,7 @@ def summary(path: Path, manifest: dict[str, Any], reused: bool) -> dict[str, Any
         "bytes": sum(f["bytes"] for f in manifest["files"].values()),
         "shards": len(manifest.get("shards", [])),
         "appends": len(appends),
+        "active_segments": len(active_segments(manifest)),
         "min_date": min((s["min_date"] for s in sources if s["min_date"]), default=None),
         "max_date": max((s["max_date"] for s in sources if s["max_date"]), default=None),
         "reused": reused,

@@ -101,7 +101,7 @@ def write_segment(
     n = int(counts.sum())
     files = {TS: out / "ts.npy"} | {c.alias: out / f"{c.file}.npy" for c in columns}
     header = {name: create_npy(files[name], dt, n) for name, dt in fields if name in files}
-    hashers = {name: hashlib.sha256(_head(files[name], header[name])) for name in header}
+    hashers = {name: hashlib.sha256(head_bytes(files[name], header[name])) for name in header}
     ts_min, ts_max = None, None
     offsets = np.zeros(n_entities + 1, dtype=np.int64)
     pos = 0
@@ -175,7 +175,7 @@ def create_npy(path: Path, dtype: type, n: int) -> int:
     return offset
 
 
-def _head(path: Path, n: int) -> bytes:
+def head_bytes(path: Path, n: int) -> bytes:
     with open(path, "rb") as fh:
         return fh.read(n)
 

@@ -10,30 +10,40 @@ data: not in the manifest, rebuilt if missing.
 
 from __future__ import annotations
 
+import datetime as dt
 import fcntl
+import hashlib
+import json
 import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from basemodel_pipeline import workspace as ws
-from basemodel_pipeline.cache.segment import create_npy, pwrite
+from basemodel_pipeline.cache.segment import create_npy, head_bytes, pwrite
 from basemodel_pipeline.errors import UserError
 
 CHUNK_ROWS = 1 << 22
 
 
+def active_segments(manifest: dict[str, Any]) -> list[str]:
+    """Appended segments not yet compacted into the base (manifest["appends"] keeps every append)."""
+    return [a["segment"] for a in manifest.get("appends", []) if a.get("segment")]
+
+
 def segment_dirs(path: Path, manifest: dict[str, Any]) -> list[Path]:
-    """Base directory then every appended segment, in order."""
-    return [path, *(path / "appends" / a["segment"] for a in manifest.get("appends", []))]
+    """Base directory then every active appended segment, in order."""
+    return [path, *(path / "appends" / name for name in active_segments(manifest))]
 
 
 def events_root(path: Path, manifest: dict[str, Any]) -> Path:
     """Directory whose events/<source>/ holds the contiguous arrays of this cache version."""
     appends = manifest.get("appends", [])
-    if not appends:
+    if not active_segments(manifest):
         return path
     views = path / "view"
     target = views / f"{len(appends):04d}"
@@ -73,9 +83,10 @@ def events_root(path: Path, manifest: dict[str, Any]) -> Path:
     return target
 
 
-def merge_source(segments: list[Path], files: list[str], n_entities: int, out: Path) -> None:
+def merge_source(segments: list[Path], files: list[str], n_entities: int, out: Path) -> dict[str, str]:
     """Write offsets.npy and every <file>.npy of the merged CSR arrays of `segments` (missing ones skipped).
-    Reads and writes chunk by chunk (pread/pwrite, no memory map), so memory stays at one chunk."""
+    Reads and writes chunk by chunk (pread/pwrite, no memory map), so memory stays at one chunk.
+    Returns {file path: sha256} of the merged arrays, hashed while written."""
     segments = [s for s in segments if (s / "offsets.npy").exists()]
     offs = []
     for s in segments:
@@ -88,6 +99,7 @@ def merge_source(segments: list[Path], files: list[str], n_entities: int, out: P
     np.save(out / "offsets.npy", merged)
     inputs = {f: [_npy_layout(s / f"{f}.npy") for s in segments] for f in files}
     header = {f: create_npy(out / f"{f}.npy", inputs[f][0][1], int(merged[-1])) for f in files}
+    hashers = {f: hashlib.sha256(head_bytes(out / f"{f}.npy", header[f])) for f in files}
     # entity chunks of about CHUNK_ROWS merged rows
     cuts = np.searchsorted(merged, np.arange(0, merged[-1] + CHUNK_ROWS, CHUNK_ROWS)).clip(0, n_entities)
     bounds = np.unique(np.concatenate([[0], cuts, [n_entities]]))
@@ -109,6 +121,43 @@ def merge_source(segments: list[Path], files: list[str], n_entities: int, out: P
                         path, dtype=dtype, count=hi - lo, offset=offset + lo * dtype.itemsize
                     )
             pwrite(out / f"{f}.npy", header[f] + int(base) * dtype.itemsize, buf)
+            hashers[f].update(memoryview(buf).cast("B"))
+    return {str(out / f"{f}.npy"): h.hexdigest() for f, h in hashers.items()}
+
+
+def compact(path: Path, manifest: dict[str, Any], out: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """Write into `out` one base equal to base + active segments: the same entity indices, codes and
+    events, no segment. Returns (manifest without active segments, {file: sha256} known from writing)."""
+    segments = segment_dirs(path, manifest)
+    n = manifest["n_entities"]
+    hashes: dict[str, str] = {}
+    pq.write_table(_concat(s / "entities.parquet" for s in segments), out / "entities.parquet")
+    for name, meta in manifest["sources"].items():
+        files = ["ts", *(m["file"] for m in meta["columns"].values())]
+        hashes |= merge_source([s / "events" / name for s in segments], files, n, out / "events" / name)
+        for m in meta["columns"].values():
+            if m["type"] == "categorical":
+                (out / "vocab" / name).mkdir(parents=True, exist_ok=True)
+                rel = Path("vocab") / name / f"{m['file']}.parquet"
+                pq.write_table(_concat(s / rel for s in segments), out / rel)
+    for m in (manifest.get("attributes") or {}).get("columns", {}).values():
+        parts = [np.load(f) for s in segments if (f := s / "attributes" / f"{m['file']}.npy").exists()]
+        (out / "attributes").mkdir(parents=True, exist_ok=True)
+        np.save(out / "attributes" / f"{m['file']}.npy", np.concatenate(parts))
+        if m["type"] == "categorical":
+            (out / "vocab" / "__attributes").mkdir(parents=True, exist_ok=True)
+            rel = Path("vocab") / "__attributes" / f"{m['file']}.parquet"
+            pq.write_table(_concat(s / rel for s in segments), out / rel)
+    new = json.loads(json.dumps(manifest))
+    for a in new.get("appends", []):
+        a["segment"] = None  # folded into the base
+    new["compacted"] = dt.datetime.now(dt.UTC).isoformat()
+    return new, hashes
+
+
+def _concat(files: Any) -> pa.Table:
+    tables = [pq.read_table(f) for f in files if f.exists()]
+    return pa.concat_tables(tables)
 
 
 def _npy_layout(path: Path) -> tuple[Path, np.dtype, int]:

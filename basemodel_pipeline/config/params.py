@@ -183,5 +183,6 @@ class CacheParams(Strict):
     max_appends: int = Field(
         default=64,
         ge=0,
-        description="Appended day segments kept before the next change rebuilds the cache (0: never append).",
+        description="Appended day segments kept before the next append first compacts them into the base "
+        "(entity indices and codes kept; 0: never append, rebuild instead).",
     )
