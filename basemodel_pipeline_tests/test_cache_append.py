@@ -173,11 +173,18 @@ def test_changed_or_late_old_day_rebuilds(held_back: Days) -> None:
     assert not late["reused"] and late["appends"] == 0
     shutil.copy(held_back.held[0], held_back.dir)
     assert run_cache(cfg)["appends"] == 1
+    before = EventCache(cache_dir(cfg))
+    ids, vocab = before.entity_ids.copy(), before.source("transactions").vocab("product_id")
     table = pq.read_table(middle)
     pq.write_table(table.slice(1), middle)  # an old day changes
     rebuilt = run_cache(cfg)
     rows = sum(pq.ParquetFile(f).metadata.num_rows for f in held_back.dir.glob("*.parquet"))
     assert rebuilt["appends"] == 0 and not rebuilt["reused"] and rebuilt["events"] == rows
+    # a rebuild keeps the entity indices and codes of the cache it replaces
+    after = EventCache(cache_dir(cfg))
+    np.testing.assert_array_equal(after.entity_ids[: len(ids)], ids)
+    assert after.source("transactions").vocab("product_id")[: len(vocab)] == vocab
+    assert_same_events(after, clean_build(cfg))
 
 
 def test_shards_are_contiguous_entity_ranges(tiny_config: Path) -> None:

@@ -23,13 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache import build as B
 from basemodel_pipeline.cache import plan as P
-from basemodel_pipeline.cache.view import active_segments, segment_dirs
+from basemodel_pipeline.cache.view import active_segments, existing_vocab
 from basemodel_pipeline.config import PipelineConfig
 from basemodel_pipeline.progress import Progress
 
@@ -58,10 +56,6 @@ def plan_append(
             return None
         added[name] = new
     return added or None
-
-
-def existing_vocab(path: Path, manifest: dict[str, Any], sub: str, column_file: str) -> pa.Table:
-    return P.read_vocab([d / "vocab" / sub / f"{column_file}.parquet" for d in segment_dirs(path, manifest)])
 
 
 def append_days(
@@ -129,17 +123,7 @@ def _write(
 ) -> tuple[dict[str, Any], dict[str, str]] | None:
     progress.start("cache append", len(new_days) + 1)
     id_type = "BIGINT" if manifest["entity_id_type"] == "int64" else "VARCHAR"
-    ids = pa.concat_tables(
-        [
-            pq.read_table(d / "entities.parquet")
-            for d in segment_dirs(final, manifest)
-            if (d / "entities.parquet").exists()
-        ]
-    ).column("entity_id")
-    n_old = len(ids)
-    con.register("__ids", pa.table({"id": ids, "idx": pa.array(range(n_old), pa.int64())}))
-    con.execute(f"CREATE TEMP TABLE ent_map AS SELECT CAST(id AS {id_type}) AS id, idx FROM __ids")
-    con.unregister("__ids")
+    n_old = B.load_entity_map(con, final, manifest, id_type)
     attr_rels = B.attribute_rels(cfg)
     plans = []
     for src_name, files in new_days.items():
@@ -151,13 +135,7 @@ def _write(
             progress.log(f"source '{src.name}': the new days have other columns; rebuilding the cache")
             return None
         plans.append(plan)
-    # new entities: after every existing index, ordered by id
-    counts = P.entity_counts_sql(plans, id_type)
-    con.execute(
-        f"INSERT INTO ent_map SELECT c.id, {n_old} + row_number() OVER (ORDER BY c.id) - 1 FROM ({counts}) c "
-        "WHERE NOT EXISTS (SELECT 1 FROM ent_map m WHERE m.id = c.id)"
-    )
-    n_total = con.execute("SELECT count(*) FROM ent_map").fetchone()[0]
+    n_total = B.add_new_entities(con, P.entity_counts_sql(plans, id_type), n_old)
     if n_total > n_old:
         con.execute(
             f"COPY (SELECT id AS entity_id FROM ent_map WHERE idx >= {n_old} ORDER BY idx) "
@@ -175,7 +153,7 @@ def _write(
             if c.kind == "categorical"
         }
         n, ts_range, h, vocab = B.write_source(
-            con, plan, id_type, old_vocab, [(0, n_total)], n_total, out, spill
+            con, plan, id_type, old_vocab, [(0, n_total)], n_total, out, spill, segment=True
         )
         if ts_range and meta.get("max_ts") is not None and ts_range[0] <= meta["max_ts"]:
             progress.log(
@@ -199,7 +177,7 @@ def _write(
             for c, m in manifest["attributes"]["columns"].items()
             if m["type"] == "categorical"
         }
-        attrs = B.write_attributes(cfg, con, out, id_type, n_old, old_attr, check=False)
+        attrs = B.write_attributes(cfg, con, out, id_type, n_old, old_attr, segment=True)
         if set(attrs.get("columns", {})) != set(manifest["attributes"]["columns"]):
             return None
         new["attributes"] = {**manifest["attributes"], "columns": attrs["columns"]}

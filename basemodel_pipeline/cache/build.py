@@ -34,7 +34,7 @@ from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache import plan as P
 from basemodel_pipeline.cache.preflight import DiskUsage, preflight
 from basemodel_pipeline.cache.segment import write_segment
-from basemodel_pipeline.cache.view import active_segments, compact
+from basemodel_pipeline.cache.view import active_segments, compact, existing_vocab, segment_dirs
 from basemodel_pipeline.config import PipelineConfig, data_fingerprint
 from basemodel_pipeline.config.models import DataSource
 from basemodel_pipeline.errors import DataError
@@ -137,7 +137,10 @@ def build_cache(
         spill = Path(cfg.cache.spill_directory) / tmp.name if cfg.cache.spill_directory else tmp / ".spill"
         con = connect(cfg, spill / "duckdb")
         try:
-            manifest, hashes = _build(cfg, con, tmp, spill, progress)
+            previous = (
+                (final, manifest) if manifest and manifest.get("format_version") == FORMAT_VERSION else None
+            )
+            manifest, hashes = _build(cfg, con, tmp, spill, progress, previous)
         finally:
             con.close()
             shutil.rmtree(spill, ignore_errors=True)
@@ -235,9 +238,73 @@ def shard_count(cfg: PipelineConfig, events: int, entities: int) -> int:
     return max(1, min(k, entities))
 
 
+def load_entity_map(
+    con: duckdb.DuckDBPyConnection, path: Path, manifest: dict[str, Any], id_type: str
+) -> int:
+    """ent_map(id, idx) of an existing cache (base and active segments); returns its number of entities."""
+    ids = pa.concat_tables(
+        [
+            pq.read_table(d / "entities.parquet")
+            for d in segment_dirs(path, manifest)
+            if (d / "entities.parquet").exists()
+        ]
+    ).column("entity_id")
+    con.register("__ids", pa.table({"id": ids, "idx": pa.array(range(len(ids)), pa.int64())}))
+    con.execute(f"CREATE OR REPLACE TEMP TABLE ent_map AS SELECT CAST(id AS {id_type}) AS id, idx FROM __ids")
+    con.unregister("__ids")
+    return len(ids)
+
+
+def add_new_entities(con: duckdb.DuckDBPyConnection, ids_sql: str, first: int) -> int:
+    """Give the ids of `ids_sql` missing from ent_map the indices first, first + 1, ... (by id); returns the
+    number of entities."""
+    con.execute(
+        f"INSERT INTO ent_map SELECT c.id, {first} + row_number() OVER (ORDER BY c.id) - 1 FROM ({ids_sql}) c "
+        "WHERE NOT EXISTS (SELECT 1 FROM ent_map m WHERE m.id = c.id)"
+    )
+    return int(con.execute("SELECT count(*) FROM ent_map").fetchone()[0])
+
+
+def _hash_shards(con: duckdb.DuckDBPyConnection, k: int) -> list[tuple[int, int]]:
+    """ent_map numbering entities by shard (hash of the id) then by id; returns the shards' index ranges."""
+    shard = f"(hash(id) % {k})"
+    con.execute(
+        f"CREATE TEMP TABLE ent_map AS SELECT id, (row_number() OVER (ORDER BY {shard}, id) - 1)::BIGINT AS idx, "
+        f"{shard}::INTEGER AS shard FROM ent_counts"
+    )
+    sizes = dict(con.execute("SELECT shard, count(*) FROM ent_map GROUP BY 1").fetchall())
+    shards, start = [], 0
+    for s in range(k):
+        if sizes.get(s):
+            shards.append((start, start + sizes[s]))
+            start += sizes[s]
+    return shards
+
+
+def _previous_vocab(
+    previous: tuple[Path, dict[str, Any]] | None, source: str, columns: list[P.Column]
+) -> dict[str, pa.Table]:
+    """Values of the previous cache's vocabularies of categorical columns that are still categorical."""
+    if not previous or source not in previous[1]["sources"]:
+        return {}
+    old = previous[1]["sources"][source]["columns"]
+    return {
+        c.name: existing_vocab(*previous, source, old[c.name]["file"])
+        for c in columns
+        if c.kind == "categorical" and old.get(c.name, {}).get("type") == "categorical"
+    }
+
+
 def _build(
-    cfg: PipelineConfig, con: duckdb.DuckDBPyConnection, out: Path, spill: Path, progress: Progress
+    cfg: PipelineConfig,
+    con: duckdb.DuckDBPyConnection,
+    out: Path,
+    spill: Path,
+    progress: Progress,
+    previous: tuple[Path, dict[str, Any]] | None = None,
 ) -> tuple[dict[str, Any], dict[str, str]]:
+    """Build every array into `out`. With `previous` (the cache being replaced), its entities keep their
+    indices and its values their codes; otherwise entities are numbered by hash shard."""
     events = cfg.sources("event")
     progress.start("cache", len(events) + 2)
     attr_rels = attribute_rels(cfg)
@@ -250,19 +317,16 @@ def _build(
     n_entities, total = con.execute("SELECT count(*), coalesce(sum(n), 0) FROM ent_counts").fetchone()
     if not n_entities:
         raise DataError("the event extracts hold no event with an entity and a time; check the extracts")
-    k = shard_count(cfg, int(total), int(n_entities))
-    # entity index: shard by a hash of the id, then by id inside each shard
-    shard = f"(hash(id) % {k})"
-    con.execute(
-        f"CREATE TEMP TABLE ent_map AS SELECT id, (row_number() OVER (ORDER BY {shard}, id) - 1)::BIGINT AS idx, "
-        f"{shard}::INTEGER AS shard FROM ent_counts"
-    )
-    sizes = dict(con.execute("SELECT shard, count(*) FROM ent_map GROUP BY 1").fetchall())
-    shards, start = [], 0
-    for s in range(k):
-        if sizes.get(s):
-            shards.append((start, start + sizes[s]))
-            start += sizes[s]
+    id_kind = "int64" if id_type == "BIGINT" else "string"
+    if previous and previous[1].get("entity_id_type") != id_kind:
+        previous = None
+    if previous:  # entities keep their index, new ones come after (one more shard range)
+        n_old = load_entity_map(con, *previous, id_type)
+        n_entities = add_new_entities(con, "SELECT id FROM ent_counts", n_old)
+        shards = [(int(a), int(b)) for a, b in previous[1]["shards"]]
+        shards += [(n_old, n_entities)] if n_entities > n_old else []
+    else:
+        shards = _hash_shards(con, shard_count(cfg, int(total), int(n_entities)))
     con.execute(
         f"COPY (SELECT id AS entity_id FROM ent_map ORDER BY idx) TO {P.quote_literal(str(out / 'entities.parquet'))} "
         "(FORMAT parquet)"
@@ -275,7 +339,7 @@ def _build(
         "created": now,  # this version of the content (a build or an append)
         "built": now,  # the last full build
         "n_entities": int(n_entities),
-        "entity_id_type": "int64" if id_type == "BIGINT" else "string",
+        "entity_id_type": id_kind,
         "shards": [list(s) for s in shards],
         "appends": [],
         "sources": {},
@@ -284,11 +348,20 @@ def _build(
     for plan in plans:
         P.key_counts(con, plan)
         P.check_joins(con, plan)
-        n, ts_range, h, vocab = write_source(con, plan, id_type, {}, shards, int(n_entities), out, spill)
+        old_vocab = _previous_vocab(previous, plan.src.name, plan.columns)
+        n, ts_range, h, vocab = write_source(
+            con, plan, id_type, old_vocab, shards, int(n_entities), out, spill, segment=False
+        )
         hashes.update(h)
         manifest["sources"][plan.src.name] = source_meta(plan, n, ts_range, vocab)
         progress.advance("cache", events=n)
-    manifest["attributes"] = write_attributes(cfg, con, out, id_type, 0, {}, check=True)
+    attrs = (previous[1].get("attributes") or {}).get("columns", {}) if previous else {}
+    old_attr_vocab = {
+        c: existing_vocab(*previous, "__attributes", m["file"])
+        for c, m in attrs.items()
+        if previous and m["type"] == "categorical"
+    }
+    manifest["attributes"] = write_attributes(cfg, con, out, id_type, 0, old_attr_vocab, segment=False)
     progress.advance("cache")
     return manifest, hashes
 
@@ -302,10 +375,12 @@ def write_source(
     n_entities: int,
     out: Path,
     spill: Path,
+    segment: bool,
 ) -> tuple[int, tuple[int, int] | None, dict[str, str], dict[str, tuple[pa.Table, int]]]:
-    """Vocabularies (extending old_vocab) and the sorted CSR arrays of one event source into `out`.
-    Returns (events, time range, sha256 of the arrays, {column: (new vocabulary values, size)})."""
-    vocab = P.build_vocabularies(con, plan, old_vocab)
+    """Vocabularies (extending old_vocab) and the sorted CSR arrays of one event source into `out` (an append
+    `segment` writes only the new vocabulary values). Returns (events, time range, sha256 of the arrays,
+    {column: (vocabulary values written, vocabulary size)})."""
+    vocab = P.build_vocabularies(con, plan, old_vocab, only_new=segment)
     write_vocab(out, plan, vocab)
     sql, entity, cols = P.scan_sql(con, plan, id_type)
     events = out / "events" / plan.src.name
@@ -322,16 +397,17 @@ def write_attributes(
     id_type: str,
     first: int,
     existing: dict[str, pa.Table],
-    check: bool,
+    segment: bool,
 ) -> dict[str, Any]:
-    """attributes/<column>.npy for entity indices >= first and their new vocabulary values."""
+    """attributes/<column>.npy for entity indices >= first and their vocabularies (new values only for an
+    append segment)."""
     srcs = cfg.sources("main_entity_attribute")
     if not srcs:
         return {}
     import numpy as np
 
     rel = P.parquet_rel([str(f) for f in extract_files(cfg, srcs[0])])
-    meta, arrays, new_vocab = P.attribute_arrays(cfg, con, rel, id_type, first, existing, check)
+    meta, arrays, new_vocab = P.attribute_arrays(cfg, con, rel, id_type, first, existing, segment)
     (out / "attributes").mkdir(parents=True, exist_ok=True)
     for name, values in arrays.items():
         np.save(out / "attributes" / f"{name}.npy", values)

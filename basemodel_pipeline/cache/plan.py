@@ -189,34 +189,33 @@ def key_counts(con: duckdb.DuckDBPyConnection, plan: SourcePlan) -> None:
 
 def vocab_table(
     con: duckdb.DuckDBPyConnection, table: str, counts_sql: str, duck_type: str, existing: pa.Table | None
-) -> pa.Table:
+) -> tuple[pa.Table, int]:
     """Create `table(v, code, n)`: the existing values keep codes 1..len(existing); values of `counts_sql`
-    (v, n) not among them get the next codes, most frequent first. Returns the new values (value, count)."""
+    (v, n) not among them get the next codes, most frequent first. Returns (every value with its count in
+    code order, number of existing values)."""
     con.execute(f"CREATE OR REPLACE TEMP TABLE {table} (v {duck_type}, code INTEGER, n BIGINT)")
     start = 0
     if existing is not None and existing.num_rows:
-        con.register("__old_vocab", existing)
-        con.execute(
-            f"INSERT INTO {table} SELECT CAST(value AS {duck_type}), row_number() OVER ()::INTEGER, 0 "
-            "FROM __old_vocab"
-        )
+        codes = pa.array(np.arange(1, existing.num_rows + 1, dtype=np.int32))
+        con.register("__old_vocab", pa.table({"value": existing.column("value"), "code": codes}))
+        con.execute(f"INSERT INTO {table} SELECT CAST(value AS {duck_type}), code, 0 FROM __old_vocab")
         con.unregister("__old_vocab")
         start = existing.num_rows
+        con.execute(f"UPDATE {table} t SET n = c.n FROM ({counts_sql}) c WHERE t.v = c.v")
     con.execute(
         f"INSERT INTO {table} SELECT c.v, ({start} + row_number() OVER (ORDER BY c.n DESC, CAST(c.v AS VARCHAR)))"
         f"::INTEGER, c.n FROM ({counts_sql}) c WHERE c.v IS NOT NULL AND NOT EXISTS "
         f"(SELECT 1 FROM {table} t WHERE t.v = c.v)"
     )
-    return con.execute(
-        f"SELECT CAST(v AS VARCHAR) AS value, n AS count FROM {table} WHERE code > {start} ORDER BY code"
-    ).to_arrow_table()
+    values = con.execute(f"SELECT CAST(v AS VARCHAR) AS value, n AS count FROM {table} ORDER BY code")
+    return values.to_arrow_table(), start
 
 
 def build_vocabularies(
-    con: duckdb.DuckDBPyConnection, plan: SourcePlan, existing: dict[str, pa.Table]
+    con: duckdb.DuckDBPyConnection, plan: SourcePlan, existing: dict[str, pa.Table], only_new: bool
 ) -> dict[str, tuple[pa.Table, int]]:
     """voc_<source>_<i> for every categorical column and acodes_<source>_<j> for every join.
-    Returns {column: (new values, vocabulary size)}."""
+    Returns {column: (values to write: all, or only_new ones for an append segment, vocabulary size)}."""
     out: dict[str, tuple[pa.Table, int]] = {}
     for i, col in enumerate(plan.columns):
         if col.kind != "categorical":
@@ -230,9 +229,10 @@ def build_vocabularies(
                 f"SELECT a.{q} AS v, sum(k.n)::BIGINT AS n FROM {plan.table('kc', j)} k "
                 f"JOIN {plan.joins[j].rel} a ON {_key_cond(plan, j, 'k')} GROUP BY 1"
             )
-        old = existing.get(col.name)
-        new = vocab_table(con, plan.table("voc", i), counts, col.source_type, old)
-        out[col.name] = (new, (old.num_rows if old is not None else 0) + new.num_rows)
+        values, start = vocab_table(
+            con, plan.table("voc", i), counts, col.source_type, existing.get(col.name)
+        )
+        out[col.name] = (values.slice(start) if only_new else values, values.num_rows)
     for j, join in enumerate(plan.joins):
         selects = [f"a.{quote_ident(k)}" for k in join.on.values()]
         joins = []
@@ -366,15 +366,16 @@ def attribute_arrays(
     id_type: str,
     first: int,
     existing: dict[str, pa.Table],
-    check: bool,
+    segment: bool,
 ) -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, pa.Table]]:
-    """Main-entity attributes of entity indices >= first: (manifest meta, {file stem: array}, {column: new
-    vocabulary values})."""
+    """Main-entity attributes of entity indices >= first: (manifest meta, {file stem: array}, {column:
+    vocabulary values to write}). For an append `segment`: no match check, only the new values."""
+    only_new = segment
     src = cfg.sources("main_entity_attribute")[0]
     key = src.main_entity_column or ""
     types = describe(con, rel)
     cond = f"m.id = CAST(a.{quote_ident(key)} AS {id_type})"
-    if check:
+    if not segment:
         matched = con.execute(f"SELECT count(*) FROM ent_map m SEMI JOIN {rel} a ON {cond}").fetchone()[0]
         if matched == 0:
             raise DataError(
@@ -391,9 +392,9 @@ def attribute_arrays(
         if kind == "categorical":
             table = quote_ident(f"voc_attr_{i}")
             counts = f"SELECT {q} AS v, count(*) AS n FROM {rel} GROUP BY 1"
-            new = vocab_table(con, table, counts, t, existing.get(col))
-            new_vocab[col] = new
-            size = new.num_rows + (existing[col].num_rows if col in existing else 0)
+            values, start = vocab_table(con, table, counts, t, existing.get(col))
+            new_vocab[col] = values.slice(start) if only_new else values
+            size = values.num_rows
             joins.append(f"LEFT JOIN {table} v{i} ON a.{q} = v{i}.v")
             selects.append(f"CAST(coalesce(v{i}.code, 0) AS INTEGER) AS {quote_ident(name)}")
             meta["columns"][col] = {"type": "categorical", "vocab_size": size, "file": name}

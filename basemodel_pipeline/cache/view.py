@@ -40,6 +40,13 @@ def segment_dirs(path: Path, manifest: dict[str, Any]) -> list[Path]:
     return [path, *(path / "appends" / name for name in active_segments(manifest))]
 
 
+def existing_vocab(path: Path, manifest: dict[str, Any], sub: str, column_file: str) -> pa.Table:
+    """The values (code order) of a vocabulary over the base and its active segments."""
+    from basemodel_pipeline.cache.plan import read_vocab
+
+    return read_vocab([d / "vocab" / sub / f"{column_file}.parquet" for d in segment_dirs(path, manifest)])
+
+
 def events_root(path: Path, manifest: dict[str, Any]) -> Path:
     """Directory whose events/<source>/ holds the contiguous arrays of this cache version."""
     appends = manifest.get("appends", [])
