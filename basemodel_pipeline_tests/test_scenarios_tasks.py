@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import torch
 import yaml
 from safetensors.torch import load_file
 
@@ -330,6 +331,13 @@ def test_int8_scores_stay_close_to_fp32(world) -> None:
     assert meta["precision"] == "int8"
     int8 = _scores(meta["path"])
     assert max(abs(fp32[k] - int8[k]) for k in fp32) < 0.05
+    from basemodel_pipeline.inference.predict import Scorer
+
+    model = Scorer.load(ws.latest_scenario_dir(cfg, "grocery_buyer"), "int8").model
+    # the input projection stays float (its standardised input has outliers); the rest is int8
+    assert type(model.trunk.proj) is torch.nn.Linear
+    assert "quantized" in type(model.head).__module__
+    assert all("quantized" in type(b.fc1).__module__ for b in model.trunk.blocks)
 
 
 def test_subset_reports_unknown_ids_and_scores_the_rest(world) -> None:
