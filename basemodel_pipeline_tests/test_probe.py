@@ -30,3 +30,27 @@ def test_probe_multilabel_shapes_and_signal() -> None:
     scores = probe_scores(Xtr, Ytr, Xv, Yv, Xte, "multilabel")
     assert scores.shape == (1000, 3)
     assert macro_auroc(Yte, scores) > 0.8
+
+
+def test_foundation_embed_shape_dtype_and_determinism(tmp_path) -> None:
+    """model.embed is what `basemodel embed` exports: [B, D] float32 before the float16 cast, the same for the
+    same input (dropout off in eval), row-independent (batching does not change a row) and unchanged by a
+    checkpoint round trip."""
+    import torch
+
+    from basemodel_pipeline.model.checkpoint import build_model, load_checkpoint, save_checkpoint
+
+    arch = {"in_dim": 12, "hidden_dim": 32, "num_blocks": 2, "dropout": 0.5, "out_dim": 7}
+    torch.manual_seed(0)
+    model = build_model(arch).eval()
+    x = torch.randn(64, 12)
+    with torch.no_grad():
+        emb = model.embed(x)
+        assert emb.shape == (64, 32) and emb.dtype == torch.float32
+        assert torch.equal(emb, model.embed(x))
+        torch.testing.assert_close(model.embed(x[:5]), emb[:5])
+        half = emb.numpy().astype(np.float16)
+        assert half.dtype == np.float16 and np.isfinite(half).all()
+        save_checkpoint(tmp_path / "ckpt", model, {"arch": arch})
+        loaded, _ = load_checkpoint(tmp_path / "ckpt")
+        assert torch.equal(loaded.embed(x), emb)
