@@ -40,6 +40,8 @@ def test_advanced_state_equals_a_full_recompute(built) -> None:
     t0, t1 = cache.max_date - dt.timedelta(days=30), cache.max_date + dt.timedelta(days=1)
     first, info0 = ensure_state(Path(cfg.workspace), cache, enc.to_dict(), t0)
     assert info0["state"] == "built" and first.as_of == t0
+    mid, info_mid = ensure_state(Path(cfg.workspace), cache, enc.to_dict(), t0 + dt.timedelta(days=11))
+    assert info_mid["state"] == "advanced" and mid.manifest["updates"] == 1  # two steps: t0 -> +11 d -> t1
     state, info1 = ensure_state(Path(cfg.workspace), cache, enc.to_dict(), t1)
     assert info1["state"] == "advanced" and info1["new_events"] > 0
     entity = np.arange(cache.n_entities)

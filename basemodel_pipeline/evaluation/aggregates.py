@@ -156,22 +156,61 @@ def all_history_totals(
     return out
 
 
-def new_days_totals(
-    cache: EventCache, e: torch.Tensor, t0: torch.Tensor, t1: torch.Tensor
-) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """Per source: (the all_history_totals channels summed over the events with t0 <= ts < t1, first row at/after
-    t1). With t0 at a UTC midnight no day straddles t0, so totals(t1) = totals(t0) + this, exactly."""
+def window_sums(cache: EventCache, e: torch.Tensor, t: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per source: the windowed sums [n, len(WINDOWS_DAYS), width] of aggregate_features_t (events in
+    [t - w days, t) per window w) of sorted queries."""
     out = {}
     for name, src in cache.sources.items():
         st, lay = source_tensors(src, e.device), _layout(src)
-        lo, hi = st.positions(e, t0), st.positions(e, t1)
-        sums = torch.zeros(len(e) * lay.base, dtype=torch.float32, device=e.device)
-        for a, b in row_chunks(hi - lo, torch.ones(len(e), dtype=torch.bool, device=e.device)):
-            owner, rows = expand_ranges_t(lo[a:b], hi[a:b])
-            chans, vals = _channels(st, lay, rows, lo[a:b][owner], with_tops=False)
-            sums.index_add_(0, (chans + ((owner + a) * lay.base).unsqueeze(1)).reshape(-1), vals.reshape(-1))
-        out[name] = (sums.view(len(e), lay.base), hi)
+        lo = st.positions(e, t - max(WINDOWS_DAYS) * DAY)
+        out[name] = _windows(st, lay, e, t, lo, st.positions(e, t))
     return out
+
+
+def _range_sums(
+    st: SourceTensors, lay: _Layout, e: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor
+) -> torch.Tensor:
+    """Channel sums [n, width] (top values included) over rows [lo, hi) of each query; a row's new-day flag
+    is the entity's own (first event of its UTC day), which is what any midnight-aligned window counts."""
+    n = len(e)
+    out = torch.zeros(n * lay.width, dtype=torch.float32, device=e.device)
+    for a, b in row_chunks(hi - lo, torch.ones(n, dtype=torch.bool, device=e.device)):
+        owner, rows = expand_ranges_t(lo[a:b], hi[a:b])
+        chans, vals = _channels(st, lay, rows, st.offsets[e[a:b]][owner], with_tops=True)
+        out.index_add_(0, (chans + ((owner + a) * lay.width).unsqueeze(1)).reshape(-1), vals.reshape(-1))
+    return out.view(n, lay.width)
+
+
+def advance_sums(
+    cache: EventCache,
+    e: torch.Tensor,
+    t0: int,
+    t1: int,
+    totals: dict[str, torch.Tensor],
+    windows: dict[str, torch.Tensor],
+) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], dict[str, torch.Tensor]]:
+    """all_history_totals and window_sums of entities `e` at t1 from their values at t0 (UTC midnights,
+    t0 <= t1), reading only the events in [t0, t1) and those leaving each window, [t0 - w, t1 - w):
+
+        total(t1) = total(t0) + S[t0, t1)          window_w(t1) = window_w(t0) + S[t0, t1) - S[t0 - w, t1 - w)
+
+    Returns ({source: (totals [n, base], first row at/after t1)}, {source: windows [n, W, width]})."""
+    n, dev = len(e), e.device
+    new_totals, new_windows = {}, {}
+    for name, src in cache.sources.items():
+        st, lay = source_tensors(src, dev), _layout(src)
+
+        def pos(t: int, st: SourceTensors = st) -> torch.Tensor:
+            return st.positions(e, torch.full((n,), t, dtype=torch.int64, device=dev))
+
+        hi = pos(t1)
+        added = _range_sums(st, lay, e, pos(t0), hi)
+        new_totals[name] = (totals[name] + added[:, : lay.base], hi)
+        win = windows[name].clone()
+        for wi, w in enumerate(WINDOWS_DAYS):
+            win[:, wi] += added - _range_sums(st, lay, e, pos(t0 - w * DAY), pos(t1 - w * DAY))
+        new_windows[name] = win
+    return new_totals, new_windows
 
 
 def aggregate_features_t(
@@ -179,18 +218,19 @@ def aggregate_features_t(
     e: torch.Tensor,
     t: torch.Tensor,
     totals: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
+    windows: dict[str, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Aggregate features [n, F] float32 of queries sorted by (entity, time), on e's device.
 
-    ``totals`` (from all_history_totals, possibly advanced with new_days_totals) skips the pass over all events
-    before each query; only the 90-day windows are read."""
+    ``totals`` (all_history_totals) and ``windows`` (window_sums), e.g. advanced with advance_sums, skip the
+    passes over the events: then only one row per entity and window is read (first/last event times)."""
     cols: list[torch.Tensor] = []
     t64 = t.to(torch.float64)
     for name, src in cache.sources.items():
         st, lay = source_tensors(src, e.device), _layout(src)
         total, hi = totals[name] if totals is not None else _all_history(st, lay, e, t)
         lo = {w: st.positions(e, t - w * DAY) for w in WINDOWS_DAYS}  # first row of each window
-        win = _windows(st, lay, e, t, lo[max(WINDOWS_DAYS)], hi)
+        win = windows[name] if windows is not None else _windows(st, lay, e, t, lo[max(WINDOWS_DAYS)], hi)
         last_event = max(len(st.ts) - 1, 0)
         start = st.offsets[e]
         has = hi > start

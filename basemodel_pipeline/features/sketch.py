@@ -306,7 +306,12 @@ class FeatureEncoder:
         return torch.tensor([np.log(2.0) / (h * DAY) for h in self.half_lives_days], device=device)
 
     def history_sorted(
-        self, cache: EventCache, e: torch.Tensor, t: torch.Tensor, totals: dict | None = None
+        self,
+        cache: EventCache,
+        e: torch.Tensor,
+        t: torch.Tensor,
+        totals: dict | None = None,
+        windows: dict | None = None,
     ) -> torch.Tensor:
         sums, pos = [], []
         for plan in self.sources:
@@ -321,7 +326,7 @@ class FeatureEncoder:
             )
             sums.append(s)
             pos.append(sg.pos)
-        return self.assemble(cache, e, t, sums, pos, totals)
+        return self.assemble(cache, e, t, sums, pos, totals, windows)
 
     def assemble(
         self,
@@ -331,11 +336,12 @@ class FeatureEncoder:
         sums: list[torch.Tensor],
         pos: list[torch.Tensor],
         totals: dict | None = None,
+        windows: dict | None = None,
     ) -> torch.Tensor:
         """Model input [n, dim] from each source's raw decayed sums [n, H, C] and first row at/after t [n].
 
-        ``totals``: precomputed all-history aggregate sums per source (see aggregates.all_history_totals);
-        without them the aggregates read every event before t."""
+        ``totals`` / ``windows``: precomputed aggregate sums per source (aggregates.all_history_totals,
+        window_sums); without them the aggregates read the events before t."""
         n, H = len(e), len(self.half_lives_days)
         parts = []
         for plan, s, p in zip(self.sources, sums, pos, strict=True):
@@ -345,7 +351,7 @@ class FeatureEncoder:
         if self.attributes:
             parts.append(self._attribute_features(cache, e))
         if self.aggregate_dim:
-            agg = torch.nan_to_num(aggregate_features_t(cache, e, t, totals), nan=0.0)
+            agg = torch.nan_to_num(aggregate_features_t(cache, e, t, totals, windows), nan=0.0)
             parts.append(torch.sign(agg) * torch.log1p(agg.abs()))
         return torch.cat(parts, 1)
 

@@ -3,14 +3,16 @@
     <workspace>/state/<encoder key>/
         manifest.json   as_of, n_entities, dim, encoder key, cache fingerprint, events before as_of per source
         features.npy    float16 [n_entities, dim]: every entity's model input as of `as_of`
-        totals.npy      float32 [n_entities, T]: all-history aggregate sums (count, active days, numeric sums)
+        totals.npy      float32 [n_entities, T]: the aggregates' sums: all history (count, active days, numeric
+                        sums) and each 7/30/90-day window (the same plus top-value counts)
 
 Scoring as of the state's date is one forward pass per entity: no event is read. When the cache gains days,
 ``advance`` reads only the events in [old as_of, new as_of) for the decayed sums and totals,
 
     S(t1) = exp(-(t1 - t0) * rate) * S(t0) + sum over the new events of value * exp(-(t1 - ts) * rate),
 
-and the aggregates' 90-day windows; recency, tenure and counts come from one binary search per entity.
+the aggregates' windows add the new days and drop the days that left them (only those events are read);
+recency, tenure and counts come from one binary search per entity.
 Scenarios that share the foundation's encoder share one state. The decayed sums are kept in float16 in their
 log1p-squashed form (the model's input), so each advance re-rounds them (~2.4e-4 relative in log space);
 the state is rebuilt from the cache whenever its history changed (rebuilt cache, late days) or the encoder did.
@@ -31,7 +33,7 @@ import torch
 
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache.store import EventCache
-from basemodel_pipeline.evaluation.aggregates import all_history_totals, new_days_totals
+from basemodel_pipeline.evaluation.aggregates import advance_sums, all_history_totals, window_sums
 from basemodel_pipeline.features.kernels import (
     as_tensor,
     decayed_sums,
@@ -43,7 +45,7 @@ from basemodel_pipeline.features.sketch import FeatureEncoder
 from basemodel_pipeline.progress import NullProgress, Progress
 from basemodel_pipeline.training.splits import epoch_seconds
 
-STATE_VERSION = 1
+STATE_VERSION = 2
 CHUNK = 16384  # entities per step: bounds memory
 
 
@@ -94,32 +96,46 @@ def events_before(cache: EventCache, t: int) -> dict[str, int]:
     return out
 
 
-def _totals_layout(totals: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[str, int]]:
-    return [(name, t.shape[1]) for name, (t, _) in totals.items()]
+Layout = list[list]  # [["totals", source, base] | ["windows", source, W, width], ...]: columns of totals.npy
 
 
-def _pack(totals: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-    return torch.cat([t for t, _ in totals.values()], 1)
+def _pack(
+    totals: dict[str, tuple[torch.Tensor, torch.Tensor]], windows: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, Layout]:
+    """The aggregate sums of a chunk as one [n, T] float32 block, and its layout."""
+    parts, layout = [], []
+    for name, (t, _) in totals.items():
+        parts.append(t)
+        layout.append(["totals", name, t.shape[1]])
+    for name, w in windows.items():
+        parts.append(w.reshape(len(w), -1))
+        layout.append(["windows", name, w.shape[1], w.shape[2]])
+    n = len(parts[0]) if parts else 0
+    return (torch.cat(parts, 1) if parts else torch.zeros((n, 0))), layout
 
 
-def _unpack(
-    packed: torch.Tensor, layout: list[tuple[str, int]], pos: dict[str, torch.Tensor]
-) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    out, off = {}, 0
-    for name, width in layout:
-        out[name] = (packed[:, off : off + width], pos[name])
+def _unpack(packed: torch.Tensor, layout: Layout) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    totals, windows, off = {}, {}, 0
+    for kind, name, *shape in layout:
+        width = int(np.prod(shape))
+        block = packed[:, off : off + width]
+        if kind == "totals":
+            totals[name] = block
+        else:
+            windows[name] = block.reshape(len(packed), *shape)
         off += width
-    return out
+    return totals, windows
 
 
 def _build_chunk(
     cache: EventCache, enc: FeatureEncoder, e: torch.Tensor, t: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, list[tuple[str, int]]]:
-    """Features and packed totals of entities from their whole history (the first build)."""
-    totals = all_history_totals(cache, e, t) if enc.aggregate_dim else {}
-    X = enc.history_sorted(cache, e, t, totals if totals else None)
-    packed = _pack(totals) if totals else torch.zeros((len(e), 0))
-    return X, packed, _totals_layout(totals)
+) -> tuple[torch.Tensor, torch.Tensor, Layout]:
+    """Features and packed aggregate sums of entities from their whole history (the first build)."""
+    if not enc.aggregate_dim:
+        return enc.history_sorted(cache, e, t), torch.zeros((len(e), 0)), []
+    totals, windows = all_history_totals(cache, e, t), window_sums(cache, e, t)
+    packed, layout = _pack(totals, windows)
+    return enc.history_sorted(cache, e, t, totals, windows), packed, layout
 
 
 def _advance_chunk(
@@ -129,10 +145,11 @@ def _advance_chunk(
     t0: int,
     t1: int,
     X_old: torch.Tensor,
-    totals_old: torch.Tensor,
-    layout: list[tuple[str, int]],
+    packed_old: torch.Tensor,
+    layout: Layout,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Features and totals of entities as of t1 from their state as of t0 and the events in [t0, t1)."""
+    """Features and aggregate sums of entities as of t1 from their state as of t0: reads the events in
+    [t0, t1) and, for the windowed aggregates, the events leaving each window."""
     n, dev = len(e), e.device
     rates = enc._rates(dev)
     T0, T1 = torch.full((n,), t0, dtype=torch.int64), torch.full((n,), t1, dtype=torch.int64)
@@ -148,13 +165,12 @@ def _advance_chunk(
             new[a:b] = decayed_sums(vals, owner, t1 - st.ts[rows], chans, rates, b - a, plan.channels)
         sums.append(old * decay + new)
         pos.append(hi)
-    totals = None
-    packed = totals_old
-    if enc.aggregate_dim:
-        added = new_days_totals(cache, e, T0, T1)
-        packed = totals_old + _pack(added)
-        totals = _unpack(packed, layout, {name: p for name, (_, p) in added.items()})
-    return enc.assemble(cache, e, T1, sums, pos, totals), packed
+    if not enc.aggregate_dim:
+        return enc.assemble(cache, e, T1, sums, pos), packed_old
+    totals_old, windows_old = _unpack(packed_old, layout)
+    totals, windows = advance_sums(cache, e, t0, t1, totals_old, windows_old)
+    packed, _ = _pack(totals, windows)
+    return enc.assemble(cache, e, T1, sums, pos, totals, windows), packed
 
 
 def ensure_state(
@@ -190,7 +206,7 @@ def _ensure(
     n = cache.n_entities
     X = np.lib.format.open_memmap(tmp / "features.npy", "w+", np.float16, (n, enc.dim))
     totals_file = None
-    layout: list[tuple[str, int]] = [tuple(x) for x in base.manifest["totals_layout"]] if base else []
+    layout: Layout = base.manifest["totals_layout"] if base else []
     progress.start("state", n)
     before = events_before(cache, t1)
     if base is not None:
@@ -224,7 +240,7 @@ def _ensure(
         "encoder_key": encoder_key(encoder),
         "cache_fingerprint": fingerprint,
         "events_before": before,
-        "totals_layout": [list(x) for x in layout],
+        "totals_layout": layout,
         "updates": (base.manifest.get("updates", 0) + 1) if base else 0,
         "created": dt.datetime.now(dt.UTC).isoformat(),
     }
