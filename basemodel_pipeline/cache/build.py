@@ -191,9 +191,12 @@ def connect(cfg: PipelineConfig, spill: Path) -> duckdb.DuckDBPyConnection:
 def summary(path: Path, manifest: dict[str, Any], reused: bool) -> dict[str, Any]:
     sources = manifest["sources"].values()
     appends = manifest.get("appends", [])
+    content = json.dumps([manifest.get("format_version"), manifest.get("inputs")], sort_keys=True)
     return {
         "path": str(path),
         "fingerprint": manifest["fingerprint"],
+        # changes exactly when the extracts' content does (Dagster's data version of event_cache)
+        "data_version": f"{manifest['fingerprint']}-{hashlib.sha256(content.encode()).hexdigest()[:12]}",
         "entities": manifest["n_entities"],
         "events": sum(s["n_events"] for s in sources),
         "bytes": sum(f["bytes"] for f in manifest["files"].values()),
