@@ -26,8 +26,9 @@ def build_cache_asset(extract_keys: list[dg.AssetKey]) -> dg.AssetsDefinition:
     ) -> dg.MaterializeResult:
         """Model-ready event store built from the extracts (about 1:1 with the source size).
 
-        Keyed by the fingerprint of the config's data part; reused when nothing changed and refreshed
-        when new days land. Automation: rebuilt after any extract (partition) is updated.
+        Keyed by the fingerprint of the config's data part; reused when nothing changed, appended (new days
+        only, entity indices and codes kept) when only new days landed, rebuilt otherwise (docs/cache.md).
+        Automation: refreshed after any extract (partition) is updated.
         """
         return materialize_in_process(
             lambda: run_cache(basemodel_config.load(), LogProgress(context.log.info)),
