@@ -46,7 +46,7 @@ def extract_source(
         def run(backend: Backend) -> list[str]:
             reader = backend.execute(query_for(cfg, src, backend, chunk))
             if src.date_column is not None:
-                return write_days(reader, out, src.date_column.name)
+                return write_days(reader, out, src.date_column.name, cfg.cache.duckdb_memory_limit)
             return write_table(reader, out)
 
         return run
@@ -108,8 +108,10 @@ def in_range(name: str, days: DayRange | None) -> bool:
     return days[0] <= day < days[1]
 
 
-def _duckdb() -> duckdb.DuckDBPyConnection:
-    con = duckdb.connect()
+def _duckdb(memory_limit: str | None = None, spill: Path | None = None) -> duckdb.DuckDBPyConnection:
+    """DuckDB for writing extracts; with a memory limit, the day sort spills to `spill` instead of growing."""
+    config = {"memory_limit": memory_limit, "temp_directory": str(spill)} if memory_limit and spill else {}
+    con = duckdb.connect(config=config)
     con.execute("SET TimeZone = 'UTC'")
     con.execute("SET preserve_insertion_order = false")
     return con
@@ -139,11 +141,15 @@ def write_table(reader: pa.RecordBatchReader, out: Path) -> list[str]:
     return [target.name]
 
 
-def write_days(reader: pa.RecordBatchReader, out: Path, ts: str) -> list[str]:
-    """Partition the stream by day of the date column `ts`; rename each day file into place. Returns names."""
+def write_days(
+    reader: pa.RecordBatchReader, out: Path, ts: str, memory_limit: str | None = None
+) -> list[str]:
+    """Partition the stream by day of the date column `ts`; rename each day file into place. Returns names.
+    With `memory_limit` (cache.duckdb_memory_limit) the sort spills to disk beside the output."""
     staging = out / ".staging.tmp"
+    spill = out / ".spill.tmp"
     shutil.rmtree(staging, ignore_errors=True)
-    con = _duckdb()
+    con = _duckdb(memory_limit, spill)
     col = quote_ident(ts)
     written = []
     try:
@@ -171,6 +177,7 @@ def write_days(reader: pa.RecordBatchReader, out: Path, ts: str) -> list[str]:
     finally:
         con.close()
         shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(spill, ignore_errors=True)
     ws.fsync_dir(out)
     return written
 
