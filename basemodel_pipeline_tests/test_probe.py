@@ -49,6 +49,8 @@ def test_foundation_embed_shape_dtype_and_determinism(tmp_path) -> None:
         assert emb.shape == (64, 32) and emb.dtype == torch.float32
         assert torch.equal(emb, model.embed(x))
         torch.testing.assert_close(model.embed(x[:5]), emb[:5])
+        # the embedding is the residual stream the scenario heads read after the trunk's final LayerNorm
+        torch.testing.assert_close(model.trunk.norm(emb), model.trunk(x))
         half = emb.numpy().astype(np.float16)
         assert half.dtype == np.float16 and np.isfinite(half).all()
         save_checkpoint(tmp_path / "ckpt", model, {"arch": arch})

@@ -33,11 +33,15 @@ class Trunk(nn.Module):
         self.mean.copy_(mean)
         self.std.copy_(std.clamp_min(1e-3))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, F] -> [B, hidden]
+    def residual(self, x: torch.Tensor) -> torch.Tensor:  # [B, F] -> [B, hidden]
+        """The residual stream after the last block, before the final LayerNorm."""
         h = self.proj((x - self.mean) / self.std)
         for block in self.blocks:
             h = block(h)
-        return self.norm(h)
+        return h
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, F] -> [B, hidden]
+        return self.norm(self.residual(x))
 
 
 class TrunkWithHead(nn.Module):
@@ -52,5 +56,9 @@ class TrunkWithHead(nn.Module):
         return self.head(self.trunk(x))
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:  # [B, F] -> [B, D]
-        """The universal behavioural embedding of history features (what `basemodel embed` exports)."""
-        return self.trunk(x)
+        """The universal behavioural embedding of history features (what `basemodel embed` exports): the
+        trunk's residual stream before its final LayerNorm. The LayerNorm rescales every row to unit variance
+        and so drops each entity's overall magnitude, which carries how active it is: on The Complete Journey
+        the fixed probe scores churn 0.840-0.844 on this vs 0.830-0.836 on the normalised output (department
+        propensity 0.818 both)."""
+        return self.trunk.residual(x)
