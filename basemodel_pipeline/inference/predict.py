@@ -67,7 +67,7 @@ def state_chunks(state: EntityState, entity: np.ndarray, chunk: int = CHUNK) -> 
         e = entity[a : a + chunk]
         contiguous = len(e) and e[-1] - e[0] == len(e) - 1 and bool(np.all(np.diff(e) == 1))
         rows = state.features[e[0] : e[-1] + 1] if contiguous else state.features[e]
-        yield np.asarray(rows, dtype=np.float32)
+        yield torch.from_numpy(np.ascontiguousarray(rows)).float().numpy()  # torch converts fp16 ~10x faster
 
 
 def load_scenario(checkpoint: Path) -> tuple[Any, dict, Head]:
