@@ -13,6 +13,20 @@ import pytest
 
 from basemodel_pipeline.synthetic import write_tiny_dataset
 
+try:  # fakesnow.server() the function, taken before anything imports the submodule fakesnow.server, which
+    # replaces the package attribute: a second server in one test process would otherwise get the module
+    from fakesnow import server as _fakesnow_server
+except ImportError:  # pragma: no cover - fakesnow is in requirements.lock
+    _fakesnow_server = None
+
+
+@pytest.fixture(scope="session")
+def fakesnow_start():
+    """fakesnow's server() context manager (yields connection kwargs)."""
+    if _fakesnow_server is None:
+        pytest.skip("fakesnow is not installed")
+    return _fakesnow_server
+
 
 @pytest.fixture(scope="session")
 def tiny_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -263,8 +263,8 @@ SF_PASSWORD = "sf-Out-Secret-8"
 
 
 @pytest.fixture(scope="module")
-def snowflake_out() -> Iterator[dict[str, Any]]:
-    start = pytest.importorskip("fakesnow").server  # the function: importing fakesnow.server shadows it
+def snowflake_out(fakesnow_start) -> Iterator[dict[str, Any]]:
+    start = fakesnow_start
     import logging
 
     import snowflake.connector

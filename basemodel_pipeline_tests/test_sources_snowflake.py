@@ -22,8 +22,8 @@ PASSWORD = "pw-Secret-42"
 
 
 @pytest.fixture(scope="session")
-def snowflake_server(tiny_dataset: Path) -> Iterator[dict[str, Any]]:
-    start = pytest.importorskip("fakesnow").server  # the function: importing fakesnow.server shadows it
+def snowflake_server(tiny_dataset: Path, fakesnow_start) -> Iterator[dict[str, Any]]:
+    start = fakesnow_start
     import snowflake.connector
 
     logging.getLogger("uvicorn").setLevel(logging.WARNING)
