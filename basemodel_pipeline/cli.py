@@ -304,7 +304,8 @@ def predict(
         name = _scenario(cfg, scenario)
         if workers:
             forwarded = [a for a in sys.argv[sys.argv.index("predict") + 1 :] if a != str(config)]
-            return pipeline.run_predict_workers(cfg, config, name, date, workers, _drop_workers(forwarded), p)
+            args = _drop_workers(forwarded)
+            return pipeline.run_predict_workers(cfg, config, name, date, workers, args, output, p)
         if merge_shards:
             return pipeline.run_merge_shards(cfg, name, date, merge_shards, output)
         if entities is not None:

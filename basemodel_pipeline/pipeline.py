@@ -107,14 +107,15 @@ def run_predict_workers(
     as_of: dt.date | None,
     workers: int,
     worker_args: list[str],
+    destination: str | None = None,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Score in `workers` local processes (one shard each, `basemodel predict CONFIG --shard I/K` plus
-    worker_args), then merge the parts: the same table as one process."""
+    worker_args), then merge the parts into the destination: the same table as one process."""
     from basemodel_pipeline.inference.shards import predict_with_workers
 
     return predict_with_workers(
-        cfg, config, scenario, as_of, workers, worker_args, progress or NullProgress()
+        cfg, config, scenario, as_of, workers, worker_args, destination, progress or NullProgress()
     )
 
 

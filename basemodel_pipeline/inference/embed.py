@@ -24,8 +24,8 @@ from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import PipelineConfig
 from basemodel_pipeline.features.sketch import FeatureEncoder
 from basemodel_pipeline.inference.precision import prepare_model, resolve_device
-from basemodel_pipeline.inference.predict import CHUNK, default_as_of, feature_chunks, state_chunks
-from basemodel_pipeline.inference.state import ensure_state
+from basemodel_pipeline.inference.predict import CHUNK, entity_features, feature_chunks
+from basemodel_pipeline.inference.state import default_as_of
 from basemodel_pipeline.model.checkpoint import load_checkpoint
 from basemodel_pipeline.progress import Progress
 from basemodel_pipeline.training import loop
@@ -83,15 +83,11 @@ def export_embeddings(
     model, meta = load_checkpoint(foundation)
     dev = resolve_device(device)
     model, amp, chosen = prepare_model(model, precision, dev)
-    latest = default_as_of(cache)
-    as_of = as_of or latest
+    as_of = as_of or default_as_of(cache)
     entity = np.arange(cache.n_entities, dtype=np.int64)
-    info: dict[str, Any] = {}
-    if as_of >= latest and not replay:
-        state, info = ensure_state(Path(cfg.workspace), cache, meta["encoder"], as_of, progress)
-        chunks = state_chunks(state, entity)
-    else:
-        chunks = feature_chunks(cache, FeatureEncoder.from_dict(meta["encoder"]), entity, as_of)
+    chunks, info = entity_features(
+        Path(cfg.workspace), cache, meta["encoder"], entity, as_of, replay, progress
+    )
     loop.set_threads()
     ids = cache.entity_ids
     writer = open_writer(cfg, "embeddings", None, as_of, destination)

@@ -32,7 +32,7 @@ from basemodel_pipeline.errors import UserError
 from basemodel_pipeline.features.sketch import FeatureEncoder
 from basemodel_pipeline.inference.precision import prepare_model, resolve_device
 from basemodel_pipeline.inference.shards import PartWriter, parts_dir, shard_range
-from basemodel_pipeline.inference.state import EntityState, ensure_state
+from basemodel_pipeline.inference.state import EntityState, default_as_of, ensure_state, float32_rows
 from basemodel_pipeline.model.checkpoint import load_checkpoint
 from basemodel_pipeline.progress import Progress
 from basemodel_pipeline.scenarios.heads import Head, own_history
@@ -44,11 +44,6 @@ MAX_LABELS_ALL = 100  # multilabel: write every class's score up to this many cl
 DEFAULT_TOP_K = 20
 CHUNK = 16384  # entities per step
 UNKNOWN_EXAMPLES = 10
-
-
-def default_as_of(cache: EventCache) -> dt.date:
-    """The day after the last event day: every event in the cache is history."""
-    return cache.max_date + dt.timedelta(days=1)
 
 
 def feature_chunks(
@@ -67,7 +62,27 @@ def state_chunks(state: EntityState, entity: np.ndarray, chunk: int = CHUNK) -> 
         e = entity[a : a + chunk]
         contiguous = len(e) and e[-1] - e[0] == len(e) - 1 and bool(np.all(np.diff(e) == 1))
         rows = state.features[e[0] : e[-1] + 1] if contiguous else state.features[e]
-        yield torch.from_numpy(np.ascontiguousarray(rows)).float().numpy()  # torch converts fp16 ~10x faster
+        yield float32_rows(rows).numpy()
+
+
+def entity_features(
+    workspace: Path,
+    cache: EventCache,
+    encoder: dict,
+    entity: np.ndarray,
+    as_of: dt.date,
+    replay: bool,
+    progress: Progress,
+) -> tuple[Iterator[np.ndarray], dict[str, Any]]:
+    """Feature chunks of `entity` as of a date and what it took: from the per-entity state as of the latest
+    date (built or advanced first), replayed from the cache before it or when `replay`."""
+    if as_of < default_as_of(cache) or replay:
+        chunks = feature_chunks(cache, FeatureEncoder.from_dict(encoder), entity, as_of)
+        return chunks, {"features": "replay"}
+    started = time.perf_counter()
+    state, info = ensure_state(workspace, cache, encoder, as_of, progress)
+    info = {**info, "features": "state", "state_s": round(time.perf_counter() - started, 2)}
+    return state_chunks(state, entity), info
 
 
 def load_scenario(checkpoint: Path) -> tuple[Any, dict, Head]:
@@ -285,22 +300,16 @@ def predict(
     cache = EventCache(cache_dir(cfg))
     checkpoint = ws.latest_scenario_dir(cfg, scenario.name)
     scorer = Scorer.load(checkpoint, precision, device)
-    latest = default_as_of(cache)
-    as_of = as_of or latest
+    as_of = as_of or default_as_of(cache)
     if as_of <= cfg.data_params.data_start_date:
         raise UserError(f"--as-of {as_of} is before data_start_date ({cfg.data_params.data_start_date})")
     entity, unknown = resolve_entities(cache, entities)
     entity = entity[shard_range(len(entity), shard)]
-    meta: dict[str, Any] = {}
-    state = None
-    if as_of >= latest and not replay:
-        t0 = time.perf_counter()
-        state, meta = ensure_state(Path(cfg.workspace), cache, scorer.meta["encoder"], as_of, progress)
-        meta["state_s"] = round(time.perf_counter() - t0, 2)
-    enc = FeatureEncoder.from_dict(scorer.meta["encoder"])
+    chunks, meta = entity_features(
+        Path(cfg.workspace), cache, scorer.meta["encoder"], entity, as_of, replay, progress
+    )
     loop.set_threads()
     model_top_k = top_k or scorer.meta["scenario"].get("k", DEFAULT_TOP_K)
-    chunks = state_chunks(state, entity) if state else feature_chunks(cache, enc, entity, as_of)
     ids = cache.entity_ids
     if shard:
         part = parts_dir(cfg, scenario.name, as_of, shard[1]) / f"part-{shard[0]:05d}.parquet"
@@ -327,7 +336,6 @@ def predict(
             **info,
             "entities": len(entity),
             "as_of": as_of.isoformat(),
-            "features": "state" if state else "replay",
             "precision": scorer.precision,
             "model_version": scorer.meta["version"],
             "wall_s": round(wall, 2),

@@ -28,6 +28,7 @@ from basemodel_pipeline.cache.build import cache_dir
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import PipelineConfig
 from basemodel_pipeline.errors import UserError
+from basemodel_pipeline.inference.state import default_as_of, ensure_state
 from basemodel_pipeline.progress import Progress
 
 SHARD_ALIGN = (
@@ -109,7 +110,7 @@ def merge_shards(
     """Stream parts 0..k-1 in order to the destination; all must exist and come from one model version."""
     from basemodel_pipeline.outputs import open_writer
 
-    as_of = as_of or _latest(cfg)
+    as_of = as_of or default_as_of(EventCache(cache_dir(cfg)))
     d = parts_dir(cfg, scenario, as_of, k)
     files = [d / f"part-{i:05d}.parquet" for i in range(k)]
     missing = [f.name for f in files if not f.exists()]
@@ -137,11 +138,6 @@ def merge_shards(
     return {**info, "as_of": as_of.isoformat(), "shards": k, "model_version": versions.pop()}
 
 
-def _latest(cfg: PipelineConfig) -> dt.date:
-    """The day after the cache's last event day (inference.predict.default_as_of)."""
-    return EventCache(cache_dir(cfg)).max_date + dt.timedelta(days=1)
-
-
 def predict_with_workers(
     cfg: PipelineConfig,
     config: Path,
@@ -149,15 +145,16 @@ def predict_with_workers(
     as_of: dt.date | None,
     k: int,
     worker_args: list[str],
+    destination: str | None,
     progress: Progress,
 ) -> dict[str, Any]:
-    """Build or advance the shared state once, score k shards in k local processes, merge the parts."""
-    from basemodel_pipeline.inference.state import ensure_state
-
-    as_of = as_of or _latest(cfg)
-    meta = json.loads((ws.latest_scenario_dir(cfg, scenario) / "model.json").read_text())
+    """Build or advance the shared state once, score k shards in k local processes (`basemodel predict
+    CONFIG --shard I/K` plus worker_args), merge the parts into the destination."""
     cache = EventCache(cache_dir(cfg))
-    if as_of >= _latest(cfg) and "--replay" not in worker_args:
+    latest = default_as_of(cache)
+    as_of = as_of or latest
+    if as_of >= latest and "--replay" not in worker_args:
+        meta = json.loads((ws.latest_scenario_dir(cfg, scenario) / "model.json").read_text())
         ensure_state(Path(cfg.workspace), cache, meta["encoder"], as_of, progress)
     started = time.perf_counter()
     threads = max(1, (os.cpu_count() or 1) // k)
@@ -195,12 +192,5 @@ def predict_with_workers(
     if errors:
         raise UserError("; ".join(errors))
     wall = time.perf_counter() - started
-    out = merge_shards(cfg, scenario, as_of, k, _destination(worker_args))
+    out = merge_shards(cfg, scenario, as_of, k, destination)
     return {**out, "workers": k, "workers_wall_s": round(wall, 2)}
-
-
-def _destination(args: list[str]) -> str | None:
-    for flag in ("--output", "-o"):
-        if flag in args and args.index(flag) + 1 < len(args):
-            return args[args.index(flag) + 1]
-    return None

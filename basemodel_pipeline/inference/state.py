@@ -35,7 +35,6 @@ from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.evaluation.aggregates import advance_sums, all_history_totals, window_sums
 from basemodel_pipeline.features.kernels import (
-    as_tensor,
     decayed_sums,
     expand_ranges_t,
     row_chunks,
@@ -47,6 +46,16 @@ from basemodel_pipeline.training.splits import epoch_seconds
 
 STATE_VERSION = 2
 CHUNK = 16384  # entities per step: bounds memory
+
+
+def default_as_of(cache: EventCache) -> dt.date:
+    """The day after the cache's last event day: every event in the cache is history (the latest date)."""
+    return cache.max_date + dt.timedelta(days=1)
+
+
+def float32_rows(rows: np.ndarray) -> torch.Tensor:
+    """float16 state rows as float32 (torch converts ~10x faster than numpy)."""
+    return torch.from_numpy(np.ascontiguousarray(rows)).float()
 
 
 def encoder_key(encoder: dict) -> str:
@@ -196,10 +205,11 @@ def _ensure(
     enc = FeatureEncoder.from_dict(encoder)
     old = EntityState.open(path)
     fingerprint = cache.manifest.get("fingerprint")
-    valid = old is not None and _valid(old, cache, fingerprint)
-    if old is not None and valid and old.as_of == as_of:
-        return old, {"state": "reused", "state_as_of": as_of.isoformat(), "new_events": 0}
-    base = old if old is not None and valid and old.as_of < as_of else None
+    base = old if old is not None and _valid(old, cache, fingerprint) else None
+    if base is not None and base.as_of == as_of:
+        return base, {"state": "reused", "state_as_of": as_of.isoformat(), "new_events": 0}
+    if base is not None and base.as_of > as_of:
+        base = None  # a state ahead of the date asked for cannot go back: rebuild
     t1 = epoch_seconds(as_of)
     ws.clean_stale_tmp(path.parent)
     tmp = ws.staging_dir(path)
@@ -223,7 +233,7 @@ def _ensure(
         if totals_file is None:
             shape = (n, tot.shape[1])
             totals_file = np.lib.format.open_memmap(tmp / "totals.npy", "w+", np.float32, shape)
-        X[a:b] = x.numpy().astype(np.float16)
+        X[a:b] = x.to(torch.float16).numpy()
         totals_file[a:b] = tot.numpy()
         progress.advance("state", b - a)
     if totals_file is None:  # no entities
@@ -269,6 +279,6 @@ def _old_rows(state: EntityState, a: int, b: int, dim: int) -> tuple[torch.Tenso
     T = torch.zeros((b - a, state.totals.shape[1]), dtype=torch.float32)
     if a < n_old:
         k = min(b, n_old) - a
-        X[:k] = as_tensor(np.asarray(state.features[a : a + k], np.float32))
-        T[:k] = as_tensor(np.asarray(state.totals[a : a + k], np.float32))
+        X[:k] = float32_rows(state.features[a : a + k])
+        T[:k] = torch.from_numpy(np.array(state.totals[a : a + k]))
     return X, T  # entities added since (rows past the stored ones) start from zero sums: an empty history

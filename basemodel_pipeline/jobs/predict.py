@@ -36,8 +36,9 @@ def stage(cfg: PipelineConfig, args: JobArgs, progress: Progress) -> Mapping[str
 
         forwarded = ["--precision", options["precision"]]
         forwarded += ["--output", options["destination"]] if options.get("destination") else []
+        destination = options.get("destination")
         return run_predict_workers(
-            cfg, Path(args.config), args.scenario, args.as_of, workers, forwarded, progress
+            cfg, Path(args.config), args.scenario, args.as_of, workers, forwarded, destination, progress
         )
     return run_predict(cfg, args.scenario, args.as_of, progress, **options)
 

@@ -428,7 +428,8 @@ def _finish(
         "report.html": scenario_report(scenario, result, truth, outputs),
     }
     t0 = time.perf_counter()
-    add_report_explanation(extra, shared, model, head, ex["test"])  # "what drives the model" + explanation.json
+    # "what drives the model" in the report, explanation.json beside it
+    add_report_explanation(extra, shared, model, head, ex["test"])
     timing["explain_s"] = time.perf_counter() - t0
     if big:
         extra["target.json"] = json.dumps(big)
