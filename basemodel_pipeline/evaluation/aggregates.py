@@ -37,6 +37,7 @@ from basemodel_pipeline.features.kernels import (
     new_day,
     row_chunks,
     source_tensors,
+    window_sums,
 )
 
 WINDOWS_DAYS = (7, 30, 90)
@@ -149,14 +150,14 @@ def all_history_totals(
     cache: EventCache, e: torch.Tensor, t: torch.Tensor
 ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """Per source: (sums [n, base] of count, active days and numeric columns over all events before each
-    sorted query, first row at/after the query [n]). Additive over time: see new_days_totals."""
+    sorted query, first row at/after the query [n]). Additive over time: see advance_sums."""
     out = {}
     for name, src in cache.sources.items():
         out[name] = _all_history(source_tensors(src, e.device), _layout(src), e, t)
     return out
 
 
-def window_sums(cache: EventCache, e: torch.Tensor, t: torch.Tensor) -> dict[str, torch.Tensor]:
+def window_totals(cache: EventCache, e: torch.Tensor, t: torch.Tensor) -> dict[str, torch.Tensor]:
     """Per source: the windowed sums [n, len(WINDOWS_DAYS), width] of aggregate_features_t (events in
     [t - w days, t) per window w) of sorted queries."""
     out = {}
@@ -167,20 +168,6 @@ def window_sums(cache: EventCache, e: torch.Tensor, t: torch.Tensor) -> dict[str
     return out
 
 
-def _range_sums(
-    st: SourceTensors, lay: _Layout, e: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor
-) -> torch.Tensor:
-    """Channel sums [n, width] (top values included) over rows [lo, hi) of each query; a row's new-day flag
-    is the entity's own (first event of its UTC day), which is what any midnight-aligned window counts."""
-    n = len(e)
-    out = torch.zeros(n * lay.width, dtype=torch.float32, device=e.device)
-    for a, b in row_chunks(hi - lo, torch.ones(n, dtype=torch.bool, device=e.device)):
-        owner, rows = expand_ranges_t(lo[a:b], hi[a:b])
-        chans, vals = _channels(st, lay, rows, st.offsets[e[a:b]][owner], with_tops=True)
-        out.index_add_(0, (chans + ((owner + a) * lay.width).unsqueeze(1)).reshape(-1), vals.reshape(-1))
-    return out.view(n, lay.width)
-
-
 def advance_sums(
     cache: EventCache,
     e: torch.Tensor,
@@ -189,26 +176,29 @@ def advance_sums(
     totals: dict[str, torch.Tensor],
     windows: dict[str, torch.Tensor],
 ) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], dict[str, torch.Tensor]]:
-    """all_history_totals and window_sums of entities `e` at t1 from their values at t0 (UTC midnights,
+    """all_history_totals and window_totals of entities `e` at t1 from their values at t0 (UTC midnights,
     t0 <= t1), reading only the events in [t0, t1) and those leaving each window, [t0 - w, t1 - w):
 
         total(t1) = total(t0) + S[t0, t1)          window_w(t1) = window_w(t0) + S[t0, t1) - S[t0 - w, t1 - w)
 
     Returns ({source: (totals [n, base], first row at/after t1)}, {source: windows [n, W, width]})."""
     n, dev = len(e), e.device
+    T0, T1 = (torch.full((n,), t, dtype=torch.int64, device=dev) for t in (t0, t1))
     new_totals, new_windows = {}, {}
     for name, src in cache.sources.items():
         st, lay = source_tensors(src, dev), _layout(src)
 
-        def pos(t: int, st: SourceTensors = st) -> torch.Tensor:
-            return st.positions(e, torch.full((n,), t, dtype=torch.int64, device=dev))
+        def channels(
+            rows: torch.Tensor, owner: torch.Tensor, a: int, st: SourceTensors = st, lay: _Layout = lay
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            # a row's new-day flag is the entity's own (first event of its UTC day): what a midnight window counts
+            return _channels(st, lay, rows, st.offsets[e[a + owner]], with_tops=True)
 
-        hi = pos(t1)
-        added = _range_sums(st, lay, e, pos(t0), hi)
-        new_totals[name] = (totals[name] + added[:, : lay.base], hi)
+        added = window_sums(st, e, T0, T1, channels, lay.width)
+        new_totals[name] = (totals[name] + added[:, : lay.base], st.positions(e, T1))
         win = windows[name].clone()
         for wi, w in enumerate(WINDOWS_DAYS):
-            win[:, wi] += added - _range_sums(st, lay, e, pos(t0 - w * DAY), pos(t1 - w * DAY))
+            win[:, wi] += added - window_sums(st, e, T0 - w * DAY, T1 - w * DAY, channels, lay.width)
         new_windows[name] = win
     return new_totals, new_windows
 
@@ -222,7 +212,7 @@ def aggregate_features_t(
 ) -> torch.Tensor:
     """Aggregate features [n, F] float32 of queries sorted by (entity, time), on e's device.
 
-    ``totals`` (all_history_totals) and ``windows`` (window_sums), e.g. advanced with advance_sums, skip the
+    ``totals`` (all_history_totals) and ``windows`` (window_totals), e.g. advanced with advance_sums, skip the
     passes over the events: then only one row per entity and window is read (first/last event times)."""
     cols: list[torch.Tensor] = []
     t64 = t.to(torch.float64)

@@ -125,14 +125,15 @@ def scan(seg: torch.Tensor, t: torch.Tensor, first: torch.Tensor, rates: torch.T
 def window_sums(
     st: SourceTensors, e: torch.Tensor, t0: torch.Tensor, t1: torch.Tensor, channel_fn, channels: int
 ) -> torch.Tensor:
-    """Undecayed channel sums [n, channels] of the events with t0 <= ts < t1 (channel_fn(rows) -> chans, vals)."""
+    """Undecayed channel sums [n, channels] of the events with t0 <= ts < t1; channel_fn(rows, owner, a) ->
+    (chans [m, K], vals [m, K]) for the rows of queries a + owner (as in incremental_sums)."""
     n = len(e)
     lo, hi = st.positions(e, t0), st.positions(e, t1)
     out = torch.zeros(n * channels, dtype=torch.float32, device=e.device)
     first = torch.ones(n, dtype=torch.bool, device=e.device)  # windows are independent: cut anywhere
     for a, b in row_chunks(hi - lo, first):
         owner, rows = expand_ranges_t(lo[a:b], hi[a:b])
-        chans, vals = channel_fn(rows)
+        chans, vals = channel_fn(rows, owner, a)
         idx = chans + ((owner + a) * channels).unsqueeze(1)
         out.index_add_(0, idx.reshape(-1), vals.reshape(-1))
     return out.view(n, channels)

@@ -341,7 +341,7 @@ class FeatureEncoder:
         """Model input [n, dim] from each source's raw decayed sums [n, H, C] and first row at/after t [n].
 
         ``totals`` / ``windows``: precomputed aggregate sums per source (aggregates.all_history_totals,
-        window_sums); without them the aggregates read the events before t."""
+        window_totals); without them the aggregates read the events before t."""
         n, H = len(e), len(self.half_lives_days)
         parts = []
         for plan, s, p in zip(self.sources, sums, pos, strict=True):
@@ -384,7 +384,9 @@ class FeatureEncoder:
     ) -> torch.Tensor:
         """Undecayed channel sums [n, channels] of events with t0 <= ts < t1."""
         st = source_tensors(cache.source(plan.name), e.device)
-        return window_sums(st, e, t0, t1, lambda rows: self.event_channels_t(plan, st, rows), plan.channels)
+        return window_sums(
+            st, e, t0, t1, lambda rows, *_: self.event_channels_t(plan, st, rows), plan.channels
+        )
 
     def window_channels(
         self, cache: EventCache, plan: SourcePlan, entity: np.ndarray, t0: np.ndarray, t1: np.ndarray

@@ -33,7 +33,7 @@ import torch
 
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache.store import EventCache
-from basemodel_pipeline.evaluation.aggregates import advance_sums, all_history_totals, window_sums
+from basemodel_pipeline.evaluation.aggregates import advance_sums, all_history_totals, window_totals
 from basemodel_pipeline.features.kernels import (
     decayed_sums,
     expand_ranges_t,
@@ -142,7 +142,7 @@ def _build_chunk(
     """Features and packed aggregate sums of entities from their whole history (the first build)."""
     if not enc.aggregate_dim:
         return enc.history_sorted(cache, e, t), torch.zeros((len(e), 0)), []
-    totals, windows = all_history_totals(cache, e, t), window_sums(cache, e, t)
+    totals, windows = all_history_totals(cache, e, t), window_totals(cache, e, t)
     packed, layout = _pack(totals, windows)
     return enc.history_sorted(cache, e, t, totals, windows), packed, layout
 
