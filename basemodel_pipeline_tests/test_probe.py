@@ -56,3 +56,43 @@ def test_foundation_embed_shape_dtype_and_determinism(tmp_path) -> None:
         save_checkpoint(tmp_path / "ckpt", model, {"arch": arch})
         loaded, _ = load_checkpoint(tmp_path / "ckpt")
         assert torch.equal(loaded.embed(x), emb)
+
+
+def test_entity_folds_keep_an_entity_together_and_are_balanced() -> None:
+    from basemodel_pipeline.evaluation.probe import entity_folds
+
+    entity = np.repeat(np.arange(5000), 3)
+    fold = entity_folds(entity, 5)
+    assert (fold.reshape(-1, 3) == fold.reshape(-1, 3)[:, :1]).all()  # every row of an entity in one fold
+    assert np.array_equal(entity_folds(entity[::-1], 5), fold[::-1])  # fixed by the entity, not the row order
+    counts = np.bincount(fold, minlength=5)
+    assert counts.min() > 0.9 * counts.mean()
+
+
+def test_cross_fitted_scores_learn_signal_but_not_entities() -> None:
+    """Out of fold: a planted signal is learned, while labels that are pure per-entity noise (learnable only
+    by memorising the entity's own row) score at chance."""
+    from basemodel_pipeline.evaluation.probe import cross_fitted_scores
+
+    rng = np.random.default_rng(2)
+    X, y = _data(3000, rng)
+    entity = np.arange(3000)
+    scores = cross_fitted_scores(X, y, entity, "binary", folds=5)
+    assert scores.shape == (3000,) and auroc(y, scores) > 0.8
+    ident = rng.normal(size=(3000, 64)).astype(np.float32)  # a unique random code per entity
+    noise = rng.integers(0, 2, 3000).astype(np.float32)
+    assert 0.44 < auroc(noise, cross_fitted_scores(ident, noise, entity, "binary", folds=5)) < 0.56
+
+
+def test_paired_bootstrap_interval() -> None:
+    from basemodel_pipeline.evaluation.probe import paired_bootstrap
+
+    rng = np.random.default_rng(3)
+    y = rng.integers(0, 2, 2000).astype(np.float32)
+    weak = rng.random(2000)
+    strong = y + rng.normal(0, 0.8, 2000)
+    diff, lo, hi = paired_bootstrap("binary", y, strong, weak, rounds=200)
+    assert diff > 0.2 and 0 < lo < diff < hi
+    assert paired_bootstrap("binary", y, weak, weak, rounds=50) == (0.0, 0.0, 0.0)
+    diff, lo, hi = paired_bootstrap("binary", y, weak, rng.random(2000), rounds=200)
+    assert lo < 0 < hi  # two random scorers: the interval covers zero

@@ -1,10 +1,19 @@
 """Embedding probe on The Complete Journey: the same fixed MLP on foundation embeddings vs on aggregates.
 
-    .venv/bin/python bench/bench_probe.py [--workspace bench_workspace] [--seeds 0 1]
+    .venv/bin/python bench/bench_probe.py [--workspace bench_workspace] [--protocol recsys] [--seeds 0 1 2]
 
 Needs a workspace where the foundation model has been trained (e.g. after bench/bench_demo.py or make demo).
-The embeddings are what `basemodel embed` exports: `model.embed(features)` in float16. Each probe seed trains
-the probe once per input; the result holds every seed and their mean. Writes bench/results/embedding_probe.json.
+The embeddings are what `basemodel embed` exports: `model.embed(features)` in float16.
+
+Protocols (both run by default; every result holds each probe seed and their mean):
+- ``recsys`` (RecSys Challenge 2025): one embedding per entity as of the test split point
+  (data_params.training_end_date), targets in the window after it; the probe is cross-fitted over 5 folds of
+  entities (evaluation/probe.py: cross_fitted_scores), so every entity is scored by a probe that never saw it.
+- ``weekly``: the scenario split (DESIGN §6): the probe fits on the weekly training split points, chooses
+  its epoch on the validation split points and is scored on the test window.
+
+A paired bootstrap over the scored rows gives a 95% interval of (embeddings - aggregates) for the
+seed-averaged scores. Writes bench/results/embedding_probe.json.
 """
 
 from __future__ import annotations
@@ -26,17 +35,70 @@ from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.evaluation.aggregates import aggregate_features
 from basemodel_pipeline.evaluation.metrics import primary_metric
-from basemodel_pipeline.evaluation.probe import probe_scores
+from basemodel_pipeline.evaluation.probe import cross_fitted_scores, paired_bootstrap, probe_scores
 from basemodel_pipeline.features.sketch import FeatureEncoder
 from basemodel_pipeline.model.checkpoint import load_checkpoint
-from basemodel_pipeline.scenarios.targets import build_examples, choose_classes
+from basemodel_pipeline.scenarios.targets import Examples, build_examples, choose_classes
 from basemodel_pipeline.training.splits import scenario_split_times
+
+PROTOCOLS = ("recsys", "weekly")
+
+
+def _inputs(model, enc: FeatureEncoder, cache: EventCache, ex: Examples) -> dict[str, np.ndarray]:
+    with torch.no_grad():
+        emb = model.embed(torch.from_numpy(enc.history(cache, ex.entity, ex.time))).numpy()
+    return {
+        "embeddings": emb.astype(np.float16),
+        "aggregates": aggregate_features(cache, ex.entity, ex.time)[0],
+    }
+
+
+def _scores(protocol: str, feats: dict, ex: dict[str, Examples], task: str, seed: int) -> np.ndarray:
+    if protocol == "recsys":
+        test = ex["test"]
+        return cross_fitted_scores(feats["test"], test.labels, test.entity, task, seed=seed)
+    return probe_scores(
+        feats["train"], ex["train"].labels, feats["val"], ex["val"].labels, feats["test"], task, seed
+    )
+
+
+def run_protocol(protocol: str, cfg, model, enc, cache, sc, seeds: list[int], result: dict) -> None:
+    """Both probes of one scenario under one protocol; adds `<protocol>_<scenario>_*` keys to result."""
+    started = time.perf_counter()
+    times = scenario_split_times(cfg.data_params, sc.target.horizon_days, sc.name)
+    spec = choose_classes(cache, sc, times["train"])
+    parts = ("test",) if protocol == "recsys" else ("train", "val", "test")
+    ex = {k: build_examples(cache, sc, spec, times[k]) for k in parts}
+    inputs = {k: _inputs(model, enc, cache, v) for k, v in ex.items()}
+    truth = ex["test"].labels
+    key = f"{protocol}_{sc.name}"
+    mean_scores = {}
+    for name in ("embeddings", "aggregates"):
+        feats = {k: v[name] for k, v in inputs.items()}
+        per_seed, runs = [], []
+        for seed in seeds:
+            s = _scores(protocol, feats, ex, sc.task, seed)
+            runs.append(s)
+            per_seed.append(round(primary_metric(sc.task, truth, s), 4))
+        mean_scores[name] = np.mean(runs, 0)
+        result[f"{key}_probe_{name}"] = round(float(np.mean(per_seed)), 4)
+        result[f"{key}_probe_{name}_per_seed"] = per_seed
+    diff, lo, hi = paired_bootstrap(sc.task, truth, mean_scores["embeddings"], mean_scores["aggregates"])
+    result[f"{key}_seed_mean_diff"] = round(diff, 4)
+    result[f"{key}_seed_mean_diff_ci95"] = [round(lo, 4), round(hi, 4)]
+    result[f"{key}_rows"] = len(truth)
+    result[f"{key}_fit_rows"] = len(ex["train"]) if "train" in ex else int(len(truth) * 3 / 5)
+    result["embedding_dim"] = int(inputs["test"]["embeddings"].shape[1])
+    result[f"{sc.name}_metric"] = "auroc" if sc.task == "binary" else "macro_auroc"
+    result[f"{key}_wall_s"] = round(time.perf_counter() - started, 1)
+    print(key, {k: v for k, v in result.items() if k.startswith(key)}, flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--workspace", default="bench_workspace")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="probe seeds")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="probe seeds")
+    parser.add_argument("--protocol", choices=PROTOCOLS, nargs="+", default=list(PROTOCOLS))
     parser.add_argument("--results", default=str(Path(__file__).parent / "results" / "embedding_probe.json"))
     args = parser.parse_args()
     cfg = load_config(Path(args.workspace) / "config.yaml")
@@ -47,44 +109,18 @@ def main() -> None:
     result: dict[str, object] = {
         "benchmark": "embedding_probe",
         "dataset": "The Complete Journey",
-        "command": "python bench/bench_probe.py --seeds " + " ".join(map(str, args.seeds)),
+        "command": "python bench/bench_probe.py --protocol "
+        + " ".join(args.protocol)
+        + " --seeds "
+        + " ".join(map(str, args.seeds)),
         "machine": f"{platform.machine()} {psutil.cpu_count()} cores",
         "loadavg_before": [round(x, 2) for x in os.getloadavg()],
         "foundation_version": meta["version"],
         "probe_seeds": args.seeds,
     }
-    for sc in cfg.scenarios:
-        started = time.perf_counter()
-        times = scenario_split_times(cfg.data_params, sc.target.horizon_days, sc.name)
-        spec = choose_classes(cache, sc, times["train"])
-        ex = {k: build_examples(cache, sc, spec, v) for k, v in times.items()}
-        with torch.no_grad():
-            emb = {
-                k: model.embed(torch.from_numpy(enc.history(cache, v.entity, v.time)))
-                .numpy()
-                .astype(np.float16)
-                for k, v in ex.items()
-            }
-        result["embedding_dim"] = int(emb["train"].shape[1])
-        agg = {k: aggregate_features(cache, v.entity, v.time)[0] for k, v in ex.items()}
-        for name, feats in (("embeddings", emb), ("aggregates", agg)):
-            per_seed = []
-            for seed in args.seeds:
-                scores = probe_scores(
-                    feats["train"],
-                    ex["train"].labels,
-                    feats["val"],
-                    ex["val"].labels,
-                    feats["test"],
-                    sc.task,
-                    seed,
-                )
-                per_seed.append(round(primary_metric(sc.task, ex["test"].labels, scores), 4))
-            result[f"{sc.name}_probe_{name}"] = round(float(np.mean(per_seed)), 4)
-            result[f"{sc.name}_probe_{name}_per_seed"] = per_seed
-        result[f"{sc.name}_metric"] = "auroc" if sc.task == "binary" else "macro_auroc"
-        result[f"{sc.name}_wall_s"] = round(time.perf_counter() - started, 1)
-        print(sc.name, {k: v for k, v in result.items() if k.startswith(sc.name)}, flush=True)
+    for protocol in args.protocol:
+        for sc in cfg.scenarios:
+            run_protocol(protocol, cfg, model, enc, cache, sc, args.seeds, result)
     result["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     out = Path(args.results)
     out.write_text(json.dumps(result, indent=2) + "\n")

@@ -14,6 +14,7 @@ from basemodel_pipeline.evaluation.metrics import primary_metric
 
 PROBE_HIDDEN = 256
 PROBE_EPOCHS = 6
+PROBE_MIN_STEPS = 300  # small training sets get more epochs, so that every probe takes enough optimizer steps
 PROBE_LR = 1e-3
 PROBE_BATCH = 512
 
@@ -33,8 +34,8 @@ def probe_scores(
     task: str,
     seed: int = 0,
 ) -> np.ndarray:
-    """Train the fixed probe (Linear-ReLU-Linear, AdamW, PROBE_EPOCHS epochs, best epoch on validation)
-    and return test probabilities [n] or [n, C]."""
+    """Train the fixed probe (Linear-ReLU-Linear, AdamW, PROBE_EPOCHS epochs or at least PROBE_MIN_STEPS
+    steps, best epoch on validation) and return test probabilities [n] or [n, C]."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     Xtr, Xv, Xte = _standardise(X_train, X_val, X_test)
@@ -48,9 +49,10 @@ def probe_scores(
     opt = torch.optim.AdamW(net.parameters(), lr=PROBE_LR, weight_decay=1e-4)
     loss_fn = nn.BCEWithLogitsLoss()
     best, best_test = -np.inf, None
-    for _ in range(PROBE_EPOCHS):
+    batches = max(1, len(Xtr) // PROBE_BATCH)
+    for _ in range(max(PROBE_EPOCHS, -(-PROBE_MIN_STEPS // batches))):
         net.train()
-        for idx in np.array_split(rng.permutation(len(Xtr)), max(1, len(Xtr) // PROBE_BATCH)):
+        for idx in np.array_split(rng.permutation(len(Xtr)), batches):
             loss = loss_fn(net(torch.from_numpy(Xtr[idx])), torch.from_numpy(Ytr[idx]))
             opt.zero_grad()
             loss.backward()
@@ -66,3 +68,50 @@ def probe_scores(
             best, best_test = score, pt
     assert best_test is not None
     return best_test
+
+
+def entity_folds(entity: np.ndarray, k: int) -> np.ndarray:
+    """Fold [n] in 0..k-1 of each row, fixed by its entity index (a multiplicative hash), so every row of an
+    entity lands in the same fold and the folds do not depend on the order of the rows."""
+    mixed = (np.asarray(entity).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(32)
+    return (mixed % np.uint64(k)).astype(np.int64)
+
+
+def cross_fitted_scores(
+    X: np.ndarray, Y: np.ndarray, entity: np.ndarray, task: str, folds: int = 5, seed: int = 0
+) -> np.ndarray:
+    """Out-of-fold probe scores [n] or [n, C] when there is a single time point (RecSys Challenge 2025:
+    one embedding per entity as of a date, targets after it). For fold f the probe fits on the other folds
+    except f + 1, chooses its epoch on fold f + 1 and scores fold f, so no entity is scored by a probe that
+    saw it."""
+    if folds < 3:
+        raise ValueError(f"cross_fitted_scores needs at least 3 folds, got {folds}")
+    fold = entity_folds(entity, folds)
+    out: np.ndarray | None = None
+    for f in range(folds):
+        test, val = fold == f, fold == (f + 1) % folds
+        fit = ~(test | val)
+        scores = probe_scores(X[fit], Y[fit], X[val], Y[val], X[test], task, seed)
+        if out is None:
+            out = np.zeros((len(X), *scores.shape[1:]), np.float32)
+        out[test] = scores
+    assert out is not None
+    return out
+
+
+def paired_bootstrap(
+    task: str, Y: np.ndarray, a: np.ndarray, b: np.ndarray, rounds: int = 1000, seed: int = 0
+) -> tuple[float, float, float]:
+    """Metric(a) - metric(b) on the same rows: (difference, 2.5th and 97.5th percentile over `rounds`
+    resamples of the rows with replacement). The interval says whether a gap is larger than the noise of a
+    test set of this size."""
+    rng = np.random.default_rng(seed)
+    diff = primary_metric(task, Y, a) - primary_metric(task, Y, b)
+    draws = []
+    for _ in range(rounds):
+        i = rng.integers(0, len(Y), len(Y))
+        d = primary_metric(task, Y[i], a[i]) - primary_metric(task, Y[i], b[i])
+        if np.isfinite(d):
+            draws.append(d)
+    lo, hi = np.percentile(draws, [2.5, 97.5])
+    return float(diff), float(lo), float(hi)
