@@ -136,20 +136,6 @@ def describe(enc: FeatureEncoder, cache: EventCache) -> list[Feature]:
     return out
 
 
-def source_base(enc: FeatureEncoder) -> dict[str, int]:
-    """First input index of each event source's block."""
-    base, out = 0, {}
-    for plan in enc.sources:
-        out[plan.name] = base
-        base += plan.channels * len(enc.half_lives_days) + FeatureEncoder.EXTRAS_PER_SOURCE
-    return out
-
-
-def attr_base(enc: FeatureEncoder) -> int:
-    """First input index of the main-entity attributes."""
-    return sum(p.channels * len(enc.half_lives_days) + FeatureEncoder.EXTRAS_PER_SOURCE for p in enc.sources)
-
-
 def bucket_codes(col: ColumnPlan) -> np.ndarray:
     """[P, vocab_size + 1] channel within the column (p * W + bucket) of every value code of a hashed column."""
     return col.hash_table()

@@ -209,12 +209,28 @@ class FeatureEncoder:
     def attribute_dim(self) -> int:
         return sum(c.width for c in self.attributes)
 
+    def source_width(self, plan: SourcePlan) -> int:
+        """Inputs of one event source: its decayed channels at every half-life, then the extras."""
+        return plan.channels * len(self.half_lives_days) + self.EXTRAS_PER_SOURCE
+
+    def source_offsets(self) -> dict[str, int]:
+        """First input index of each event source's block, by source name."""
+        starts = np.cumsum([0] + [self.source_width(p) for p in self.sources])
+        return {plan.name: int(a) for plan, a in zip(self.sources, starts, strict=False)}
+
+    @property
+    def attribute_offset(self) -> int:
+        """First input index of the main-entity attributes (after every source's block)."""
+        return sum(self.source_width(p) for p in self.sources)
+
+    @property
+    def aggregate_offset(self) -> int:
+        """First input index of the automatic aggregate features (the last block)."""
+        return self.attribute_offset + self.attribute_dim
+
     @property
     def dim(self) -> int:
-        per_source = sum(
-            s.channels * len(self.half_lives_days) + self.EXTRAS_PER_SOURCE for s in self.sources
-        )
-        return per_source + self.attribute_dim + self.aggregate_dim
+        return self.aggregate_offset + self.aggregate_dim
 
     # ---- event channels ------------------------------------------------------------------------
     def _table(self, plan: SourcePlan, col: ColumnPlan, device: torch.device) -> torch.Tensor:
@@ -357,12 +373,11 @@ class FeatureEncoder:
 
     def raw_sums(self, X: torch.Tensor) -> list[torch.Tensor]:
         """Inverse of assemble's squashing for the decayed sums: per source [n, H, C] float32 from features X."""
-        n, H, off, out = len(X), len(self.half_lives_days), 0, []
+        n, H, offsets, out = len(X), len(self.half_lives_days), self.source_offsets(), []
         for plan in self.sources:
-            width = H * plan.channels
-            block = X[:, off : off + width].to(torch.float32).reshape(n, H, plan.channels)
+            off = offsets[plan.name]
+            block = X[:, off : off + H * plan.channels].to(torch.float32).reshape(n, H, plan.channels)
             out.append(_unsquash(block, plan.numeric_channels()))
-            off += width + self.EXTRAS_PER_SOURCE
         return out
 
     def _attribute_features(self, cache: EventCache, e: torch.Tensor) -> torch.Tensor:

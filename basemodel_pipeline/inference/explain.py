@@ -55,10 +55,8 @@ from basemodel_pipeline.errors import UserError
 from basemodel_pipeline.features.names import (
     ATTRIBUTES,
     Vocabularies,
-    attr_base,
     bucket_codes,
     describe,
-    source_base,
 )
 from basemodel_pipeline.features.sketch import ColumnPlan, FeatureEncoder
 from basemodel_pipeline.inference.predict import default_as_of, load_scenario
@@ -359,7 +357,7 @@ class Explainer:
             "values": Totals.new(value_keys),
             "features": Totals.new([(str(f.index),) for f in self.features]),
         }
-        bases, H = source_base(enc), len(enc.half_lives_days)
+        bases, H = enc.source_offsets(), len(enc.half_lives_days)
         self.tables: list[ValueTable] = [
             HashedValues(s.name, c, bases[s.name], s.channels, H)
             for s in enc.sources
@@ -367,7 +365,9 @@ class Explainer:
             if c.kind == "hashed"
         ]
         self.tables += [
-            AttributeValues(ATTRIBUTES, c.name, c.vocab_size, np.arange(c.width) + attr_base(enc) + c.offset)
+            AttributeValues(
+                ATTRIBUTES, c.name, c.vocab_size, np.arange(c.width) + enc.attribute_offset + c.offset
+            )
             for c in enc.attributes
             if c.kind == "direct"
         ]
