@@ -27,7 +27,7 @@ import duckdb
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache import build as B
 from basemodel_pipeline.cache import plan as P
-from basemodel_pipeline.cache.view import active_segments, existing_vocab
+from basemodel_pipeline.cache.view import active_segments
 from basemodel_pipeline.config import PipelineConfig
 from basemodel_pipeline.progress import Progress
 
@@ -147,11 +147,7 @@ def _write(
     for plan in plans:
         meta = new["sources"][plan.src.name]
         P.key_counts(con, plan)
-        old_vocab = {
-            c.name: existing_vocab(final, manifest, plan.src.name, c.file)
-            for c in plan.columns
-            if c.kind == "categorical"
-        }
+        old_vocab = B.previous_vocab((final, manifest), plan.src.name, plan.columns)
         n, ts_range, h, vocab = B.write_source(
             con, plan, id_type, old_vocab, [(0, n_total)], n_total, out, spill, segment=True
         )
@@ -172,11 +168,7 @@ def _write(
                 meta["columns"][c.name]["vocab_size"] = vocab[c.name][1]
         progress.advance("cache append", events=n)
     if manifest.get("attributes") and n_total > n_old:
-        old_attr = {
-            c: existing_vocab(final, manifest, "__attributes", m["file"])
-            for c, m in manifest["attributes"]["columns"].items()
-            if m["type"] == "categorical"
-        }
+        old_attr = B.previous_attribute_vocab((final, manifest))
         attrs = B.write_attributes(cfg, con, out, id_type, n_old, old_attr, segment=True)
         if set(attrs.get("columns", {})) != set(manifest["attributes"]["columns"]):
             return None

@@ -284,10 +284,10 @@ def _hash_shards(con: duckdb.DuckDBPyConnection, k: int) -> list[tuple[int, int]
     return shards
 
 
-def _previous_vocab(
+def previous_vocab(
     previous: tuple[Path, dict[str, Any]] | None, source: str, columns: list[P.Column]
 ) -> dict[str, pa.Table]:
-    """Values of the previous cache's vocabularies of categorical columns that are still categorical."""
+    """Values of an existing cache's vocabularies of categorical columns that are still categorical."""
     if not previous or source not in previous[1]["sources"]:
         return {}
     old = previous[1]["sources"][source]["columns"]
@@ -295,6 +295,16 @@ def _previous_vocab(
         c.name: existing_vocab(*previous, source, old[c.name]["file"])
         for c in columns
         if c.kind == "categorical" and old.get(c.name, {}).get("type") == "categorical"
+    }
+
+
+def previous_attribute_vocab(previous: tuple[Path, dict[str, Any]] | None) -> dict[str, pa.Table]:
+    """Values of an existing cache's vocabularies of categorical main-entity attributes."""
+    columns = (previous[1].get("attributes") or {}).get("columns", {}) if previous else {}
+    return {
+        c: existing_vocab(*previous, "__attributes", m["file"])
+        for c, m in columns.items()
+        if m["type"] == "categorical"
     }
 
 
@@ -351,19 +361,14 @@ def _build(
     for plan in plans:
         P.key_counts(con, plan)
         P.check_joins(con, plan)
-        old_vocab = _previous_vocab(previous, plan.src.name, plan.columns)
+        old_vocab = previous_vocab(previous, plan.src.name, plan.columns)
         n, ts_range, h, vocab = write_source(
             con, plan, id_type, old_vocab, shards, int(n_entities), out, spill, segment=False
         )
         hashes.update(h)
         manifest["sources"][plan.src.name] = source_meta(plan, n, ts_range, vocab)
         progress.advance("cache", events=n)
-    attrs = (previous[1].get("attributes") or {}).get("columns", {}) if previous else {}
-    old_attr_vocab = {
-        c: existing_vocab(*previous, "__attributes", m["file"])
-        for c, m in attrs.items()
-        if previous and m["type"] == "categorical"
-    }
+    old_attr_vocab = previous_attribute_vocab(previous)
     manifest["attributes"] = write_attributes(cfg, con, out, id_type, 0, old_attr_vocab, segment=False)
     progress.advance("cache")
     return manifest, hashes

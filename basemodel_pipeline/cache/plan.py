@@ -370,7 +370,6 @@ def attribute_arrays(
 ) -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, pa.Table]]:
     """Main-entity attributes of entity indices >= first: (manifest meta, {file stem: array}, {column:
     vocabulary values to write}). For an append `segment`: no match check, only the new values."""
-    only_new = segment
     src = cfg.sources("main_entity_attribute")[0]
     key = src.main_entity_column or ""
     types = describe(con, rel)
@@ -393,7 +392,7 @@ def attribute_arrays(
             table = quote_ident(f"voc_attr_{i}")
             counts = f"SELECT {q} AS v, count(*) AS n FROM {rel} GROUP BY 1"
             values, start = vocab_table(con, table, counts, t, existing.get(col))
-            new_vocab[col] = values.slice(start) if only_new else values
+            new_vocab[col] = values.slice(start) if segment else values
             size = values.num_rows
             joins.append(f"LEFT JOIN {table} v{i} ON a.{q} = v{i}.v")
             selects.append(f"CAST(coalesce(v{i}.code, 0) AS INTEGER) AS {quote_ident(name)}")
