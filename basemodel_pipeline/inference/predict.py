@@ -32,7 +32,13 @@ from basemodel_pipeline.errors import UserError
 from basemodel_pipeline.features.sketch import FeatureEncoder
 from basemodel_pipeline.inference.precision import prepare_model, resolve_device
 from basemodel_pipeline.inference.shards import PartWriter, parts_dir, shard_range
-from basemodel_pipeline.inference.state import EntityState, default_as_of, ensure_state, float32_rows
+from basemodel_pipeline.inference.state import (
+    EntityState,
+    default_as_of,
+    ensure_state,
+    float32_rows,
+    state_serves,
+)
 from basemodel_pipeline.model.checkpoint import load_checkpoint
 from basemodel_pipeline.progress import Progress
 from basemodel_pipeline.scenarios.heads import Head, own_history
@@ -76,7 +82,7 @@ def entity_features(
 ) -> tuple[Iterator[np.ndarray], dict[str, Any]]:
     """Feature chunks of `entity` as of a date and what it took: from the per-entity state as of the latest
     date (built or advanced first), replayed from the cache before it or when `replay`."""
-    if as_of < default_as_of(cache) or replay:
+    if not state_serves(cache, as_of, replay):
         chunks = feature_chunks(cache, FeatureEncoder.from_dict(encoder), entity, as_of)
         return chunks, {"features": "replay"}
     started = time.perf_counter()

@@ -28,7 +28,7 @@ from basemodel_pipeline.cache.build import cache_dir
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import PipelineConfig
 from basemodel_pipeline.errors import UserError
-from basemodel_pipeline.inference.state import default_as_of, ensure_state
+from basemodel_pipeline.inference.state import default_as_of, ensure_state, state_serves
 from basemodel_pipeline.progress import Progress
 
 SHARD_ALIGN = (
@@ -151,9 +151,8 @@ def predict_with_workers(
     """Build or advance the shared state once, score k shards in k local processes (`basemodel predict
     CONFIG --shard I/K` plus worker_args), merge the parts into the destination."""
     cache = EventCache(cache_dir(cfg))
-    latest = default_as_of(cache)
-    as_of = as_of or latest
-    if as_of >= latest and "--replay" not in worker_args:
+    as_of = as_of or default_as_of(cache)
+    if state_serves(cache, as_of, replay="--replay" in worker_args):
         meta = json.loads((ws.latest_scenario_dir(cfg, scenario) / "model.json").read_text())
         ensure_state(Path(cfg.workspace), cache, meta["encoder"], as_of, progress)
     started = time.perf_counter()

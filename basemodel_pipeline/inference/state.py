@@ -53,6 +53,11 @@ def default_as_of(cache: EventCache) -> dt.date:
     return cache.max_date + dt.timedelta(days=1)
 
 
+def state_serves(cache: EventCache, as_of: dt.date, replay: bool) -> bool:
+    """Whether features as of `as_of` come from the per-entity state (the latest date) rather than a replay."""
+    return as_of >= default_as_of(cache) and not replay
+
+
 def float32_rows(rows: np.ndarray) -> torch.Tensor:
     """float16 state rows as float32 (torch converts ~10x faster than numpy)."""
     return torch.from_numpy(np.ascontiguousarray(rows)).float()

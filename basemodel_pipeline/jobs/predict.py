@@ -34,9 +34,8 @@ def stage(cfg: PipelineConfig, args: JobArgs, progress: Progress) -> Mapping[str
 
         from basemodel_pipeline.pipeline import run_predict_workers
 
-        forwarded = ["--precision", options["precision"]]
-        forwarded += ["--output", options["destination"]] if options.get("destination") else []
         destination = options.get("destination")
+        forwarded = ["--precision", options["precision"]] + (["--output", destination] if destination else [])
         return run_predict_workers(
             cfg, Path(args.config), args.scenario, args.as_of, workers, forwarded, destination, progress
         )
