@@ -54,7 +54,9 @@ def test_cli_demo_reports_a_failed_run(tmp_path: Path, monkeypatch: pytest.Monke
         raise RunFailed("extract, cache, pretrain: step extracts__transactions failed: boom")
 
     monkeypatch.setattr("basemodel_pipeline.defs.materialize.materialize_all", broken)
-    monkeypatch.setattr("basemodel_pipeline.demo.prepare_demo", lambda ws, full=False: Path(ws) / "config.yaml")
+    monkeypatch.setattr(
+        "basemodel_pipeline.demo.prepare_demo", lambda ws, full=False: Path(ws) / "config.yaml"
+    )
     monkeypatch.setattr(cli, "load_config", lambda path: None)
     monkeypatch.delenv("DAGSTER_HOME", raising=False)
     result = CliRunner().invoke(cli.app, ["demo", "--workspace", str(tmp_path / "ws")])

@@ -58,6 +58,34 @@ def test_foundation_embed_shape_dtype_and_determinism(tmp_path) -> None:
         assert torch.equal(loaded.embed(x), emb)
 
 
+def test_input_dropout_acts_only_in_training_and_is_not_saved(tmp_path) -> None:
+    """Input dropout sets standardised inputs to their mean while training: a training forward pass differs
+    from the eval one, eval is unchanged by it, and a reloaded checkpoint has none (fine-tuning and inference
+    never drop inputs)."""
+    import torch
+
+    from basemodel_pipeline.model.checkpoint import build_model, load_checkpoint, save_checkpoint
+
+    arch = {"in_dim": 40, "hidden_dim": 16, "num_blocks": 1, "dropout": 0.0, "out_dim": 3}
+    torch.manual_seed(0)
+    model = build_model(arch)
+    x = torch.randn(256, 40)
+    model.train()
+    reference = model(x)
+    model.trunk.input_dropout = 0.5
+    dropped = model(x)
+    assert not torch.allclose(dropped, reference)
+    # a dropped input equals an input at its mean: with all inputs at the mean, dropout changes nothing
+    at_mean = model.trunk.mean.expand(8, 40)
+    torch.testing.assert_close(model(at_mean), model(at_mean))
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), reference)
+    save_checkpoint(tmp_path / "ckpt", model, {"arch": arch})
+    loaded, _ = load_checkpoint(tmp_path / "ckpt")
+    assert loaded.trunk.input_dropout == 0.0
+
+
 def test_entity_folds_keep_an_entity_together_and_are_balanced() -> None:
     from basemodel_pipeline.evaluation.probe import entity_folds
 

@@ -37,6 +37,7 @@ def test_foundation_checkpoint_is_safetensors_plus_json(trained) -> None:
     assert weights["trunk.proj.weight"].shape == (info["arch"]["hidden_dim"], info["arch"]["in_dim"])
     assert np.isfinite(meta["val_loss"]) and meta["epochs"] >= 1
     assert len(info["history"]) == meta["epochs"]
+    assert info["input_dropout"] == cfg.training_params.foundation.input_dropout  # how the trunk was trained
     assert not list(path.parent.glob(".*.tmp"))
 
 

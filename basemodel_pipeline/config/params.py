@@ -78,9 +78,17 @@ class FoundationParams(Strict):
         default=True,
         description="Append automatic windowed aggregates (counts, sums, recency...) to the sketches.",
     )
-    hidden_dim: int = Field(default=512, gt=0)
+    hidden_dim: int = Field(default=256, gt=0)
     num_blocks: int = Field(default=2, gt=0)
     dropout: float = Field(default=0.1, ge=0.0, lt=1.0)
+    input_dropout: float = Field(
+        default=0.5,
+        ge=0.0,
+        lt=1.0,
+        description="Share of the standardised inputs set to their mean in each pretraining example. With few "
+        "entities the trunk otherwise learns its training weeks' futures from each entity's fingerprint, and "
+        "probes fitted on those weeks then trust what is gone at inference time (bench/BENCHMARKS.md).",
+    )
     epochs: int = Field(default=4, gt=0)
     patience: int = Field(
         default=2, gt=0, description="Stop when the validation loss has not improved for this many epochs."

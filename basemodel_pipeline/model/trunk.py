@@ -19,10 +19,15 @@ class ResidualBlock(nn.Module):
 
 
 class Trunk(nn.Module):
-    """Standardise the input with stored statistics, project to `hidden`, apply residual blocks."""
+    """Standardise the input with stored statistics, project to `hidden`, apply residual blocks.
+
+    `input_dropout` zeroes standardised inputs (i.e. sets them to their mean) while training. Pretraining
+    sets it (training_params.foundation.input_dropout); it is not part of the checkpoint, so a trunk loaded
+    for fine-tuning or inference has none."""
 
     def __init__(self, in_dim: int, hidden: int, blocks: int, dropout: float) -> None:
         super().__init__()
+        self.input_dropout = 0.0
         self.register_buffer("mean", torch.zeros(in_dim))
         self.register_buffer("std", torch.ones(in_dim))
         self.proj = nn.Linear(in_dim, hidden)
@@ -35,7 +40,10 @@ class Trunk(nn.Module):
 
     def residual(self, x: torch.Tensor) -> torch.Tensor:  # [B, F] -> [B, hidden]
         """The residual stream after the last block, before the final LayerNorm."""
-        h = self.proj((x - self.mean) / self.std)
+        z = (x - self.mean) / self.std
+        if self.training and self.input_dropout > 0:
+            z = nn.functional.dropout(z, self.input_dropout)
+        h = self.proj(z)
         for block in self.blocks:
             h = block(h)
         return h

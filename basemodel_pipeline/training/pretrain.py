@@ -297,6 +297,7 @@ def _pretrain(
         "out_dim": layout.width,
     }
     model = build_model(arch).to(device)
+    model.trunk.input_dropout = p.input_dropout
     model.trunk.set_stats(Xv.mean(0).to(device), Xv.std(0).to(device))  # the same on every rank
     replica = world.wrap(model)  # DDP under torchrun, else the model itself
     loss_fn = make_loss(layout, p.activity_loss_weight)
@@ -387,6 +388,7 @@ def _pretrain(
         "arch": arch,
         "encoder": enc.to_dict(),
         "horizon_days": p.horizon_days,
+        "input_dropout": p.input_dropout,
         "cache_fingerprint": cache.manifest["fingerprint"],
         "history": run["history"],
         "best_val_loss": run["best"],
