@@ -86,8 +86,8 @@ class FoundationParams(Strict):
         ge=0.0,
         lt=1.0,
         description="Share of the standardised inputs set to their mean in each pretraining example. With few "
-        "entities the trunk otherwise learns its training weeks' futures from each entity's fingerprint, and "
-        "probes fitted on those weeks then trust what is gone at inference time (bench/BENCHMARKS.md).",
+        "entities the trunk otherwise learns what followed its training weeks, and heads or probes fitted on "
+        "those weeks then trust what is gone at inference time (bench/BENCHMARKS.md).",
     )
     epochs: int = Field(default=4, gt=0)
     patience: int = Field(
