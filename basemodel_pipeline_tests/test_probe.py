@@ -124,3 +124,34 @@ def test_paired_bootstrap_interval() -> None:
     assert paired_bootstrap("binary", y, weak, weak, rounds=50) == (0.0, 0.0, 0.0)
     diff, lo, hi = paired_bootstrap("binary", y, weak, rng.random(2000), rounds=200)
     assert lo < 0 < hi  # two random scorers: the interval covers zero
+
+
+def test_fold_metric_ignores_calibration_differences_between_folds() -> None:
+    """Out-of-fold scores of probes with different calibrations: pooling them into one AUROC penalises the
+    offsets; the mean of per-fold AUROCs is what each fold's probe ranks."""
+    from basemodel_pipeline.evaluation.probe import fold_metric
+
+    rng = np.random.default_rng(4)
+    fold = np.repeat(np.arange(5), 400)
+    y = rng.integers(0, 2, 2000).astype(np.float32)
+    scores = y + rng.normal(0, 1.0, 2000)
+    shifted = scores + 3.0 * fold  # each fold's probe outputs on its own scale
+    per_fold = [auroc(y[fold == f], scores[fold == f]) for f in range(5)]
+    assert fold_metric("binary", y, shifted, fold) == np.mean(per_fold)
+    assert fold_metric("binary", y, shifted) < fold_metric("binary", y, shifted, fold) - 0.1  # pooled
+    assert fold_metric("binary", y, scores) == auroc(y, scores)
+
+
+def test_paired_bootstrap_by_fold() -> None:
+    from basemodel_pipeline.evaluation.probe import fold_metric, paired_bootstrap
+
+    rng = np.random.default_rng(5)
+    fold = np.repeat(np.arange(5), 400)
+    y = rng.integers(0, 2, 2000).astype(np.float32)
+    strong = y + rng.normal(0, 0.8, 2000) + 5.0 * fold
+    weak = rng.random(2000)
+    diff, lo, hi = paired_bootstrap("binary", y, strong, weak, rounds=100, groups=fold)
+    assert diff == fold_metric("binary", y, strong, fold) - fold_metric("binary", y, weak, fold)
+    assert 0.2 < lo < diff < hi
+    diff, lo, hi = paired_bootstrap("binary", y, weak, rng.random(2000), rounds=100, groups=fold)
+    assert lo < 0 < hi

@@ -8,7 +8,8 @@ The embeddings are what `basemodel embed` exports: `model.embed(features)` in fl
 Protocols (both run by default; every result holds each probe seed and their mean):
 - ``recsys`` (RecSys Challenge 2025): one embedding per entity as of the test split point
   (data_params.training_end_date), targets in the window after it; the probe is cross-fitted over 5 folds of
-  entities (evaluation/probe.py: cross_fitted_scores), so every entity is scored by a probe that never saw it.
+  entities (evaluation/probe.py: cross_fitted_scores), so every entity is scored by a probe that never saw it;
+  the score is the mean of the 5 per-fold AUROCs (fold_metric: each fold has its own probe and calibration).
 - ``weekly``: the scenario split (DESIGN §6): the probe fits on the weekly training split points, chooses
   its epoch on the validation split points and is scored on the test window.
 
@@ -34,14 +35,20 @@ from basemodel_pipeline.cache.build import cache_dir
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.evaluation.aggregates import aggregate_features
-from basemodel_pipeline.evaluation.metrics import primary_metric
-from basemodel_pipeline.evaluation.probe import cross_fitted_scores, paired_bootstrap, probe_scores
+from basemodel_pipeline.evaluation.probe import (
+    cross_fitted_scores,
+    entity_folds,
+    fold_metric,
+    paired_bootstrap,
+    probe_scores,
+)
 from basemodel_pipeline.features.sketch import FeatureEncoder
 from basemodel_pipeline.model.checkpoint import load_checkpoint
 from basemodel_pipeline.scenarios.targets import Examples, build_examples, choose_classes
 from basemodel_pipeline.training.splits import scenario_split_times
 
 PROTOCOLS = ("recsys", "weekly")
+FOLDS = 5  # recsys protocol
 
 
 def _inputs(model, enc: FeatureEncoder, cache: EventCache, ex: Examples) -> dict[str, np.ndarray]:
@@ -56,7 +63,7 @@ def _inputs(model, enc: FeatureEncoder, cache: EventCache, ex: Examples) -> dict
 def _scores(protocol: str, feats: dict, ex: dict[str, Examples], task: str, seed: int) -> np.ndarray:
     if protocol == "recsys":
         test = ex["test"]
-        return cross_fitted_scores(feats["test"], test.labels, test.entity, task, seed=seed)
+        return cross_fitted_scores(feats["test"], test.labels, test.entity, task, FOLDS, seed=seed)
     return probe_scores(
         feats["train"], ex["train"].labels, feats["val"], ex["val"].labels, feats["test"], task, seed
     )
@@ -71,6 +78,7 @@ def run_protocol(protocol: str, cfg, model, enc, cache, sc, seeds: list[int], re
     ex = {k: build_examples(cache, sc, spec, times[k]) for k in parts}
     inputs = {k: _inputs(model, enc, cache, v) for k, v in ex.items()}
     truth = ex["test"].labels
+    groups = entity_folds(ex["test"].entity, FOLDS) if protocol == "recsys" else None
     key = f"{protocol}_{sc.name}"
     mean_scores = {}
     for name in ("embeddings", "aggregates"):
@@ -79,11 +87,13 @@ def run_protocol(protocol: str, cfg, model, enc, cache, sc, seeds: list[int], re
         for seed in seeds:
             s = _scores(protocol, feats, ex, sc.task, seed)
             runs.append(s)
-            per_seed.append(round(primary_metric(sc.task, truth, s), 4))
+            per_seed.append(round(fold_metric(sc.task, truth, s, groups), 4))
         mean_scores[name] = np.mean(runs, 0)
         result[f"{key}_probe_{name}"] = round(float(np.mean(per_seed)), 4)
         result[f"{key}_probe_{name}_per_seed"] = per_seed
-    diff, lo, hi = paired_bootstrap(sc.task, truth, mean_scores["embeddings"], mean_scores["aggregates"])
+    diff, lo, hi = paired_bootstrap(
+        sc.task, truth, mean_scores["embeddings"], mean_scores["aggregates"], groups=groups
+    )
     result[f"{key}_seed_mean_diff"] = round(diff, 4)
     result[f"{key}_seed_mean_diff_ci95"] = [round(lo, 4), round(hi, 4)]
     result[f"{key}_rows"] = len(truth)
@@ -117,6 +127,7 @@ def main() -> None:
         "loadavg_before": [round(x, 2) for x in os.getloadavg()],
         "foundation_version": meta["version"],
         "probe_seeds": args.seeds,
+        "recsys_score": f"mean of the {FOLDS} per-fold metrics of the cross-fitted probe",
     }
     for protocol in args.protocol:
         for sc in cfg.scenarios:

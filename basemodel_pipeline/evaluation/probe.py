@@ -83,7 +83,7 @@ def cross_fitted_scores(
     """Out-of-fold probe scores [n] or [n, C] when there is a single time point (RecSys Challenge 2025:
     one embedding per entity as of a date, targets after it). For fold f the probe fits on the other folds
     except f + 1, chooses its epoch on fold f + 1 and scores fold f, so no entity is scored by a probe that
-    saw it."""
+    saw it. Score them per fold (fold_metric with entity_folds(entity, folds)), not pooled."""
     if folds < 3:
         raise ValueError(f"cross_fitted_scores needs at least 3 folds, got {folds}")
     fold = entity_folds(entity, folds)
@@ -99,18 +99,41 @@ def cross_fitted_scores(
     return out
 
 
+def fold_metric(task: str, Y: np.ndarray, scores: np.ndarray, groups: np.ndarray | None = None) -> float:
+    """The primary metric of `scores`, or with `groups` (the folds of cross_fitted_scores) its mean over the
+    groups. Out-of-fold scores come from a different probe per fold, each with its own calibration; one AUROC
+    over the pooled rows would rank rows of different folds against each other and penalise calibration
+    differences that are not about the representation (Forman & Scholz, "Apples-to-apples in cross-validation
+    studies", SIGKDD Explorations 2010). The mean of per-fold AUROCs does not."""
+    if groups is None:
+        return primary_metric(task, Y, scores)
+    return float(
+        np.mean([primary_metric(task, Y[groups == g], scores[groups == g]) for g in np.unique(groups)])
+    )
+
+
 def paired_bootstrap(
-    task: str, Y: np.ndarray, a: np.ndarray, b: np.ndarray, rounds: int = 1000, seed: int = 0
+    task: str,
+    Y: np.ndarray,
+    a: np.ndarray,
+    b: np.ndarray,
+    rounds: int = 1000,
+    seed: int = 0,
+    groups: np.ndarray | None = None,
 ) -> tuple[float, float, float]:
     """Metric(a) - metric(b) on the same rows: (difference, 2.5th and 97.5th percentile over `rounds`
     resamples of the rows with replacement). The interval says whether a gap is larger than the noise of a
-    test set of this size."""
+    test set of this size. With `groups` the metric is fold_metric's mean over groups, and rows are resampled
+    within their group."""
     rng = np.random.default_rng(seed)
-    diff = primary_metric(task, Y, a) - primary_metric(task, Y, b)
+    if groups is None:
+        groups = np.zeros(len(Y), np.int64)
+    members = [np.flatnonzero(groups == g) for g in np.unique(groups)]
+    diff = fold_metric(task, Y, a, groups) - fold_metric(task, Y, b, groups)
     draws = []
     for _ in range(rounds):
-        i = rng.integers(0, len(Y), len(Y))
-        d = primary_metric(task, Y[i], a[i]) - primary_metric(task, Y[i], b[i])
+        i = np.concatenate([rng.choice(m, len(m)) for m in members])
+        d = fold_metric(task, Y[i], a[i], groups[i]) - fold_metric(task, Y[i], b[i], groups[i])
         if np.isfinite(d):
             draws.append(d)
     lo, hi = np.percentile(draws, [2.5, 97.5])
