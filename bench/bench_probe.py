@@ -5,13 +5,18 @@
 Needs a workspace where the foundation model has been trained (e.g. after bench/bench_demo.py or make demo).
 The embeddings are what `basemodel embed` exports: `model.embed(features)` in float16.
 
-Protocols (both run by default; every result holds each probe seed and their mean):
+Protocols (all run by default; every result holds each probe seed and their mean):
 - ``recsys`` (RecSys Challenge 2025): one embedding per entity as of the test split point
   (data_params.training_end_date), targets in the window after it; the probe is cross-fitted over 5 folds of
   entities (evaluation/probe.py: cross_fitted_scores), so every entity is scored by a probe that never saw it;
   the score is the mean of the 5 per-fold AUROCs (fold_metric: each fold has its own probe and calibration).
 - ``weekly``: the scenario split (DESIGN §6): the probe fits on the weekly training split points, chooses
-  its epoch on the validation split points and is scored on the test window.
+  its epoch on the validation split points and is scored on the test window. The foundation was trained to
+  predict the futures of those training weeks, so this probe can learn to trust what the trunk recalls about
+  them (bench/BENCHMARKS.md, "Why the churn probe lagged").
+- ``unseen_weeks``: the weekly protocol without that leak: the probe fits on the validation split points only
+  (target windows the foundation never trained on), chooses its epoch on one fold of their entities
+  (entity_folds) and is scored on the test window.
 
 A paired bootstrap over the scored rows gives a 95% interval of (embeddings - aggregates) for the
 seed-averaged scores. Writes bench/results/embedding_probe.json.
@@ -47,7 +52,8 @@ from basemodel_pipeline.model.checkpoint import load_checkpoint
 from basemodel_pipeline.scenarios.targets import Examples, build_examples, choose_classes
 from basemodel_pipeline.training.splits import scenario_split_times
 
-PROTOCOLS = ("recsys", "weekly")
+PROTOCOLS = ("recsys", "weekly", "unseen_weeks")
+PARTS = {"recsys": ("test",), "weekly": ("train", "val", "test"), "unseen_weeks": ("val", "test")}
 FOLDS = 5  # recsys protocol
 
 
@@ -64,6 +70,11 @@ def _scores(protocol: str, feats: dict, ex: dict[str, Examples], task: str, seed
     if protocol == "recsys":
         test = ex["test"]
         return cross_fitted_scores(feats["test"], test.labels, test.entity, task, FOLDS, seed=seed)
+    if protocol == "unseen_weeks":
+        val, X = ex["val"], feats["val"]
+        choose = entity_folds(val.entity, FOLDS) == 0  # one fold of entities picks the epoch
+        fit, check = val.subset(~choose), val.subset(choose)
+        return probe_scores(X[~choose], fit.labels, X[choose], check.labels, feats["test"], task, seed)
     return probe_scores(
         feats["train"], ex["train"].labels, feats["val"], ex["val"].labels, feats["test"], task, seed
     )
@@ -74,7 +85,7 @@ def run_protocol(protocol: str, cfg, model, enc, cache, sc, seeds: list[int], re
     started = time.perf_counter()
     times = scenario_split_times(cfg.data_params, sc.target.horizon_days, sc.name)
     spec = choose_classes(cache, sc, times["train"])
-    parts = ("test",) if protocol == "recsys" else ("train", "val", "test")
+    parts = PARTS[protocol]
     ex = {k: build_examples(cache, sc, spec, times[k]) for k in parts}
     inputs = {k: _inputs(model, enc, cache, v) for k, v in ex.items()}
     truth = ex["test"].labels
@@ -97,7 +108,11 @@ def run_protocol(protocol: str, cfg, model, enc, cache, sc, seeds: list[int], re
     result[f"{key}_seed_mean_diff"] = round(diff, 4)
     result[f"{key}_seed_mean_diff_ci95"] = [round(lo, 4), round(hi, 4)]
     result[f"{key}_rows"] = len(truth)
-    result[f"{key}_fit_rows"] = len(ex["train"]) if "train" in ex else int(len(truth) * 3 / 5)
+    result[f"{key}_fit_rows"] = {
+        "recsys": int(len(truth) * 3 / 5),
+        "weekly": len(ex.get("train", ())),
+        "unseen_weeks": int(len(ex.get("val", ())) * 4 / 5),
+    }[protocol]
     result["embedding_dim"] = int(inputs["test"]["embeddings"].shape[1])
     result[f"{sc.name}_metric"] = "auroc" if sc.task == "binary" else "macro_auroc"
     result[f"{key}_wall_s"] = round(time.perf_counter() - started, 1)
