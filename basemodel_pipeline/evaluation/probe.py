@@ -99,17 +99,24 @@ def cross_fitted_scores(
     return out
 
 
+def _group_rows(n: int, groups: np.ndarray | None) -> list[np.ndarray]:
+    """Row indices of each group (one group of all n rows without `groups`)."""
+    if groups is None:
+        return [np.arange(n)]
+    return [np.flatnonzero(groups == g) for g in np.unique(groups)]
+
+
+def _mean_metric(task: str, Y: np.ndarray, scores: np.ndarray, parts: list[np.ndarray]) -> float:
+    return float(np.mean([primary_metric(task, Y[rows], scores[rows]) for rows in parts]))
+
+
 def fold_metric(task: str, Y: np.ndarray, scores: np.ndarray, groups: np.ndarray | None = None) -> float:
     """The primary metric of `scores`, or with `groups` (the folds of cross_fitted_scores) its mean over the
     groups. Out-of-fold scores come from a different probe per fold, each with its own calibration; one AUROC
     over the pooled rows would rank rows of different folds against each other and penalise calibration
     differences that are not about the representation (Forman & Scholz, "Apples-to-apples in cross-validation
     studies", SIGKDD Explorations 2010). The mean of per-fold AUROCs does not."""
-    if groups is None:
-        return primary_metric(task, Y, scores)
-    return float(
-        np.mean([primary_metric(task, Y[groups == g], scores[groups == g]) for g in np.unique(groups)])
-    )
+    return _mean_metric(task, Y, scores, _group_rows(len(Y), groups))
 
 
 def paired_bootstrap(
@@ -126,14 +133,12 @@ def paired_bootstrap(
     test set of this size. With `groups` the metric is fold_metric's mean over groups, and rows are resampled
     within their group."""
     rng = np.random.default_rng(seed)
-    if groups is None:
-        groups = np.zeros(len(Y), np.int64)
-    members = [np.flatnonzero(groups == g) for g in np.unique(groups)]
-    diff = fold_metric(task, Y, a, groups) - fold_metric(task, Y, b, groups)
+    members = _group_rows(len(Y), groups)
+    diff = _mean_metric(task, Y, a, members) - _mean_metric(task, Y, b, members)
     draws = []
     for _ in range(rounds):
-        i = np.concatenate([rng.choice(m, len(m)) for m in members])
-        d = fold_metric(task, Y[i], a[i], groups[i]) - fold_metric(task, Y[i], b[i], groups[i])
+        parts = [m[rng.integers(0, len(m), len(m))] for m in members]  # each group resampled on its own
+        d = _mean_metric(task, Y, a, parts) - _mean_metric(task, Y, b, parts)
         if np.isfinite(d):
             draws.append(d)
     lo, hi = np.percentile(draws, [2.5, 97.5])
