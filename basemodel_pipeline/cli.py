@@ -438,11 +438,20 @@ def demo(
         bool,
         typer.Option(
             "--full",
-            help="All six Complete Journey scenarios (default: churn and department); much longer: manufacturer (5,288 labels) and next-basket (68k products) dominate.",
+            help="Every scenario of the data set's full config (The Complete Journey: six, default two; much "
+            "longer: manufacturer (5,288 labels) and next-basket (68k products) dominate).",
         ),
     ] = False,
+    dataset: Annotated[
+        str,
+        typer.Option(
+            "--dataset",
+            "-d",
+            help="completejourney (grocery baskets, default) or nycflights13 (departures of NYC aircraft, 2013).",
+        ),
+    ] = "completejourney",
 ) -> None:
-    """The Complete Journey end to end: materialize every asset through Dagster, then show the test metrics.
+    """A demo data set end to end: materialize every asset through Dagster, then show the test metrics.
 
     Runs land in <workspace>/dagster_home, so `make ui` shows them afterwards.
     """
@@ -451,7 +460,7 @@ def demo(
 
     start = time.perf_counter()
     with user_errors():
-        config = prepare_demo(workspace, full=full)
+        config = prepare_demo(workspace, full=full, dataset=dataset)
         load_config(config)
     out.print(f"[bold]demo[/bold]: config {config}")
     instance = demo_instance(workspace)

@@ -55,7 +55,8 @@ def test_cli_demo_reports_a_failed_run(tmp_path: Path, monkeypatch: pytest.Monke
 
     monkeypatch.setattr("basemodel_pipeline.defs.materialize.materialize_all", broken)
     monkeypatch.setattr(
-        "basemodel_pipeline.demo.prepare_demo", lambda ws, full=False: Path(ws) / "config.yaml"
+        "basemodel_pipeline.demo.prepare_demo",
+        lambda ws, full=False, dataset="completejourney": Path(ws) / "config.yaml",
     )
     monkeypatch.setattr(cli, "load_config", lambda path: None)
     monkeypatch.delenv("DAGSTER_HOME", raising=False)

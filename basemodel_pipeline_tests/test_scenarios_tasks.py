@@ -48,16 +48,18 @@ def nan(history, future, attributes, ctx):
     return float("nan")
 '''
 
+GROCERY_14D = {  # binary: any GROCERY purchase in the next 14 days
+    "kind": "binary",
+    "source": "transactions",
+    "horizon_days": 14,
+    "filter": [{"column": "department", "op": "==", "value": "GROCERY"}],
+}
 SCENARIOS = [
-    {
+    {  # the network published: the scoring tests below check its paths (state, replay, int8, shards)
         "name": "grocery_buyer",
         "task": "binary",
-        "target": {
-            "kind": "binary",
-            "source": "transactions",
-            "horizon_days": 14,
-            "filter": [{"column": "department", "op": "==", "value": "GROCERY"}],
-        },
+        "target": GROCERY_14D,
+        "publish": "neural",
     },
     {
         "name": "top_department",
@@ -119,6 +121,31 @@ SCENARIOS = [
             "dense_max_items": 10,
             "sketch_partitions": 3,
             "sketch_width": 32,
+        },
+    },
+    {  # a network that cannot learn (a learning rate of 1e-9): never published over the others
+        "name": "grocery_weak_network",
+        "task": "binary",
+        "target": GROCERY_14D,
+        "learning_rate": 1e-9,
+        "epochs": 1,
+    },
+    {
+        "name": "grocery_pinned",
+        "task": "binary",
+        "target": GROCERY_14D,
+        "candidates": ["neural"],
+        "publish": "lightgbm_aggregates",
+    },
+    {
+        "name": "new_products",
+        "task": "recommendation",
+        "target": {
+            "kind": "recommendation",
+            "source": "transactions",
+            "column": "product_id",
+            "horizon_days": 14,
+            "items": "new",
         },
     },
     {
@@ -194,8 +221,14 @@ def test_every_task_trains_evaluates_and_reports(world, name: str) -> None:
     task = cfg.scenario(name).task
     assert set(metrics["test"]) >= {"model", "popularity"}
     assert np.isfinite(metrics["test"]["model"])
+    assert metrics["published"] in metrics["selection"]["validation"]
+    assert (
+        metrics["test"]["model"] == metrics["test"][metrics["published"]]
+    )  # the report measures what is published
     if task == "recommendation":
-        assert set(metrics["test_metrics"]) == {"model", "repeat_purchases", "popularity"}
+        assert {"model", "neural", "reranker", "repeat_purchases", "popularity"} <= set(
+            metrics["test_metrics"]
+        )
         assert metrics["repeat_weight"] in REPEAT_WEIGHTS  # chosen on validation, stored with the model
         stored = json.loads((Path(meta["path"]) / "model.json").read_text())["target"]
         assert stored["repeat_weight"] == metrics["repeat_weight"]
@@ -203,7 +236,7 @@ def test_every_task_trains_evaluates_and_reports(world, name: str) -> None:
             metrics["test_metrics"]["model"]
         )
     else:
-        assert "lightgbm_aggregates" in metrics["test_metrics"]
+        assert {"lightgbm_aggregates", "neural", "popularity"} <= set(metrics["test_metrics"])
     report = Path(meta["report_path"])
     assert report.parent == Path(meta["path"]) and report.exists()
     text = report.read_text()
@@ -224,7 +257,72 @@ def test_multiclass_and_regression_outputs(world) -> None:
     assert 0 <= m["test_metrics"]["model"]["accuracy"] <= m["test_metrics"]["model"]["top3_accuracy"] <= 1
     r = json.loads((Path(results["spend"]["path"]) / "metrics.json").read_text())
     assert r["metric"] == "rmse" and r["mode"] == "lora"
-    assert set(r["test_metrics"]["model"]) == {"rmse", "mae", "spearman"}
+    assert {"rmse", "mae", "spearman", "rmse_raw", "mae_raw", "gini", "top_decile_lift"} <= set(
+        r["test_metrics"]["model"]
+    )
+
+
+def _test_examples(cfg, name: str):
+    from basemodel_pipeline.cache.build import cache_dir
+    from basemodel_pipeline.cache.store import EventCache
+    from basemodel_pipeline.features.sketch import FeatureEncoder
+    from basemodel_pipeline.training.finetune import Shared, prepare
+
+    cache = EventCache(cache_dir(cfg))
+    foundation = ws.latest_foundation_dir(cfg)
+    fmeta = json.loads((foundation / "model.json").read_text())
+    shared = Shared(cfg, cache, fmeta, foundation, FeatureEncoder.from_dict(fmeta["encoder"]))
+    return cache, prepare(shared, cfg.scenario(name))[1]["test"]
+
+
+def test_a_network_that_cannot_learn_is_not_published_and_predict_scores_what_was_chosen(world) -> None:
+    from basemodel_pipeline.evaluation.metrics import auroc
+
+    cfg, results = world
+    m = json.loads((Path(results["grocery_weak_network"]["path"]) / "metrics.json").read_text())
+    val = m["selection"]["validation"]
+    assert m["published"] != "neural" and val[m["published"]] > val["neural"]
+    assert m["test"]["model"] > m["test"]["neural"]
+    # predict, replayed as of the test split point, reproduces the published test metric
+    cache, test = _test_examples(cfg, "grocery_weak_network")
+    out = run_predict(
+        cfg, "grocery_weak_network", as_of=cfg.data_params.test_date, precision="fp32", replay=True
+    )
+    scores = _scores(out["path"])
+    ids = cache.entity_ids[test.entity]
+    assert auroc(test.labels, np.array([scores[i] for i in ids])) == pytest.approx(
+        m["test"]["model"], abs=1e-9
+    )
+
+
+def test_a_pinned_candidate_is_published(world) -> None:
+    _, results = world
+    m = json.loads((Path(results["grocery_pinned"]["path"]) / "metrics.json").read_text())
+    assert m["published"] == "lightgbm_aggregates" and m["selection"]["pinned"]
+    assert "lightgbm_hybrid" not in m["test"]  # candidates: [neural] (+ the baselines)
+    assert "pinned" in (Path(results["grocery_pinned"]["path"]) / "report.html").read_text()
+
+
+def test_only_new_items_are_never_items_the_entity_had(world) -> None:
+    cfg, results = world
+    m = json.loads((Path(results["new_products"]["path"]) / "metrics.json").read_text())
+    # nothing of their own may be recommended: "repeat" falls back to the popular items they never had
+    assert m["test"]["repeat_purchases"] == m["test"]["popularity"]
+    table = pq.read_table(run_predict(cfg, "new_products")["path"]).to_pandas()
+    from basemodel_pipeline.cache.build import cache_dir
+    from basemodel_pipeline.cache.store import EventCache
+
+    cache = EventCache(cache_dir(cfg))
+    src = cache.source("transactions")
+    items = np.array(src.vocab("product_id"), dtype=object)
+    codes = np.asarray(src.columns["product_id"])
+    owned = {
+        eid: set(items[codes[src.offsets[i] : src.offsets[i + 1]] - 1])
+        for i, eid in enumerate(cache.entity_ids)
+    }
+    assert len(table) and table["entity_id"].nunique() == cache.n_entities
+    clash = [(e, i) for e, i in zip(table["entity_id"], table["item"], strict=True) if i in owned[e]]
+    assert not clash
 
 
 def test_multilabel_over_all_values_with_lightgbm_for_top_labels(world) -> None:

@@ -15,6 +15,14 @@ from pydantic import Field, model_validator
 from basemodel_pipeline.config.base import IDENTIFIER, Strict
 
 TASKS = ("binary", "multiclass", "multilabel", "regression", "recommendation")
+CandidateName = Literal[
+    "neural",
+    "lightgbm_hybrid",
+    "lightgbm_aggregates",
+    "popularity",
+    "reranker",
+    "repeat_purchases",
+]
 Task = Literal["binary", "multiclass", "multilabel", "regression", "recommendation"]
 
 
@@ -183,9 +191,28 @@ class Scenario(Strict):
         "for the rest.",
     )
     k: int = Field(default=10, gt=0, description="K of the @K metrics (recommendation) and top-k accuracy.")
+    candidates: list[CandidateName] | None = Field(
+        default=None,
+        description="Models to fit besides the baselines (default: all of the task's). The published one is "
+        "chosen among them and the baselines on validation windows.",
+    )
+    publish: CandidateName | Literal["blend"] | None = Field(
+        default=None,
+        description="Pin the published candidate (default: the best on validation windows).",
+    )
 
     @model_validator(mode="after")
     def _task_matches_target(self) -> Scenario:
+        ranking = {"reranker", "repeat_purchases"}
+        tabular = {"lightgbm_hybrid", "lightgbm_aggregates"}
+        wrong = ranking if self.task != "recommendation" else tabular | {"blend"}
+        for field, names in (
+            ("candidates", self.candidates or []),
+            ("publish", [self.publish] if self.publish else []),
+        ):
+            bad = [n for n in names if n in wrong]
+            if bad:
+                raise ValueError(f"{field}: {', '.join(bad)} is not a candidate of a {self.task} scenario")
         kind = self.target.kind
         if kind == "python":
             if self.task == "recommendation":

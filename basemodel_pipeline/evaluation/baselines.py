@@ -10,57 +10,6 @@ import numpy as np
 
 from basemodel_pipeline.cache.store import DAY, EventCache, expand_ranges
 
-LGB_PARAMS = {
-    "objective": "binary",
-    "learning_rate": 0.05,
-    "num_leaves": 31,
-    "min_data_in_leaf": 20,
-    "feature_fraction": 0.8,
-    "bagging_fraction": 0.8,
-    "bagging_freq": 1,
-    "lambda_l2": 1.0,
-    "num_threads": 2,
-    "verbose": -1,
-    "deterministic": True,
-    "force_col_wise": True,
-}
-MAX_ROUNDS = 500
-EARLY_STOPPING = 30
-
-
-def _both(y: np.ndarray) -> bool:
-    return bool(np.any(y > 0)) and bool(np.any(y <= 0))
-
-
-def _datasets(X_train, X_val, categorical_features, params):
-    import lightgbm as lgb
-
-    cats = list(categorical_features) if categorical_features else "auto"
-    train = lgb.Dataset(
-        np.asarray(X_train, np.float32),
-        label=np.zeros(len(X_train)),
-        categorical_feature=cats,
-        params=params,
-        free_raw_data=False,
-    ).construct()
-    valid = lgb.Dataset(
-        np.asarray(X_val, np.float32), label=np.zeros(len(X_val)), reference=train, free_raw_data=False
-    ).construct()
-    return train, valid
-
-
-def _fit_predict(params: dict, train, valid, X_test: np.ndarray) -> np.ndarray:
-    import lightgbm as lgb
-
-    booster = lgb.train(
-        params,
-        train,
-        num_boost_round=MAX_ROUNDS,
-        valid_sets=[valid],
-        callbacks=[lgb.early_stopping(EARLY_STOPPING, verbose=False)],
-    )
-    return booster.predict(X_test, num_iteration=booster.best_iteration or None)
-
 
 def lightgbm_scores(
     task: str,
@@ -72,55 +21,16 @@ def lightgbm_scores(
     categorical_features: list[int] | None = None,
     seed: int = 0,
 ) -> np.ndarray:
-    """Test scores of gradient-boosted trees trained on (X_train, Y_train), early-stopped on (X_val, Y_val).
-
-    Args:
-        task: "binary" (Y [n] of 0/1), "multilabel" (Y [n, C] of 0/1; one model per class), "multiclass"
-            (Y [n] class indices; one softmax model) or "regression" (Y [n] values; L2 loss).
-        categorical_features: column indices LightGBM treats as categorical (integer codes >= 0).
-        seed: LightGBM seed (bagging, feature fraction).
-
-    Binary models stop on validation AUROC (log-loss when the validation labels hold one class), multiclass
-    on multi-log-loss, regression on L2; at most ``MAX_ROUNDS`` rounds, patience ``EARLY_STOPPING``. In the
-    multilabel case a class without positives (or without negatives) in training gets the training
-    prevalence as a constant score.
+    """Test scores of gradient-boosted trees trained on (X_train, Y_train), early-stopped on (X_val, Y_val)
+    (evaluation/gbm.py: fit_gbm, which documents the tasks, stopping and constant columns).
 
     Returns:
         float64 for X_test: probabilities [n_test] (binary), [n_test, C] (multilabel, multiclass), or
         predicted values [n_test] (regression).
     """
-    if task not in ("binary", "multilabel", "multiclass", "regression"):
-        raise ValueError(
-            f"lightgbm_scores supports binary, multilabel, multiclass and regression, not '{task}'"
-        )
-    Y_train, Y_val = np.asarray(Y_train), np.asarray(Y_val)
-    params = {**LGB_PARAMS, "seed": seed}
-    train, valid = _datasets(X_train, X_val, categorical_features, params)
-    X_test = np.asarray(X_test, np.float32)
-    if task == "regression":
-        train.set_label(Y_train.astype(np.float64))
-        valid.set_label(Y_val.astype(np.float64))
-        return _fit_predict({**params, "objective": "regression", "metric": "l2"}, train, valid, X_test)
-    if task == "multiclass":
-        n_class = int(max(Y_train.max(initial=0), Y_val.max(initial=0))) + 1
-        train.set_label(Y_train.astype(np.float64))
-        valid.set_label(Y_val.astype(np.float64))
-        mc = {**params, "objective": "multiclass", "num_class": n_class, "metric": "multi_logloss"}
-        return np.asarray(_fit_predict(mc, train, valid, X_test)).reshape(len(X_test), n_class)
-    single = task == "binary"
-    if single:
-        Y_train, Y_val = Y_train.reshape(-1, 1), Y_val.reshape(-1, 1)
-    out = np.empty((len(X_test), Y_train.shape[1]), dtype=np.float64)
-    for c in range(Y_train.shape[1]):
-        y_tr, y_va = (Y_train[:, c] > 0).astype(np.float64), (Y_val[:, c] > 0).astype(np.float64)
-        if not _both(y_tr):
-            out[:, c] = y_tr.mean() if y_tr.size else 0.0
-            continue
-        train.set_label(y_tr)
-        valid.set_label(y_va)
-        metric = "auc" if _both(y_va) else "binary_logloss"
-        out[:, c] = _fit_predict({**params, "metric": metric}, train, valid, X_test)
-    return out[:, 0] if single else out
+    from basemodel_pipeline.evaluation.gbm import fit_gbm
+
+    return fit_gbm(task, X_train, Y_train, X_val, Y_val, categorical_features, seed).predict(X_test)
 
 
 def _window_code_counts(
@@ -178,6 +88,7 @@ def popularity_scores(
     column: str | None = None,
     class_codes: np.ndarray | None = None,
     window_days: int | None = None,
+    prior: np.ndarray | None = None,
 ) -> np.ndarray:
     """Popularity / recent-activity baseline scores per query (``entity[i]`` as of ``time[i]``).
 
@@ -187,7 +98,8 @@ def popularity_scores(
     - ``multilabel``: for each class (a vocabulary code of ``column`` in ``class_codes`` [C]), the entity's
       share of its events in the 90 days (``window_days``) before the split that carry that code, plus 1e-3 x the class's
       share among all the queries' events in those windows (global popularity, to break ties; it only uses
-      events before each split). Returns float64 [n, C].
+      events before each split), or 1e-3 x ``prior`` [C] when given (then a row's score does not depend on
+      which other rows are scored with it). Returns float64 [n, C].
     """
     entity = np.asarray(entity, dtype=np.int64).ravel()
     time = np.broadcast_to(np.asarray(time, dtype=np.int64), entity.shape).ravel()
@@ -201,7 +113,7 @@ def popularity_scores(
             cache, source, entity, time, window_days or 90, column, np.asarray(class_codes)
         )
         share = counts / np.maximum(total, 1.0)[:, None]
-        glob = counts.sum(axis=0) / max(total.sum(), 1.0)
+        glob = counts.sum(axis=0) / max(total.sum(), 1.0) if prior is None else np.asarray(prior)
         return share + 1e-3 * glob[None, :]
     if task == "multiclass":
         if column is None or class_codes is None:
@@ -209,7 +121,11 @@ def popularity_scores(
         total, counts = _window_code_counts(
             cache, source, entity, time, window_days or 90, column, np.asarray(class_codes)
         )
-        glob = counts.sum(axis=0) / max(total.sum(), 1.0)
+        glob = (
+            counts.sum(axis=0) / max(total.sum(), 1.0)
+            if prior is None
+            else np.asarray(prior)[: counts.shape[1]]
+        )
         return counts / np.maximum(total, 1.0)[:, None] + 1e-3 * glob[None, :]
     raise ValueError(f"popularity_scores supports binary, multilabel and multiclass tasks, not '{task}'")
 

@@ -19,7 +19,16 @@ PRIMARY_METRIC = {
     "regression": "rmse",
     "recommendation": "ndcg@10",
 }
-LOWER_IS_BETTER = {"rmse", "mae", "log_loss", "micro_log_loss", "macro_log_loss"}
+LOWER_IS_BETTER = {
+    "rmse",
+    "mae",
+    "rmse_raw",
+    "mae_raw",
+    "rmse_log1p",
+    "log_loss",
+    "micro_log_loss",
+    "macro_log_loss",
+}
 
 
 def _both_classes(y: np.ndarray) -> bool:
@@ -146,6 +155,30 @@ def mae(y: np.ndarray, pred: np.ndarray) -> float:
     return float(np.mean(np.abs(np.asarray(y, np.float64) - np.asarray(pred, np.float64))))
 
 
+def gini(y: np.ndarray, pred: np.ndarray) -> float:
+    """Normalised Gini: how much of the total of ``y`` ranking by ``pred`` puts first, relative to ranking by
+    ``y`` itself (1 = perfect order, 0 = random). NaN when ``y`` sums to zero."""
+    y, pred = np.asarray(y, np.float64), np.asarray(pred, np.float64)
+
+    def raw(order_by: np.ndarray) -> float:
+        order = np.argsort(-order_by, kind="stable")
+        cum = np.cumsum(y[order]) / y.sum()
+        return float(cum.sum() / len(y) - (len(y) + 1) / (2 * len(y)))
+
+    if len(y) == 0 or y.sum() <= 0:
+        return float("nan")
+    return raw(pred) / raw(y) if raw(y) != 0 else float("nan")
+
+
+def top_decile_lift(y: np.ndarray, pred: np.ndarray) -> float:
+    """Share of the total of ``y`` held by the 10% of rows with the highest ``pred``, divided by 0.1."""
+    y, pred = np.asarray(y, np.float64), np.asarray(pred, np.float64)
+    if len(y) == 0 or y.sum() <= 0:
+        return float("nan")
+    top = np.argsort(-pred, kind="stable")[: max(1, len(y) // 10)]
+    return float(y[top].sum() / y.sum() / (len(top) / len(y)))
+
+
 def spearman(y: np.ndarray, pred: np.ndarray) -> float:
     y, pred = np.asarray(y, np.float64), np.asarray(pred, np.float64)
     if np.ptp(y) == 0 or np.ptp(pred) == 0:
@@ -194,8 +227,27 @@ def ranking_metrics(
 
 
 # ---- per task --------------------------------------------------------------------------------------
-def evaluate(task: str, y, score, k: int = 10) -> dict[str, float]:
-    """Every metric of a task. Recommendation: ``y`` = (indptr, indices, n_items), ``score`` = topk [n, K]."""
+def regression_metrics(y: np.ndarray, pred: np.ndarray, log1p: bool = False) -> dict[str, float]:
+    """RMSE, MAE and Spearman on the target's own scale, and for amounts on both scales: with ``log1p``
+    (the target is log(1 + amount)) RMSE/MAE of the amounts themselves; for a non-negative target RMSE of
+    log1p. Gini and top-decile lift of the amounts (how well the ranking finds where the total is)."""
+    out = {"rmse": rmse(y, pred), "mae": mae(y, pred), "spearman": spearman(y, pred)}
+    y, pred = np.asarray(y, np.float64), np.asarray(pred, np.float64)
+    if log1p:
+        amount, predicted = np.expm1(y), np.expm1(np.maximum(pred, 0.0))
+        out.update(rmse_raw=rmse(amount, predicted), mae_raw=mae(amount, predicted))
+    elif len(y) and y.min() >= 0:
+        amount, predicted = y, np.maximum(pred, 0.0)
+        out["rmse_log1p"] = rmse(np.log1p(y), np.log1p(predicted))
+    else:
+        return out
+    out.update(gini=gini(amount, predicted), top_decile_lift=top_decile_lift(amount, predicted))
+    return out
+
+
+def evaluate(task: str, y, score, k: int = 10, log1p: bool = False) -> dict[str, float]:
+    """Every metric of a task. Recommendation: ``y`` = (indptr, indices, n_items), ``score`` = topk [n, K].
+    Regression: ``log1p`` says the target is log(1 + amount) (regression_metrics)."""
     if task == "binary":
         return {
             "auroc": auroc(y, score),
@@ -220,7 +272,7 @@ def evaluate(task: str, y, score, k: int = 10) -> dict[str, float]:
             "macro_auroc_ovr": macro_auroc(np.eye(score.shape[1])[np.asarray(y)], score),
         }
     if task == "regression":
-        return {"rmse": rmse(y, score), "mae": mae(y, score), "spearman": spearman(y, score)}
+        return regression_metrics(y, score, log1p)
     if task == "recommendation":
         indptr, indices, n_items = y
         hits = ranking_hits(score, indptr, indices, n_items)

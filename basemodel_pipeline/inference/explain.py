@@ -106,6 +106,9 @@ class Output:
         if task == "multiclass":
             return torch.log_softmax(out, -1)[:, j]
         if task == "regression":
+            if extra.get("hurdle"):  # P(any amount) x the amount if any (before clipping to the range)
+                amount = out[:, 1] * extra["positive_std"] + extra["positive_mean"]
+                return torch.sigmoid(out[:, 0]) * amount
             return out[:, 0] * extra["std"] + extra["mean"]
         return out[:, j]
 

@@ -41,8 +41,10 @@ from basemodel_pipeline.inference.state import (
 )
 from basemodel_pipeline.model.checkpoint import load_checkpoint
 from basemodel_pipeline.progress import Progress
-from basemodel_pipeline.scenarios.heads import Head, own_history
-from basemodel_pipeline.scenarios.targets import Examples, TargetSpec
+from basemodel_pipeline.scenarios.candidates import Candidate, Context, load_candidate
+from basemodel_pipeline.scenarios.heads import Head
+from basemodel_pipeline.scenarios.inputs import Rows, RowView
+from basemodel_pipeline.scenarios.targets import TargetSpec
 from basemodel_pipeline.training import loop
 from basemodel_pipeline.training.splits import epoch_seconds
 
@@ -55,11 +57,12 @@ UNKNOWN_EXAMPLES = 10
 def feature_chunks(
     cache: EventCache, enc: FeatureEncoder, entity: np.ndarray, as_of: dt.date, chunk: int = CHUNK
 ) -> Iterator[np.ndarray]:
-    """History features of `entity` as of a date, replayed from the cache `chunk` entities at a time."""
+    """History features of `entity` as of a date, replayed from the cache `chunk` entities at a time, rounded
+    to float16 as the per-entity state stores them: a score depends on the date, not on the path."""
     t = epoch_seconds(as_of)
     for a in range(0, len(entity), chunk):
         e = entity[a : a + chunk]
-        yield enc.history(cache, e, np.full(len(e), t, np.int64))
+        yield enc.history(cache, e, np.full(len(e), t, np.int64)).astype(np.float16).astype(np.float32)
 
 
 def state_chunks(state: EntityState, entity: np.ndarray, chunk: int = CHUNK) -> Iterator[np.ndarray]:
@@ -101,6 +104,19 @@ def load_scenario(checkpoint: Path) -> tuple[Any, dict, Head]:
     return model, meta, Head(TargetSpec.from_dict(spec))
 
 
+def load_published(checkpoint: Path, meta: dict, head: Head) -> Candidate:
+    """The candidate the scenario published (scenarios/selection.py): the network alone in checkpoints
+    written before candidates existed."""
+    ctx = Context(Scenario.model_validate(meta["scenario"]), head.spec, head)
+    published = meta.get("published") or {
+        "kind": "neural_ranking" if head.task == "recommendation" else "neural",
+        "weight": head.spec.extra.get("repeat_weight", 0.0),
+    }
+    folder = checkpoint / "candidates"
+    files = {f.name: f.read_bytes() for f in folder.iterdir()} if folder.is_dir() else {}
+    return load_candidate(published, files, ctx)
+
+
 @dataclass
 class Scorer:
     """A scenario model ready to score feature chunks at a precision on a device."""
@@ -111,24 +127,28 @@ class Scorer:
     device: torch.device
     amp: torch.dtype | None
     precision: str
+    published: Candidate
 
     @classmethod
     def load(cls, checkpoint: Path, precision: str = "auto", device: str = "cpu") -> Scorer:
         model, meta, head = load_scenario(checkpoint)
         dev = resolve_device(device)
         model, amp, chosen = prepare_model(model.eval(), precision, dev)
-        return cls(model, meta, head, dev, amp, chosen)
+        return cls(model, meta, head, dev, amp, chosen, load_published(checkpoint, meta, head))
 
     def outputs(
         self, cache: EventCache, X: np.ndarray, entity: np.ndarray, as_of: dt.date, top_k: int
     ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
-        """Probabilities / values [n] or [n, C], or (items [n, k], scores) for recommendation."""
-        logits = loop.predict(self.model, X, self.device, amp=self.amp)
-        if self.head.task != "recommendation":
-            return self.head.scores(logits)
+        """The published candidate's probabilities / values [n] or [n, C], or (items [n, k], scores) for
+        recommendation."""
+        enc = FeatureEncoder.from_dict(self.meta["encoder"])
         t = np.full(len(entity), epoch_seconds(as_of), np.int64)
-        own = own_history(cache, self.head.spec, Examples(entity, t, np.zeros(len(entity))))
-        return self.head.top_items(logits, top_k, history=own)
+        rows = Rows(
+            cache, enc, np.asarray(entity, np.int64), t, RowView(X), None, self.model, self.device, self.amp
+        )
+        if self.head.task == "recommendation":
+            return self.published.rank(rows, top_k)
+        return self.published.predict(rows)
 
 
 def score_entities(
@@ -200,17 +220,18 @@ def output_table(
     if task == "regression":
         value = np.expm1(out) if head.spec.extra.get("log1p") else out
         return pa.table({"entity_id": ids, "as_of": date, "value": value})
-    if task == "recommendation":
+    if task == "recommendation":  # a list shorter than k (few eligible items) ends in -1: not written
         items, scores = out
         names = np.array(head.spec.extra["items"], dtype=object)
         k = items.shape[1]
+        valid = items.ravel() >= 0
         return pa.table(
             {
-                "entity_id": np.repeat(ids, k),
-                "as_of": pa.array([as_of] * (len(ids) * k), pa.date32()),
-                "rank": np.tile(np.arange(1, k + 1, dtype=np.int32), len(ids)),
-                "item": names[items.ravel()],
-                "score": scores.ravel(),
+                "entity_id": np.repeat(ids, k)[valid],
+                "as_of": pa.array([as_of] * int(valid.sum()), pa.date32()),
+                "rank": np.tile(np.arange(1, k + 1, dtype=np.int32), len(ids))[valid],
+                "item": names[items.ravel()[valid]],
+                "score": scores.ravel()[valid],
             }
         )
     classes = np.array(head.spec.classes, dtype=object)

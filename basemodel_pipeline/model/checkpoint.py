@@ -25,16 +25,25 @@ def save_checkpoint(directory: Path, model: TrunkWithHead, meta: dict[str, Any])
 
 
 def publish_checkpoint(
-    root: Path, model: TrunkWithHead, meta: dict[str, Any], extra_files: dict[str, str] | None = None
+    root: Path,
+    model: TrunkWithHead,
+    meta: dict[str, Any],
+    extra_files: dict[str, str] | dict[str, str | bytes] | None = None,
 ) -> tuple[str, Path]:
-    """Write a new version under `root` atomically and point LATEST at it. Returns (version, path)."""
+    """Write a new version under `root` atomically and point LATEST at it. Returns (version, path).
+    `extra_files`: relative path -> text or bytes (subdirectories are created)."""
     version = ws.new_version()
     ws.clean_stale_tmp(root)
     final = root / version
     tmp = ws.staging_dir(final)
     save_checkpoint(tmp, model.cpu(), {**meta, "version": version})
-    for name, text in (extra_files or {}).items():
-        (tmp / name).write_text(text)
+    for name, content in (extra_files or {}).items():
+        path = tmp / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content)
     ws.publish_dir(tmp, final)
     ws.set_latest(root, version)
     return version, final

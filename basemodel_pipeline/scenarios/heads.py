@@ -6,7 +6,11 @@ differ:
     binary, multilabel   sigmoid per output, binary cross-entropy (labels densified per mini-batch, so
                          thousands of classes cost memory only per batch)
     multiclass           softmax, cross-entropy
-    regression           one output, MSE on the standardised target (mean/std of the training labels)
+    regression           one output, MSE on the standardised target (mean/std of the training labels); for
+                         a non-negative target that is often zero (spend), a hurdle: two outputs, the
+                         probability of any amount (cross-entropy) and the standardised amount when there is
+                         one (MSE on those rows); the prediction is their product, the expected amount.
+                         Every regression output stays within the training labels' range.
     recommendation       dense: softmax over the catalogue, cross-entropy against the item distribution;
                          sketch (large catalogues): P hash partitions x W buckets, a softmax per partition
                          trained on the hashed item distribution, decoded per item as the geometric mean over
@@ -59,6 +63,7 @@ class Head:
         self.spec = spec
         self.task = spec.task
         self.sketch = self.task == "recommendation" and spec.extra["head"] == "sketch"
+        self.hurdle = self.task == "regression" and bool(spec.extra.get("hurdle"))
         if self.task == "recommendation":
             pop = np.asarray(spec.extra["popularity"], np.float64) + 1.0
             self.log_pop = torch.from_numpy(np.log(pop / pop.sum()).astype(np.float32))
@@ -89,6 +94,9 @@ class Head:
                 head.bias.copy_(self.log_mass if self.sketch else self.log_pop)
             else:
                 head.bias.zero_()
+                if self.hurdle:
+                    share = float(np.clip(self.spec.extra["positive_share"], 1e-4, 1 - 1e-4))
+                    head.bias[0] = float(np.log(share / (1 - share)))
 
     def targets(self, labels: Labels, idx: np.ndarray) -> torch.Tensor:
         """Training targets of rows `idx` as a tensor."""
@@ -96,8 +104,12 @@ class Head:
             return torch.from_numpy(np.asarray(labels, np.int64)[idx])
         if self.task == "regression":
             e = self.spec.extra
-            y = (np.asarray(labels, np.float32)[idx] - e["mean"]) / e["std"]
-            return torch.from_numpy(y.astype(np.float32)[:, None])
+            y = np.asarray(labels, np.float32)[idx]
+            if self.hurdle:
+                pos = y > 0
+                amount = np.where(pos, (y - e["positive_mean"]) / e["positive_std"], 0.0)
+                return torch.from_numpy(np.stack([pos, amount], 1).astype(np.float32))
+            return torch.from_numpy(((y - e["mean"]) / e["std"]).astype(np.float32)[:, None])
         if self.sketch:
             assert isinstance(labels, SparseLabels)
             part = labels.rows(idx)
@@ -118,7 +130,12 @@ class Head:
         if self.task == "multiclass":
             return nn.functional.cross_entropy(logits, target)
         if self.task == "regression":
-            return nn.functional.mse_loss(logits, target)
+            if not self.hurdle:
+                return nn.functional.mse_loss(logits, target)
+            pos = target[:, 0]
+            any_amount = nn.functional.binary_cross_entropy_with_logits(logits[:, 0], pos)
+            amount = ((logits[:, 1] - target[:, 1]) ** 2 * pos).sum() / pos.sum().clamp_min(1.0)
+            return any_amount + amount
         if self.sketch:
             P = self.table.shape[0]
             lp = torch.log_softmax(logits.view(len(logits), P, -1), -1).view(len(logits), -1)
@@ -126,6 +143,11 @@ class Head:
         return -(target * torch.log_softmax(logits, -1)).sum(1).mean()
 
     # ---- outputs -------------------------------------------------------------------------------
+    def clip(self, values: np.ndarray) -> np.ndarray:
+        """Regression values within the training labels' range (spec.extra min / max, when known)."""
+        lo, hi = self.spec.extra.get("min"), self.spec.extra.get("max")
+        return np.clip(values, -np.inf if lo is None else lo, np.inf if hi is None else hi)
+
     def scores(self, logits: np.ndarray) -> np.ndarray:
         """Metric-ready outputs: probabilities [n] / [n, C], values [n] (regression)."""
         if self.task in ("binary", "multilabel"):
@@ -136,7 +158,12 @@ class Head:
             ez = np.exp(z.astype(np.float64))
             return ez / ez.sum(1, keepdims=True)
         if self.task == "regression":
-            return logits[:, 0].astype(np.float64) * self.spec.extra["std"] + self.spec.extra["mean"]
+            e, z = self.spec.extra, logits.astype(np.float64)
+            if self.hurdle:
+                p = 1.0 / (1.0 + np.exp(-z[:, 0]))
+                amount = np.clip(z[:, 1] * e["positive_std"] + e["positive_mean"], 0.0, e.get("max", np.inf))
+                return self.clip(p * amount)
+            return self.clip(z[:, 0] * e["std"] + e["mean"])
         raise ValueError("recommendation outputs are ranked items: use top_items")
 
     @torch.no_grad()
@@ -156,11 +183,13 @@ class Head:
         chunk: int = 128,
         history: Bonus | None = None,
         weight: float | None = None,
+        exclude: Bonus | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """(item indices [n, k] best first, their scores) over the whole catalogue, `chunk` rows at a time.
 
         `history` (row, item, decayed count), sorted by row: the entity's own past items; each adds
-        weight * log1p(count) to the item's score (weight: the spec's ``repeat_weight`` unless given)."""
+        weight * log1p(count) to the item's score (weight: the spec's ``repeat_weight`` unless given).
+        `exclude` (the same form): items never ranked for that row (``items: new`` targets)."""
         k = min(k, self.spec.extra["n_items"])
         w = self.spec.extra.get("repeat_weight", 0.0) if weight is None else weight
         items, scores = [], []
@@ -173,6 +202,10 @@ class Head:
                 s.index_put_(
                     (torch.from_numpy(row[lo:hi] - a), torch.from_numpy(item[lo:hi])), bonus, accumulate=True
                 )
+            if exclude is not None:
+                row, item, _ = exclude
+                lo, hi = np.searchsorted(row, [a, a + chunk])
+                s[torch.from_numpy(row[lo:hi] - a), torch.from_numpy(item[lo:hi])] = -torch.inf
             top = torch.topk(s, k, dim=1)
             items.append(top.indices.numpy())
             scores.append(top.values.numpy())

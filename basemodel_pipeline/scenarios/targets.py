@@ -138,7 +138,7 @@ class TargetSpec:
         if self.task == "recommendation":
             e = self.extra
             return e["n_items"] if e["head"] == "dense" else e["partitions"] * e["width"]
-        return 1
+        return 2 if self.task == "regression" and self.extra.get("hurdle") else 1
 
 
 # ---- shared pieces ---------------------------------------------------------------------------------

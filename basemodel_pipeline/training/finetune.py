@@ -21,18 +21,27 @@ from torch import nn
 
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache.build import cache_dir
-from basemodel_pipeline.cache.store import DAY, EventCache
+from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import PipelineConfig, Scenario
-from basemodel_pipeline.config.models import BinaryTarget, PythonTarget, RegressionTarget
+from basemodel_pipeline.config.models import PythonTarget
 from basemodel_pipeline.errors import DataError
-from basemodel_pipeline.evaluation import baselines, metrics
-from basemodel_pipeline.evaluation.aggregates import aggregate_features
+from basemodel_pipeline.evaluation import metrics
 from basemodel_pipeline.features.sketch import FeatureEncoder
 from basemodel_pipeline.model.checkpoint import build_model, load_trunk_state, publish_checkpoint
 from basemodel_pipeline.model.trunk import TrunkWithHead
 from basemodel_pipeline.progress import Progress
-from basemodel_pipeline.scenarios.heads import REPEAT_HALF_LIFE_DAYS, REPEAT_WEIGHTS, Bonus, Head, own_history
+from basemodel_pipeline.scenarios.candidates import Blend, Candidate, Context, LightGBM, Neural, Popularity
+from basemodel_pipeline.scenarios.heads import REPEAT_HALF_LIFE_DAYS, REPEAT_WEIGHTS, Head
+from basemodel_pipeline.scenarios.inputs import Rows, RowView, _Embed
 from basemodel_pipeline.scenarios.lora import add_lora, merge_lora
+from basemodel_pipeline.scenarios.rerank import (
+    RANKED_ITEMS,
+    NeuralRanking,
+    RecommendPopularity,
+    RepeatPurchases,
+    Reranker,
+)
+from basemodel_pipeline.scenarios.selection import Selection, choose, primary, split_validation
 from basemodel_pipeline.scenarios.targets import (
     Examples,
     SparseLabels,
@@ -40,13 +49,11 @@ from basemodel_pipeline.scenarios.targets import (
     build_examples,
     choose_classes,
     dense_labels,
-    label_columns,
-    regression_values,
 )
 from basemodel_pipeline.training import loop
 from basemodel_pipeline.training.splits import scenario_split_times
 
-RANKED_ITEMS = 100  # recommendation: items ranked per entity for the metrics (MRR over this list)
+HURDLE_ZERO_SHARE = 0.1  # regression: a non-negative target zero in at least this share of rows -> hurdle
 REPEAT_TUNE_EXAMPLES = 3000  # recommendation: validation examples used to weigh the own purchase history
 
 
@@ -62,7 +69,8 @@ class Shared:
     keys: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.int64))
     X: np.ndarray | None = None
     H: np.ndarray | None = None  # frozen trunk outputs of X
-    agg: np.ndarray | None = None
+    E: np.ndarray | None = None  # frozen trunk embeddings (residual stream) of X
+    regime: str = "standard"
 
     def rows(self, ex: Examples) -> np.ndarray:
         """Row of each example in X (keys are sorted (entity, time) pairs)."""
@@ -77,7 +85,12 @@ class Shared:
             [np.concatenate([x.entity for x in examples]), np.concatenate([x.time for x in examples])], 1
         )
         self.keys = np.unique(pairs, axis=0)
-        self.X = self.enc.history(self.cache, self.keys[:, 0], self.keys[:, 1])
+        # rounded to float16 as the per-entity state stores features: training sees what scoring will see
+        self.X = (
+            self.enc.history(self.cache, self.keys[:, 0], self.keys[:, 1])
+            .astype(np.float16)
+            .astype(np.float32)
+        )
         return time.perf_counter() - t0
 
     def trunk_outputs(self, device: torch.device) -> np.ndarray:
@@ -87,10 +100,24 @@ class Shared:
             self.H = loop.predict(model.trunk, self.X, device)
         return self.H
 
-    def aggregates(self) -> np.ndarray:
-        if self.agg is None:
-            self.agg = aggregate_features(self.cache, self.keys[:, 0], self.keys[:, 1])[0]
-        return self.agg
+    def embeddings(self, device: torch.device) -> np.ndarray:
+        if self.E is None:
+            model = self.new_model(1).to(device)
+            assert self.X is not None
+            self.E = loop.predict(_Embed(model), self.X, device)
+        return self.E
+
+    def rows_of(self, ex: Examples, model: TrunkWithHead, mode: str) -> Rows:
+        """The candidates' view of examples: features, labels and the trained network. With a frozen trunk
+        the network's outputs and the embeddings come from the shared trunk passes."""
+        assert self.X is not None
+        idx = self.rows(ex)
+        device = loop.pick_device(self.cfg.training_params.foundation.device)
+        rows = Rows(self.cache, self.enc, ex.entity, ex.time, RowView(self.X, idx), ex.labels, model, device)
+        if mode == "frozen":
+            rows.memo["logits"] = loop.predict(model.head, self.trunk_outputs(device)[idx], device)
+            rows.memo["embedding"] = self.embeddings(device)[idx]
+        return rows
 
     def new_model(self, out_dim: int) -> TrunkWithHead:
         model = build_model({**self.fmeta["arch"], "out_dim": out_dim})
@@ -119,9 +146,28 @@ def prepare(shared: Shared, scenario: Scenario) -> tuple[TargetSpec, dict[str, E
     for k, v in ex.items():
         _check_split(scenario.name, k, v, scenario.task)
     if scenario.task == "regression":
-        y = np.asarray(ex["train"].labels, np.float64)
-        spec.extra.update(mean=float(y.mean()), std=float(y.std() + 1e-6))
+        spec.extra.update(regression_extra(np.asarray(ex["train"].labels, np.float64)))
     return spec, ex
+
+
+def regression_extra(y: np.ndarray) -> dict[str, Any]:
+    """What a regression head needs from its training labels: mean/std, the range its outputs keep to, and
+    whether to use the hurdle (a non-negative target that is zero in at least HURDLE_ZERO_SHARE of rows)."""
+    out: dict[str, Any] = {
+        "mean": float(y.mean()),
+        "std": float(y.std() + 1e-6),
+        "min": float(y.min()),
+        "max": float(y.max()),
+    }
+    pos = y[y > 0]
+    if y.min() >= 0 and np.mean(y == 0) >= HURDLE_ZERO_SHARE and len(pos) >= 2:
+        out.update(
+            hurdle=True,
+            positive_share=float(len(pos) / len(y)),
+            positive_mean=float(pos.mean()),
+            positive_std=float(pos.std() + 1e-6),
+        )
+    return out
 
 
 # ---- evaluation ------------------------------------------------------------------------------------
@@ -133,117 +179,50 @@ def _truth(task: str, ex: Examples) -> Any:
     return dense_labels(ex.labels) if task == "multilabel" else ex.labels
 
 
-def _outputs(
-    head: Head, logits: np.ndarray, history: Bonus | None = None, weight: float | None = None
-) -> np.ndarray:
+def _network_outputs(head: Head, logits: np.ndarray) -> np.ndarray:
+    """The network's metric-ready outputs (early stopping): scores, or its top items for recommendation."""
     if head.task == "recommendation":
-        return head.top_items(logits, RANKED_ITEMS, history=history, weight=weight)[0]
+        return head.top_items(logits, RANKED_ITEMS)[0]
     return head.scores(logits)
 
 
-def _tune_repeat_weight(
-    shared: Shared, head: Head, net: nn.Module, inputs: np.ndarray, rows: np.ndarray, val: Examples, device
-) -> float:
-    """The weight of the entity's own history in recommendation scores that maximises validation NDCG@10."""
+def _tune_repeat_weight(ctx: Context, rows: Rows) -> float:
+    """The weight of the entity's own history in the network's recommendation scores that maximises NDCG@10
+    on (a sample of) the early-stopping rows."""
     rng = np.random.default_rng(0)
-    idx = np.sort(rng.choice(len(val), min(len(val), REPEAT_TUNE_EXAMPLES), replace=False))
-    part = val.subset(idx)
-    logits = loop.predict(net, inputs[rows[idx]], device)
-    history, truth = own_history(shared.cache, head.spec, part), _truth("recommendation", part)
+    part = rows.subset(np.sort(rng.choice(len(rows), min(len(rows), REPEAT_TUNE_EXAMPLES), replace=False)))
     score = {
-        w: metrics.primary_metric("recommendation", truth, _outputs(head, logits, history, w))
-        for w in REPEAT_WEIGHTS
+        w: primary("recommendation", part.labels, NeuralRanking(ctx, w).predict(part)) for w in REPEAT_WEIGHTS
     }
     return max(score, key=lambda w: (score[w], -w))
 
 
-def _popularity(shared: Shared, scenario: Scenario, spec: TargetSpec, ex: dict[str, Examples]) -> np.ndarray:
-    cache, target, test = shared.cache, scenario.target, ex["test"]
-    task = scenario.task
-    if isinstance(target, PythonTarget):
-        if task == "binary":  # recent activity, its direction chosen on validation
-            val = ex["val"]
-            sign_val = baselines.popularity_scores("binary", cache, val.entity, val.time, target.source)
-            sign = 1.0 if metrics.auroc(val.labels, sign_val) >= 0.5 else -1.0
-            return sign * baselines.popularity_scores("binary", cache, test.entity, test.time, target.source)
-        if task == "regression":
-            return np.full(len(test), float(np.mean(ex["train"].labels)))
-        y = dense_labels(ex["train"].labels)
-        prior = np.bincount(y, minlength=len(spec.classes)) / len(y) if task == "multiclass" else y.mean(0)
-        return np.tile(prior, (len(test), 1))
-    if task == "binary":
-        pop = baselines.popularity_scores("binary", cache, test.entity, test.time, target.source)
-        return -pop if isinstance(target, BinaryTarget) and target.event == "none" else pop
-    if task in ("multilabel", "multiclass"):
-        pop = baselines.popularity_scores(
-            task,
-            cache,
-            test.entity,
-            test.time,
-            target.source,
-            column=target.column,
-            class_codes=np.array(spec.class_codes),
-        )
-        if task == "multiclass":
-            if len(spec.classes) > pop.shape[1]:  # the "(other)" class: the rest of the entity's events
-                pop = np.c_[pop, np.clip(1.0 - pop.sum(1), 0.0, None)]
-            pop = pop / np.maximum(pop.sum(1, keepdims=True), 1e-12)
-        return pop
-    if task == "regression":  # the same quantity over the window of the same length before the split
-        assert isinstance(target, RegressionTarget)
-        return regression_values(cache, scenario, test.entity, test.time - target.horizon_days * DAY)
-    return baselines.recommendation_topk(
-        "popularity", cache, test.entity, test.time, target.source, target.column, RANKED_ITEMS
-    )
-
-
-def _lightgbm(shared: Shared, scenario: Scenario, ex: dict[str, Examples], pop: np.ndarray) -> np.ndarray:
-    task = scenario.task
-    agg = shared.aggregates()
-    feats = {k: agg[shared.rows(v)] for k, v in ex.items()}
-    if task == "multilabel":  # one-vs-rest for the most frequent labels, popularity for the tail
-        lab = ex["train"].labels
-        freq = (
-            np.bincount(lab.indices, minlength=lab.n_cols)
-            if isinstance(lab, SparseLabels)
-            else (lab > 0).sum(0)
-        )
-        top = np.sort(np.argsort(-freq, kind="stable")[: scenario.lightgbm_top_labels])
-        out = pop.astype(np.float64).copy()
-        if len(top):
-            Ytr, Yva = (label_columns(ex[k].labels, top) for k in ("train", "val"))
-            out[:, top] = baselines.lightgbm_scores(
-                "multilabel", feats["train"], Ytr, feats["val"], Yva, feats["test"]
-            )
-        return out
-    out = baselines.lightgbm_scores(
-        task, feats["train"], ex["train"].labels, feats["val"], ex["val"].labels, feats["test"]
-    )
-    if task == "multiclass" and out.shape[1] < pop.shape[1]:
-        out = np.c_[out, np.zeros((len(out), pop.shape[1] - out.shape[1]))]
-    return out
-
-
-def evaluate_baselines(
-    shared: Shared, scenario: Scenario, spec: TargetSpec, ex: dict[str, Examples]
-) -> dict[str, np.ndarray]:
-    """Test outputs of the baselines on the same split: {name: scores or ranked items}."""
-    pop = _popularity(shared, scenario, spec, ex)
-    if scenario.task == "recommendation":
-        t = scenario.target
-        test = ex["test"]
-        repeat = baselines.recommendation_topk(
-            "repeat", shared.cache, test.entity, test.time, t.source, t.column, RANKED_ITEMS
-        )
-        return {"repeat_purchases": repeat, "popularity": pop}
-    return {"lightgbm_aggregates": _lightgbm(shared, scenario, ex, pop), "popularity": pop}
+def candidate_models(ctx: Context, names: list[str] | None) -> dict[str, Candidate]:
+    """The candidates a scenario fits (scenarios/candidates.py, scenarios/rerank.py), the baselines included."""
+    if ctx.task == "recommendation":
+        pool: dict[str, Candidate] = {
+            "neural": NeuralRanking(ctx),
+            "repeat_purchases": RepeatPurchases(ctx),
+            "popularity": RecommendPopularity(ctx),
+            "reranker": Reranker(ctx),
+        }
+    else:
+        pool = {
+            "neural": Neural(ctx),
+            "lightgbm_hybrid": LightGBM(ctx, "hybrid"),
+            "lightgbm_aggregates": LightGBM(ctx, "aggregates"),
+            "popularity": Popularity(ctx),
+        }
+    baseline = {"popularity", "repeat_purchases", "lightgbm_aggregates"}
+    return {k: v for k, v in pool.items() if names is None or k in names or k in baseline}
 
 
 # ---- training --------------------------------------------------------------------------------------
 def _train(
     shared: Shared, scenario: Scenario, spec: TargetSpec, ex: dict[str, Examples], progress: Progress
-) -> tuple[TrunkWithHead, Head, list[dict], float, np.ndarray]:
-    """Train one scenario's model; returns (model with the best epoch's weights, head, history, best val, test logits)."""
+) -> tuple[TrunkWithHead, Head, list[dict], float]:
+    """Train one scenario's network, early-stopped on ex["val"]; returns (model with the best epoch's weights,
+    head, history, best validation metric)."""
     p = shared.cfg.training_params.finetune
     mode = scenario.mode or p.mode
     epochs = scenario.epochs or p.epochs
@@ -306,7 +285,9 @@ def _train(
             total += float(loss.detach()) * len(idx)
             progress.advance(f"finetune {scenario.name}", 1, loss=float(loss.detach()))
         val_logits = loop.predict(net, inputs[rows["val"]], device)
-        val_metric = float(metrics.primary_metric(scenario.task, val_truth, _outputs(head, val_logits)))
+        val_metric = float(
+            metrics.primary_metric(scenario.task, val_truth, _network_outputs(head, val_logits))
+        )
         history.append(
             {
                 "epoch": epoch + 1,
@@ -327,22 +308,17 @@ def _train(
                 break
     assert best_state is not None
     net.load_state_dict(best_state)
-    if spec.task == "recommendation":
-        spec.extra["repeat_weight"] = _tune_repeat_weight(
-            shared, head, net, inputs, rows["val"], ex["val"], device
-        )
-        spec.extra["repeat_half_life_days"] = REPEAT_HALF_LIFE_DAYS
-        progress.log(f"{scenario.name}: weight of the own purchase history {spec.extra['repeat_weight']}")
-    test_logits = loop.predict(net, inputs[rows["test"]], device)
     if mode == "lora":
         merge_lora(model.trunk)
-    return model.cpu(), head, history, sign * best, test_logits
+    return model.cpu(), head, history, sign * best
 
 
 def finetune_many(
-    cfg: PipelineConfig, scenarios: list[Scenario], progress: Progress
+    cfg: PipelineConfig, scenarios: list[Scenario], progress: Progress, keep_outputs: bool = False
 ) -> dict[str, dict[str, Any]]:
-    """Fine-tune several scenarios with one featurisation pass; each stops on its own validation metric."""
+    """Fine-tune several scenarios with one featurisation pass; each stops on its own validation metric.
+    ``keep_outputs``: each result also holds "test_outputs" (every candidate's test outputs) and "test_truth"
+    (bench/bench_quality.py computes paired intervals from them)."""
     cache = EventCache(cache_dir(cfg))
     foundation = ws.latest_foundation_dir(cfg)
     fmeta = json.loads((foundation / "model.json").read_text())
@@ -359,7 +335,7 @@ def finetune_many(
     for sc in scenarios:
         spec, ex, targets_s = prepared[sc.name]
         out[sc.name] = _finish(
-            shared, sc, spec, ex, progress, {"targets_s": targets_s, "featurise_s": featurise_s}
+            shared, sc, spec, ex, progress, {"targets_s": targets_s, "featurise_s": featurise_s}, keep_outputs
         )
     return out
 
@@ -375,45 +351,105 @@ def _finish(
     ex: dict[str, Examples],
     progress: Progress,
     timing: dict,
+    keep_outputs: bool = False,
 ) -> dict[str, Any]:
+    """Train the network, fit the other candidates, choose on validation, score the test window once,
+    publish the checkpoint with the chosen candidate and write the report."""
     from basemodel_pipeline.inference.explain import add_report_explanation
     from basemodel_pipeline.reports.html import scenario_report
 
     cfg, task = shared.cfg, scenario.task
+    stop_idx, select_idx = split_validation(ex["val"].entity)
+    parts = {"train": ex["train"], "stop": ex["val"].subset(stop_idx), "select": ex["val"].subset(select_idx)}
     t0 = time.perf_counter()
-    model, head, history, best, test_logits = _train(shared, scenario, spec, ex, progress)
+    model, head, history, best = _train(
+        shared, scenario, spec, {"train": parts["train"], "val": parts["stop"]}, progress
+    )
     timing["train_s"] = time.perf_counter() - t0
-    outputs = {"model": _outputs(head, test_logits, own_history(shared.cache, spec, ex["test"]))}
+    ctx = Context(scenario, spec, head, cfg.training_params.finetune.seed)
+    mode = scenario.mode or cfg.training_params.finetune.mode
+    model.to(loop.pick_device(cfg.training_params.foundation.device))
+    rows = {k: shared.rows_of(v, model, mode) for k, v in {**parts, "test": ex["test"]}.items()}
+    candidates = candidate_models(ctx, scenario.candidates)
+    if task == "recommendation":
+        spec.extra["repeat_half_life_days"] = REPEAT_HALF_LIFE_DAYS
+        weight = _tune_repeat_weight(ctx, rows["stop"])
+        spec.extra["repeat_weight"] = weight
+        candidates["neural"] = NeuralRanking(ctx, weight)
+        progress.log(f"{scenario.name}: weight of the own purchase history {weight}")
+    fit_s: dict[str, float] = {}
+    for name, cand in candidates.items():
+        if name == "neural":
+            continue
+        t0 = time.perf_counter()
+        progress.log(f"{scenario.name}: fitting candidate {name} on {len(rows['train']):,} training examples")
+        cand.fit(rows["train"], rows["stop"])
+        fit_s[name] = round(time.perf_counter() - t0, 2)
+        progress.log(f"{scenario.name}: {name} fitted in {fit_s[name]} s")
     t0 = time.perf_counter()
-    outputs.update(evaluate_baselines(shared, scenario, spec, ex))
-    timing["baselines_s"] = time.perf_counter() - t0
+    select = rows["select"]
+    y_select = select.labels if task == "recommendation" else _truth(task, parts["select"])
+    val_out = {name: cand.predict(select) for name, cand in candidates.items()}
+    fitted = [n for n in ("neural", "lightgbm_hybrid", "lightgbm_aggregates") if n in candidates]
+    if task in ("multilabel", "multiclass") and len(fitted) > 2:  # the network + the better LightGBM
+        gbm = [n for n in fitted if n != "neural"]
+        scores = {n: primary(task, y_select, val_out[n]) for n in gbm}
+        fitted = ["neural", max(gbm, key=lambda n: scores[n] if np.isfinite(scores[n]) else -np.inf)]
+    members = [] if task == "recommendation" else fitted
+    selection, published = choose(
+        ctx, candidates, val_out, y_select, select.entity, members, scenario.publish
+    )
+    timing["select_s"] = time.perf_counter() - t0
+    progress.log(f"{scenario.name}: published {selection.published}: {selection.reason}")
+    # the test window, scored once, after the choice
+    t0 = time.perf_counter()
+    outputs = {name: cand.predict(rows["test"]) for name, cand in candidates.items()}
+    if "blend" not in outputs and selection.published == "blend":
+        outputs["blend"] = published.predict(rows["test"])
+    elif "blend" in selection.validation:
+        blend = published if selection.published == "blend" else None
+        outputs["blend"] = (blend or _blend_of(ctx, candidates, selection)).predict(rows["test"])
+    outputs = {"model": outputs[selection.published], **outputs}
+    timing["test_s"] = time.perf_counter() - t0
+    timing["candidates_fit_s"] = sum(fit_s.values())
     truth = _truth(task, ex["test"])
-    all_metrics = {name: metrics.evaluate(task, truth, o, scenario.k) for name, o in outputs.items()}
+    log1p = bool(spec.extra.get("log1p"))
+    all_metrics = {name: metrics.evaluate(task, truth, o, scenario.k, log1p) for name, o in outputs.items()}
     for name in ("popularity",):  # popularity scores rank but are not probabilities: no log-loss
-        all_metrics[name] = {
-            k: (float("nan") if "log_loss" in k else v) for k, v in all_metrics[name].items()
-        }
+        if name in all_metrics:
+            all_metrics[name] = {
+                k: (float("nan") if "log_loss" in k else v) for k, v in all_metrics[name].items()
+            }
     metric_name = metrics.PRIMARY_METRIC[task]
     test = {name: m[metric_name] for name, m in all_metrics.items()}
     if task == "recommendation":
-        test.setdefault("lightgbm_aggregates", None)  # no LightGBM baseline for ranking the catalogue
-    mode = scenario.mode or cfg.training_params.finetune.mode
+        test.setdefault("lightgbm_aggregates", None)  # no LightGBM on aggregates for ranking the catalogue
     result = {
         "metric": metric_name,
         "task": task,
         "mode": mode,
+        "published": selection.published,
+        "selection": selection.to_dict(),
         "test": test,
         "test_metrics": all_metrics,
         "best_val": best,
-        "examples": {k: len(v) for k, v in ex.items()},
+        "examples": {
+            "train": len(ex["train"]),
+            "stop": len(stop_idx),
+            "select": len(select_idx),
+            "test": len(ex["test"]),
+        },
         "classes": len(spec.classes) or spec.extra.get("n_items", 1),
         "repeat_weight": spec.extra.get("repeat_weight"),
+        "regime": shared.regime,
         "history": history,
+        "candidates_fit_s": fit_s,
         "timing_s": {k: round(v, 2) for k, v in timing.items()},
         "test_date": cfg.data_params.test_date.isoformat(),
     }
     big = {k: spec.extra[k] for k in ("items", "popularity") if k in spec.extra}
     small_spec = {k: v for k, v in spec.to_dict().items() if k not in big}
+    published_meta, published_files = published.save()
     meta = {
         "kind": "scenario",
         "scenario": scenario.model_dump(mode="json"),
@@ -421,14 +457,16 @@ def _finish(
         "arch": {**shared.fmeta["arch"], "out_dim": spec.out_dim},
         "encoder": shared.fmeta["encoder"],
         "foundation_version": shared.fmeta["version"],
+        "published": {"name": selection.published, **published_meta},
         "metrics": {k: v for k, v in result.items() if k != "history"},
     }
-    extra = {
-        "metrics.json": json.dumps(result, indent=2),
+    extra: dict[str, str | bytes] = {
+        "metrics.json": json_dumps(result),
         "report.html": scenario_report(scenario, result, truth, outputs),
+        **{f"candidates/{k}": v for k, v in published_files.items()},
     }
     t0 = time.perf_counter()
-    # "what drives the model" in the report, explanation.json beside it
+    # "what drives the model" in the report (the network's view), explanation.json beside it
     add_report_explanation(extra, shared, model, head, ex["test"])
     timing["explain_s"] = time.perf_counter() - t0
     if big:
@@ -440,17 +478,46 @@ def _finish(
         if source is not None:
             extra["target_function.py"] = source
     version, final = publish_checkpoint(ws.scenario_root(cfg, scenario.name), model, meta, extra)
-    out = {
+    kept = {"test_outputs": outputs, "test_truth": truth} if keep_outputs else {}
+    return {
+        **kept,
         "path": str(final),
         "version": version,
         "report_path": str(final / "report.html"),
         "metric": metric_name,
         "mode": mode,
+        "published": selection.published,
         **{f"test_{k}": v for k, v in test.items() if v is not None},
+        **{f"val_{k}": v for k, v in selection.validation.items()},
         "best_val": best,
         "epochs": len(history),
         "train_examples": len(ex["train"]),
         "classes": result["classes"],
         **{k: round(v, 2) for k, v in timing.items()},
     }
-    return out
+
+
+def _blend_of(ctx: Context, candidates: dict[str, Candidate], selection: Selection) -> Blend:
+    """The blend the selection fitted (for the report when another candidate is published)."""
+    info = selection.blend
+    blend = Blend(ctx, [candidates[m] for m in info["members"]])
+    blend.weights = np.asarray(info["weights"], np.float64)
+    blend.scale, blend.intercept = float(info.get("scale", 1.0)), float(info["intercept"])
+    return blend
+
+
+def json_dumps(obj: Any) -> str:
+    """JSON with NaN and infinities written as null (strict JSON: other tools refuse bare NaN)."""
+    return json.dumps(_finite(obj), indent=2, allow_nan=False)
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if np.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    if isinstance(obj, np.floating | np.integer):
+        return _finite(obj.item())
+    return obj

@@ -1,0 +1,194 @@
+"""Gradient-boosted trees (LightGBM) for the four tabular task types, as a fitted object that scores new rows
+and saves as text (LightGBM's own model format: no pickle).
+
+One home for every LightGBM model of the project: the "hand-crafted aggregates + LightGBM" baseline, the
+hybrid candidate on aggregates + foundation embedding (scenarios/candidates.py) and the recommendation
+re-ranker's ranking objective (scenarios/rerank.py) all fit through ``fit_gbm`` / ``fit_ranker``.
+
+    binary        one booster, early-stopped on validation AUROC (log-loss when validation has one class)
+    multilabel    one booster per column (one-vs-rest), sharing one binned Dataset; a column without both
+                  classes in training is the training prevalence, a constant
+    multiclass    one softmax booster, early-stopped on multi-log-loss
+    regression    one booster, L2 loss
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+
+PARAMS = {
+    "objective": "binary",
+    "learning_rate": 0.05,
+    "num_leaves": 31,
+    "min_data_in_leaf": 20,
+    "feature_fraction": 0.8,
+    "bagging_fraction": 0.8,
+    "bagging_freq": 1,
+    "lambda_l2": 1.0,
+    "num_threads": 2,
+    "verbose": -1,
+    "deterministic": True,
+    "force_col_wise": True,
+}
+MAX_ROUNDS = 500
+EARLY_STOPPING = 30
+TASKS = ("binary", "multilabel", "multiclass", "regression")
+
+
+def _both(y: np.ndarray) -> bool:
+    return bool(np.any(y > 0)) and bool(np.any(y <= 0))
+
+
+def _datasets(X_train, X_val, categorical, params, group_train=None, group_val=None):
+    import lightgbm as lgb
+
+    cats = list(categorical) if categorical else "auto"
+    train = lgb.Dataset(
+        np.asarray(X_train, np.float32),
+        label=np.zeros(len(X_train)),
+        categorical_feature=cats,
+        params=params,
+        free_raw_data=False,
+        group=group_train,
+    ).construct()
+    valid = lgb.Dataset(
+        np.asarray(X_val, np.float32),
+        label=np.zeros(len(X_val)),
+        reference=train,
+        free_raw_data=False,
+        group=group_val,
+    ).construct()
+    return train, valid
+
+
+def _train(params: dict, train, valid, rounds: int = MAX_ROUNDS):
+    import lightgbm as lgb
+
+    booster = lgb.train(
+        params,
+        train,
+        num_boost_round=rounds,
+        valid_sets=[valid],
+        callbacks=[lgb.early_stopping(EARLY_STOPPING, verbose=False)],
+    )
+    return booster.model_to_string(num_iteration=booster.best_iteration or None)
+
+
+@dataclass
+class GBM:
+    """Fitted LightGBM model(s) of one task. ``models`` holds LightGBM model text, one per output column
+    (multilabel) or one in all; a float in place of the text is a constant output (a column without both
+    classes in training)."""
+
+    task: str
+    models: list[str | float]
+    n_out: int = 1  # multiclass: classes; multilabel: columns
+    rounds: list[int] = field(default_factory=list)
+    _boosters: list = field(default_factory=list, repr=False, compare=False)
+
+    def _booster(self, i: int):
+        import lightgbm as lgb
+
+        if not self._boosters:
+            self._boosters = [lgb.Booster(model_str=m) if isinstance(m, str) else None for m in self.models]
+        return self._boosters[i]
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        """Probabilities [n] (binary) / [n, C] (multilabel, multiclass) or values [n] (regression)."""
+        X = np.asarray(X, np.float32)
+        if self.task == "multiclass":
+            booster = self._booster(0)
+            if len(X) == 0:
+                return np.zeros((0, self.n_out))
+            return np.asarray(booster.predict(X)).reshape(len(X), self.n_out)
+        out = np.empty((len(X), len(self.models)), np.float64)
+        for i, m in enumerate(self.models):
+            if isinstance(m, str):
+                out[:, i] = self._booster(i).predict(X) if len(X) else 0.0
+            else:
+                out[:, i] = m
+        return out if self.task == "multilabel" else out[:, 0]
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"task": self.task, "models": self.models, "n_out": self.n_out, "rounds": self.rounds}
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> GBM:
+        d = json.loads(text)
+        return cls(d["task"], d["models"], d["n_out"], d.get("rounds", []))
+
+
+def fit_gbm(
+    task: str,
+    X_train: np.ndarray,
+    Y_train: np.ndarray,
+    X_val: np.ndarray,
+    Y_val: np.ndarray,
+    categorical_features: list[int] | None = None,
+    seed: int = 0,
+) -> GBM:
+    """Gradient-boosted trees trained on (X_train, Y_train), early-stopped on (X_val, Y_val).
+
+    Args:
+        task: "binary" (Y [n] of 0/1), "multilabel" (Y [n, C] of 0/1; one model per column), "multiclass"
+            (Y [n] class indices; one softmax model) or "regression" (Y [n] values; L2 loss).
+        categorical_features: column indices LightGBM treats as categorical (integer codes >= 0).
+        seed: LightGBM seed (bagging, feature fraction).
+    At most ``MAX_ROUNDS`` rounds, patience ``EARLY_STOPPING``."""
+    if task not in TASKS:
+        raise ValueError(f"LightGBM supports {', '.join(TASKS)}, not '{task}'")
+    Y_train, Y_val = np.asarray(Y_train), np.asarray(Y_val)
+    params = {**PARAMS, "seed": seed}
+    train, valid = _datasets(X_train, X_val, categorical_features, params)
+    if task in ("regression", "multiclass"):
+        train.set_label(Y_train.astype(np.float64))
+        valid.set_label(Y_val.astype(np.float64))
+        if task == "regression":
+            return GBM(task, [_train({**params, "objective": "regression", "metric": "l2"}, train, valid)])
+        n_class = int(max(Y_train.max(initial=0), Y_val.max(initial=0))) + 1
+        mc = {**params, "objective": "multiclass", "num_class": n_class, "metric": "multi_logloss"}
+        return GBM(task, [_train(mc, train, valid)], n_class)
+    if task == "binary":
+        Y_train, Y_val = Y_train.reshape(-1, 1), Y_val.reshape(-1, 1)
+    models: list[str | float] = []
+    for c in range(Y_train.shape[1]):
+        y_tr, y_va = (Y_train[:, c] > 0).astype(np.float64), (Y_val[:, c] > 0).astype(np.float64)
+        if not _both(y_tr):
+            models.append(float(y_tr.mean()) if y_tr.size else 0.0)
+            continue
+        train.set_label(y_tr)
+        valid.set_label(y_va)
+        metric = "auc" if _both(y_va) else "binary_logloss"
+        models.append(_train({**params, "metric": metric}, train, valid))
+    return GBM(task, models, Y_train.shape[1])
+
+
+def fit_ranker(
+    X_train: np.ndarray,
+    rel_train: np.ndarray,
+    group_train: np.ndarray,
+    X_val: np.ndarray,
+    rel_val: np.ndarray,
+    group_val: np.ndarray,
+    seed: int = 0,
+    eval_at: int = 10,
+) -> str:
+    """A LambdaRank booster (model text) over candidate lists: rows grouped by query (``group_*``: rows per
+    query, in order), relevance 0/1 per row; early-stopped on validation NDCG@eval_at."""
+    params = {
+        **PARAMS,
+        "objective": "lambdarank",
+        "metric": "ndcg",
+        "eval_at": [eval_at],
+        "lambdarank_truncation_level": max(2 * eval_at, 20),
+        "seed": seed,
+    }
+    train, valid = _datasets(X_train, X_val, None, params, group_train, group_val)
+    train.set_label(np.asarray(rel_train, np.float64))
+    valid.set_label(np.asarray(rel_val, np.float64))
+    return _train(params, train, valid)

@@ -1,0 +1,396 @@
+"""The candidate models of a scenario (binary, multiclass, multilabel, regression), behind one protocol.
+
+A scenario fits several candidates on its training windows, compares them on validation windows
+(scenarios/selection.py) and publishes the best one, which ``predict`` then scores with
+(inference/predict.py). Every candidate:
+
+    fit(train: Rows, stop: Rows)   train on the training windows; `stop` (validation rows) only early-stops
+    predict(rows: Rows)            metric-ready outputs: probabilities [n] / [n, C] or values [n]
+    save() -> (meta, files)        JSON-able meta and files (LightGBM model text, safetensors): no pickle
+    load(meta, files, ctx)         the inverse, given the scenario context
+
+    neural               the fine-tuned network's head (trained in training/finetune.py)
+    lightgbm_hybrid      LightGBM on the automatic aggregates + the foundation embedding (PCA, 32 dims)
+    lightgbm_aggregates  baseline: LightGBM on the automatic aggregates alone
+    popularity           baseline: recent activity (binary), recent shares of each class, the same quantity
+                         in the window before the split (regression), or the training prior (python targets)
+    blend                a weighted combination of fitted models, weights fitted on validation rows
+
+Regression outputs are kept inside the range of the training labels (a non-negative amount is never
+predicted below zero), by every candidate, so what the report measures is what ``predict`` publishes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from basemodel_pipeline.cache.store import DAY
+from basemodel_pipeline.config import Scenario
+from basemodel_pipeline.config.models import BinaryTarget, PythonTarget, RegressionTarget
+from basemodel_pipeline.evaluation import baselines, metrics
+from basemodel_pipeline.evaluation.gbm import GBM, fit_gbm
+from basemodel_pipeline.scenarios.heads import Head
+from basemodel_pipeline.scenarios.inputs import Rows
+from basemodel_pipeline.scenarios.targets import (
+    SparseLabels,
+    TargetSpec,
+    dense_labels,
+    label_columns,
+    regression_values,
+)
+
+EMBEDDING_COMPONENTS = 32  # lightgbm_hybrid: principal components of the foundation embedding
+BLEND_STEP = 0.1  # multilabel / multiclass blends: grid step of the weights on the simplex
+EPS = 1e-6
+
+
+@dataclass
+class Context:
+    """What every candidate of one scenario shares."""
+
+    scenario: Scenario
+    spec: TargetSpec
+    head: Head
+    seed: int = 0
+
+    @property
+    def task(self) -> str:
+        return self.scenario.task
+
+    def clip(self, values: np.ndarray) -> np.ndarray:
+        """Regression values inside the training labels' range (Head.clip)."""
+        return self.head.clip(values)
+
+
+class Candidate(Protocol):
+    name: str
+
+    def fit(self, train: Rows, stop: Rows) -> None: ...
+
+    def predict(self, rows: Rows) -> np.ndarray: ...
+
+    def save(self) -> tuple[dict[str, Any], dict[str, bytes]]: ...
+
+
+def labels_of(ctx: Context, rows: Rows) -> np.ndarray:
+    """Dense labels of fitted rows (binary [n], multiclass [n], multilabel [n, C], regression [n])."""
+    assert rows.labels is not None
+    return dense_labels(rows.labels) if ctx.task == "multilabel" else np.asarray(rows.labels)
+
+
+# ---- neural ----------------------------------------------------------------------------------------
+class Neural:
+    """The scenario network's outputs (its training lives in training/finetune.py)."""
+
+    name = "neural"
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+
+    def fit(self, train: Rows, stop: Rows) -> None:
+        pass
+
+    def predict(self, rows: Rows) -> np.ndarray:
+        return self.ctx.head.scores(rows.logits())
+
+    def save(self) -> tuple[dict[str, Any], dict[str, bytes]]:
+        return {"kind": "neural"}, {}
+
+
+# ---- popularity ------------------------------------------------------------------------------------
+def _class_prior(ctx: Context, train: Rows) -> np.ndarray:
+    """Share of training examples with each class (multiclass) or label (multilabel)."""
+    lab, n = train.labels, len(ctx.spec.classes)
+    if ctx.task == "multiclass":
+        return np.bincount(np.asarray(lab, np.int64), minlength=n) / max(len(lab), 1)
+    if isinstance(lab, SparseLabels):
+        return np.bincount(lab.indices, minlength=n) / max(len(lab), 1)
+    return (np.asarray(lab) > 0).mean(0)
+
+
+class Popularity:
+    """Scores that need no training: what a rule of thumb would say (see the module docstring)."""
+
+    name = "popularity"
+
+    def __init__(self, ctx: Context, sign: float = 1.0, prior: list[float] | None = None) -> None:
+        self.ctx, self.sign, self.prior = ctx, sign, prior
+
+    def fit(self, train: Rows, stop: Rows) -> None:
+        target = self.ctx.scenario.target
+        task = self.ctx.task
+        if not isinstance(target, PythonTarget):
+            if task in ("multilabel", "multiclass"):  # the training prior breaks ties between classes
+                self.prior = [float(v) for v in _class_prior(self.ctx, train)]
+            return
+        if task == "binary":  # recent activity, its direction chosen on the early-stopping rows
+            s = baselines.popularity_scores("binary", stop.cache, stop.entity, stop.time, target.source)
+            self.sign = 1.0 if metrics.auroc(labels_of(self.ctx, stop), s) >= 0.5 else -1.0
+        elif task == "regression":
+            self.prior = [float(np.mean(labels_of(self.ctx, train)))]
+        else:
+            y = labels_of(self.ctx, train)
+            n = len(self.ctx.spec.classes)
+            prior = (
+                np.bincount(y.astype(np.int64), minlength=n) / len(y) if task == "multiclass" else y.mean(0)
+            )
+            self.prior = [float(v) for v in prior]
+
+    def predict(self, rows: Rows) -> np.ndarray:
+        ctx, target, task = self.ctx, self.ctx.scenario.target, self.ctx.task
+        cache, e, t = rows.cache, rows.entity, rows.time
+        if isinstance(target, PythonTarget):
+            if task == "binary":
+                return self.sign * baselines.popularity_scores("binary", cache, e, t, target.source)
+            assert self.prior is not None
+            if task == "regression":
+                return np.full(len(rows), self.prior[0])
+            return np.tile(np.asarray(self.prior), (len(rows), 1))
+        if task == "binary":
+            pop = baselines.popularity_scores("binary", cache, e, t, target.source)
+            return -pop if isinstance(target, BinaryTarget) and target.event == "none" else pop
+        if task in ("multilabel", "multiclass"):
+            pop = baselines.popularity_scores(
+                task,
+                cache,
+                e,
+                t,
+                target.source,
+                column=target.column,
+                class_codes=np.array(ctx.spec.class_codes),
+                prior=None if self.prior is None else np.asarray(self.prior),
+            )
+            if task == "multiclass":
+                if len(ctx.spec.classes) > pop.shape[1]:  # "(other)": the rest of the entity's events
+                    pop = np.c_[pop, np.clip(1.0 - pop.sum(1), 0.0, None)]
+                pop = pop / np.maximum(pop.sum(1, keepdims=True), 1e-12)
+            return pop
+        assert isinstance(target, RegressionTarget)  # the same quantity in the window before the split
+        before = regression_values(cache, ctx.scenario, e, t - target.horizon_days * DAY)
+        return ctx.clip(before)
+
+    def save(self) -> tuple[dict[str, Any], dict[str, bytes]]:
+        return {"kind": "popularity", "sign": self.sign, "prior": self.prior}, {}
+
+
+# ---- gradient-boosted trees ------------------------------------------------------------------------
+class LightGBM:
+    """LightGBM on the automatic aggregates (``features="aggregates"``, the baseline) or on the aggregates
+    plus the first principal components of the foundation embedding (``features="hybrid"``).
+
+    Multilabel: one model per label for the ``lightgbm_top_labels`` most frequent labels, popularity for the
+    rest (thousands of one-vs-rest models would cost hours)."""
+
+    def __init__(self, ctx: Context, features: str) -> None:
+        self.ctx, self.features = ctx, features
+        self.name = f"lightgbm_{features}"
+        self.gbm: GBM | None = None
+        self.top: np.ndarray | None = None  # multilabel: the modelled label columns
+        self.pca: tuple[np.ndarray, np.ndarray] | None = None  # (mean [h], components [k, h])
+        self.fallback = Popularity(ctx)  # multilabel: the labels without a model of their own
+
+    def _matrix(self, rows: Rows) -> np.ndarray:
+        A = rows.tabular()
+        if self.features != "hybrid":
+            return A
+        assert self.pca is not None
+        mean, comp = self.pca
+        return np.c_[A, (rows.embedding() - mean) @ comp.T]
+
+    def fit(self, train: Rows, stop: Rows) -> None:
+        ctx, task = self.ctx, self.ctx.task
+        if self.features == "hybrid":
+            from sklearn.decomposition import PCA
+
+            E = train.embedding()
+            k = min(EMBEDDING_COMPONENTS, E.shape[1], max(len(E) - 1, 1))
+            pca = PCA(k, random_state=ctx.seed).fit(E)
+            # C order: safetensors writes the raw buffer, and sklearn's components_ can be Fortran-ordered
+            self.pca = (
+                np.ascontiguousarray(pca.mean_, np.float32),
+                np.ascontiguousarray(pca.components_, np.float32),
+            )
+        F_train, F_stop = self._matrix(train), self._matrix(stop)
+        if task == "multilabel":  # the most frequent labels, without densifying thousands of columns
+            self.fallback.fit(train, stop)
+            lab = train.labels
+            freq = (
+                np.bincount(lab.indices, minlength=lab.n_cols)
+                if isinstance(lab, SparseLabels)
+                else (np.asarray(lab) > 0).sum(0)
+            )
+            self.top = np.sort(np.argsort(-freq, kind="stable")[: ctx.scenario.lightgbm_top_labels])
+            if len(self.top):
+                y_train, y_stop = (label_columns(x, self.top) for x in (lab, stop.labels))
+                self.gbm = fit_gbm(task, F_train, y_train, F_stop, y_stop, seed=ctx.seed)
+            return
+        y_train, y_stop = labels_of(ctx, train), labels_of(ctx, stop)
+        self.gbm = fit_gbm(task, F_train, y_train, F_stop, y_stop, seed=ctx.seed)
+
+    def predict(self, rows: Rows) -> np.ndarray:
+        ctx, task = self.ctx, self.ctx.task
+        if task == "multilabel":
+            out = self.fallback.predict(rows).astype(np.float64)
+            if self.gbm is not None and self.top is not None and len(self.top):
+                out[:, self.top] = self.gbm.predict(self._matrix(rows))
+            return out
+        assert self.gbm is not None
+        out = self.gbm.predict(self._matrix(rows))
+        if task == "multiclass" and out.shape[1] < len(ctx.spec.classes):
+            out = np.c_[out, np.zeros((len(out), len(ctx.spec.classes) - out.shape[1]))]
+        return ctx.clip(out) if task == "regression" else out
+
+    def save(self) -> tuple[dict[str, Any], dict[str, bytes]]:
+        from safetensors.numpy import save
+
+        meta: dict[str, Any] = {
+            "kind": "lightgbm",
+            "features": self.features,
+            "fallback": self.fallback.save()[0],
+        }
+        files: dict[str, bytes] = {}
+        if self.gbm is not None:
+            files[f"{self.name}.json"] = self.gbm.to_json().encode()
+        if self.top is not None:
+            meta["top"] = self.top.tolist()
+        if self.pca is not None:
+            files[f"{self.name}_pca.safetensors"] = save({"mean": self.pca[0], "components": self.pca[1]})
+        return meta, files
+
+
+# ---- blend -----------------------------------------------------------------------------------------
+def _logit(p: np.ndarray) -> np.ndarray:
+    p = np.clip(np.asarray(p, np.float64), EPS, 1 - EPS)
+    return np.log(p / (1 - p))
+
+
+def _link(task: str, out: np.ndarray) -> np.ndarray:
+    """Member outputs on the scale they are averaged on: logits, log-probabilities or values."""
+    if task in ("binary", "multilabel"):
+        return _logit(out)
+    if task == "multiclass":
+        return np.log(np.clip(np.asarray(out, np.float64), EPS, 1.0))
+    return np.asarray(out, np.float64)
+
+
+def _simplex(k: int, step: float) -> list[np.ndarray]:
+    n = round(1 / step)
+    return [np.array(c) / n for c in itertools.product(range(n + 1), repeat=k) if sum(c) == n]
+
+
+class Blend:
+    """A weighted combination of fitted candidates on the link scale, weights fitted on validation rows:
+
+    binary          the weights on the simplex (step 0.1) that maximise AUROC, on the logits, then Platt
+                    scaling of the blended logit (a scale and an intercept) so the output is a probability
+    multilabel      the weights on the simplex that maximise macro AUROC, on the logits
+    multiclass      the weights on the simplex that maximise accuracy, on the log-probabilities
+    regression      least squares with non-negative weights and an intercept, clipped to the label range
+    """
+
+    name = "blend"
+
+    def __init__(self, ctx: Context, members: list[Candidate]) -> None:
+        self.ctx, self.members = ctx, members
+        self.weights = np.full(len(members), 1.0 / max(len(members), 1))
+        self.scale, self.intercept = 1.0, 0.0
+
+    def fit_outputs(self, outputs: list[np.ndarray], y: np.ndarray) -> Blend:
+        """Fit the weights on the members' outputs of the same validation rows."""
+        task = self.ctx.task
+        Z = [_link(task, o) for o in outputs]
+        if task == "regression":
+            from sklearn.linear_model import LinearRegression
+
+            lr = LinearRegression(positive=True).fit(np.c_[tuple(Z)], y)
+            self.weights, self.intercept = lr.coef_.astype(np.float64), float(lr.intercept_)
+            return self
+        self.scale, self.intercept, best = 1.0, 0.0, -np.inf
+        for w in _simplex(len(Z), BLEND_STEP):
+            score = metrics.primary_metric(task, y, self._combine(Z, w))
+            if np.isfinite(score) and score > best + 1e-12:
+                best, self.weights = score, w
+        if task == "binary" and len(np.unique(y)) > 1:  # calibrate the blended logit (Platt scaling)
+            from sklearn.linear_model import LogisticRegression
+
+            z = sum(wi * zi for wi, zi in zip(self.weights, Z, strict=True))
+            lr = LogisticRegression(C=1.0).fit(np.asarray(z).reshape(-1, 1), y)
+            self.scale, self.intercept = float(lr.coef_[0, 0]), float(lr.intercept_[0])
+        return self
+
+    def _combine(self, Z: list[np.ndarray], w: np.ndarray) -> np.ndarray:
+        task = self.ctx.task
+        z = self.scale * sum(wi * zi for wi, zi in zip(w, Z, strict=True)) + self.intercept
+        if task in ("binary", "multilabel"):
+            return 1.0 / (1.0 + np.exp(-z))
+        if task == "multiclass":
+            z = z - z.max(1, keepdims=True)
+            ez = np.exp(z)
+            return ez / ez.sum(1, keepdims=True)
+        return self.ctx.clip(z)
+
+    def combine(self, outputs: list[np.ndarray]) -> np.ndarray:
+        return self._combine([_link(self.ctx.task, o) for o in outputs], self.weights)
+
+    def fit(self, train: Rows, stop: Rows) -> None:
+        pass  # members are fitted first; the weights come from fit_outputs on validation rows
+
+    def predict(self, rows: Rows) -> np.ndarray:
+        return self.combine([m.predict(rows) for m in self.members])
+
+    def save(self) -> tuple[dict[str, Any], dict[str, bytes]]:
+        members, files = [], {}
+        for m in self.members:
+            meta, f = m.save()
+            members.append(meta)
+            files.update(f)
+        return {
+            "kind": "blend",
+            "members": members,
+            "weights": [float(w) for w in self.weights],
+            "scale": self.scale,
+            "intercept": self.intercept,
+        }, files
+
+
+# ---- loading ---------------------------------------------------------------------------------------
+def load_candidate(meta: dict[str, Any], files: dict[str, bytes], ctx: Context) -> Candidate:
+    """A published candidate from its saved meta and files (inference/predict.py)."""
+    kind = meta["kind"]
+    if kind == "neural":
+        return Neural(ctx)
+    if kind == "popularity":
+        return Popularity(ctx, meta.get("sign", 1.0), meta.get("prior"))
+    if kind == "lightgbm":
+        from safetensors.numpy import load
+
+        c = LightGBM(ctx, meta["features"])
+        if "fallback" in meta:
+            c.fallback = Popularity(ctx, meta["fallback"].get("sign", 1.0), meta["fallback"].get("prior"))
+        if f"{c.name}.json" in files:
+            c.gbm = GBM.from_json(files[f"{c.name}.json"].decode())
+        if "top" in meta:
+            c.top = np.asarray(meta["top"], np.int64)
+        if f"{c.name}_pca.safetensors" in files:
+            t = load(files[f"{c.name}_pca.safetensors"])
+            c.pca = (t["mean"], t["components"])
+        return c
+    if kind == "blend":
+        b = Blend(ctx, [load_candidate(m, files, ctx) for m in meta["members"]])
+        b.weights, b.intercept = np.asarray(meta["weights"], np.float64), float(meta["intercept"])
+        b.scale = float(meta.get("scale", 1.0))
+        return b
+    if kind in ("reranker", "repeat", "recommend_popularity", "neural_ranking"):
+        from basemodel_pipeline.scenarios.rerank import load_ranking_candidate
+
+        return load_ranking_candidate(meta, files, ctx)
+    raise ValueError(f"unknown candidate kind '{kind}' in the checkpoint")
+
+
+def meta_json(meta: dict[str, Any]) -> str:
+    return json.dumps(meta, indent=2)

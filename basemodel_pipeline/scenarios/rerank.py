@@ -1,0 +1,488 @@
+"""Recommendation candidates: the network, the two baselines and a learned re-ranker, behind the protocol of
+scenarios/candidates.py. Their outputs are ranked item lists ``(items [n, K], scores [n, K])``.
+
+    neural             the network's scores of the whole catalogue (+ the entity's own history, weighted on
+                       the early-stopping rows: training/finetune.py)
+    repeat_purchases   baseline: the entity's own past items by time-decayed count, popular items after them
+    popularity         baseline: the items most bought by everyone in the 28 days before the split
+    reranker           a candidate pool per entity, re-ranked by LightGBM LambdaRank:
+
+Pool: the entity's own past items (most recent and frequent first), the items most popular in the last 28
+days, and the network's top items. Features of each (entity, item) pair: how often, how recently and how
+regularly the entity had the item (count, decayed counts at 7 and 30 days, days since the last time, mean
+interval between the days it had it, "overdue" = days since / interval, share of the entity's active days),
+the entity's own activity (active days, recency, distinct items), the item's popularity now (7 and 28 days)
+and its trend, and the network's score. The ranker trains on a sample of training examples whose pool holds
+a relevant item and early-stops on the stop rows' NDCG@10.
+
+Targets with ``items: new`` never rank an item the entity had before the split (every candidate filters them:
+the pool, the network's list and the popularity list); ``items: repeat`` ranks only such items first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from basemodel_pipeline.cache.store import DAY, EventCache
+from basemodel_pipeline.evaluation.baselines import item_popularity
+from basemodel_pipeline.evaluation.gbm import fit_ranker
+from basemodel_pipeline.scenarios.candidates import Context
+from basemodel_pipeline.scenarios.inputs import Rows
+from basemodel_pipeline.scenarios.targets import SparseLabels
+
+RANKED_ITEMS = 100  # items ranked per entity for the metrics (MRR over this list)
+POOL_HISTORY = 50  # pool: the entity's own items (by decayed count)
+POOL_POPULAR = 50  # pool: popular items of the last 28 days
+POOL_MODEL = 50  # pool: the network's top items
+MAX_TRAIN_QUERIES = 20_000  # ranker training examples (sampled)
+MAX_STOP_QUERIES = 5_000  # ranker early-stopping examples (sampled)
+CHUNK = 256  # rows per pass over the catalogue
+FEATURES = (
+    "hist_count",
+    "hist_decay_7d",
+    "hist_decay_30d",
+    "hist_days_since_last",
+    "hist_active_days",
+    "hist_day_share",
+    "hist_interval_days",
+    "hist_overdue",
+    "hist_in_last_day",
+    "entity_active_days",
+    "entity_recency_days",
+    "entity_items",
+    "item_pop_7d",
+    "item_pop_28d",
+    "item_trend",
+    "item_pop_rank",
+    "model_score",
+    "model_score_gap",
+)
+
+
+# ---- the entity's own items ------------------------------------------------------------------------
+@dataclass
+class History:
+    """Distinct (row, item) pairs of the rows' past events, sorted by row then item, with statistics."""
+
+    row: np.ndarray
+    item: np.ndarray  # item index = code - 1
+    count: np.ndarray
+    decay7: np.ndarray
+    decay30: np.ndarray
+    since_last: np.ndarray  # days
+    active_days: np.ndarray  # distinct days with the item
+    interval: np.ndarray  # mean days between those days (NaN with one day)
+    entity_days: np.ndarray  # [n rows] distinct active days of the entity
+    entity_recency: np.ndarray  # [n rows] days since the entity's last event
+    entity_items: np.ndarray  # [n rows] distinct items
+
+    def slice(self, a: int, b: int) -> tuple[int, int]:
+        return int(np.searchsorted(self.row, a)), int(np.searchsorted(self.row, b))
+
+
+def item_history(
+    cache: EventCache, source: str, column: str, entity: np.ndarray, time: np.ndarray
+) -> History:
+    """Own-item statistics of each row (entity, time) from every event before `time`."""
+    src = cache.source(source)
+    n_items = src.info[column].vocab_size
+    owner, rows = src.window_rows(entity, src.offsets[entity], time)
+    ts = np.asarray(src.ts)[rows]
+    item = np.asarray(src.columns[column])[rows].astype(np.int64) - 1
+    ok = item >= 0
+    owner, ts, item = owner[ok], ts[ok], item[ok]
+    age = (time[owner] - ts) / DAY
+    n = len(entity)
+    key, inv = np.unique(owner * n_items + item, return_inverse=True)
+    m = len(key)
+    count = np.bincount(inv, minlength=m).astype(np.float64)
+    decay7 = np.bincount(inv, weights=0.5 ** (age / 7.0), minlength=m)
+    decay30 = np.bincount(inv, weights=0.5 ** (age / 30.0), minlength=m)
+    last = np.full(m, np.inf)
+    np.minimum.at(last, inv, age)
+    first = np.zeros(m)
+    np.maximum.at(first, inv, age)
+    day = ts // DAY
+    pair_day = np.unique(inv * (1 << 20) + (day - day.min() if len(day) else day))
+    active = np.bincount(pair_day >> 20, minlength=m).astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        interval = np.where(active > 1, (first - last) / np.maximum(active - 1, 1), np.nan)
+    ent_day = np.unique(owner * (1 << 20) + (day - day.min() if len(day) else day))
+    entity_days = np.bincount(ent_day >> 20, minlength=n).astype(np.float64)
+    recency = np.full(n, np.inf)
+    np.minimum.at(recency, owner, age)
+    entity_items = np.bincount(key // n_items, minlength=n).astype(np.float64)
+    return History(
+        key // n_items,
+        key % n_items,
+        count,
+        decay7,
+        decay30,
+        last,
+        active,
+        interval,
+        entity_days,
+        np.where(np.isfinite(recency), recency, np.nan),
+        entity_items,
+    )
+
+
+# ---- popularity per split time ---------------------------------------------------------------------
+class PopularityTable:
+    """Item popularity (events in the 7 and 28 days before a time) and the popular list, per distinct time."""
+
+    def __init__(self, cache: EventCache, source: str, column: str) -> None:
+        self.cache, self.source, self.column = cache, source, column
+        self._by_time: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+
+    def at(self, t: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(pop7 [n_items], pop28 [n_items], order best first [n_items], rank of each item [n_items])."""
+        if t not in self._by_time:
+            p7 = item_popularity(self.cache, self.source, self.column, t, 7)
+            p28 = item_popularity(self.cache, self.source, self.column, t, 28)
+            order = np.lexsort((-p7, -p28))  # 28-day count, ties by the last week
+            rank = np.empty(len(order), np.float64)
+            rank[order] = np.arange(len(order))
+            self._by_time[t] = (p7, p28, order, rank)
+        return self._by_time[t]
+
+    def top(self, t: int, k: int) -> np.ndarray:
+        return self.at(t)[2][:k]
+
+
+# ---- pools and features ----------------------------------------------------------------------------
+@dataclass
+class Pool:
+    """Candidate (row, item) pairs, sorted by row, with features [m, len(FEATURES)]."""
+
+    row: np.ndarray
+    item: np.ndarray
+    features: np.ndarray
+
+    def groups(self, n: int) -> np.ndarray:
+        return np.bincount(self.row, minlength=n)
+
+
+def _lookup(keys: np.ndarray, sorted_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(found [m] bool, index into sorted_keys [m])."""
+    idx = np.searchsorted(sorted_keys, keys)
+    idx_c = np.minimum(idx, max(len(sorted_keys) - 1, 0))
+    found = (idx < len(sorted_keys)) & (sorted_keys[idx_c] == keys) if len(sorted_keys) else idx < 0
+    return found, idx_c
+
+
+def item_filter(ctx: Context) -> str:
+    return getattr(ctx.scenario.target, "items", "all")
+
+
+def model_item_scores(ctx: Context, logits: np.ndarray) -> torch.Tensor:
+    """[n, n_items] the network's log-scores of every item."""
+    return ctx.head.item_scores(torch.from_numpy(np.asarray(logits, np.float32)))
+
+
+def build_pool(ctx: Context, rows: Rows, hist: History, pops: PopularityTable) -> Pool:
+    """The candidate pool of every row and its features (module docstring)."""
+    n_items = ctx.spec.extra["n_items"]
+    rule = item_filter(ctx)
+    logits = rows.logits()
+    out_rows, out_items, out_feats = [], [], []
+    for a in range(0, len(rows), CHUNK):
+        b = min(a + CHUNK, len(rows))
+        ha, hb = hist.slice(a, b)
+        h_row, h_item = hist.row[ha:hb], hist.item[ha:hb]
+        h_keys = h_row * n_items + h_item  # sorted (row, item)
+        S = model_item_scores(ctx, logits[a:b])  # [c, n_items]
+        if rule == "new" and len(h_row):
+            S[torch.from_numpy(h_row - a), torch.from_numpy(h_item)] = -torch.inf
+        parts = []
+        if rule != "new":  # own items, the POOL_HISTORY with the highest 30-day decayed count per row
+            order = np.lexsort((-hist.decay30[ha:hb], h_row))
+            r_sorted = h_row[order]
+            start = np.searchsorted(r_sorted, r_sorted, side="left")
+            keep = (np.arange(len(order)) - start) < POOL_HISTORY
+            parts.append(h_keys[order[keep]])
+        if rule != "repeat":
+            k = min(POOL_MODEL, n_items)
+            top = torch.topk(S, k, dim=1).indices.numpy()
+            parts.append((np.arange(a, b)[:, None] * n_items + top).ravel())
+            for t in np.unique(rows.time[a:b]):
+                r = np.flatnonzero(rows.time[a:b] == t) + a
+                parts.append((r[:, None] * n_items + pops.top(int(t), POOL_POPULAR)[None, :]).ravel())
+        keys = np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+        row, item = keys // n_items, keys % n_items
+        if rule == "new":  # the popular list and the model's list must not bring back own items
+            seen, _ = _lookup(keys, h_keys)
+            keys, row, item = keys[~seen], row[~seen], item[~seen]
+        out_rows.append(row)
+        out_items.append(item)
+        out_feats.append(_features(ctx, rows, hist, pops, row, item, keys, h_keys, ha, S, a))
+    if not out_rows:
+        return Pool(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, len(FEATURES)), np.float32))
+    return Pool(np.concatenate(out_rows), np.concatenate(out_items), np.concatenate(out_feats))
+
+
+def _features(ctx, rows, hist, pops, row, item, keys, h_keys, ha, S, a) -> np.ndarray:
+    m = len(row)
+    F = np.full((m, len(FEATURES)), np.nan, np.float32)
+    found, idx = _lookup(keys, h_keys)
+    g = ha + idx[found]
+    F[:, 0] = 0.0
+    F[found, 0] = np.log1p(hist.count[g])
+    F[:, 1] = 0.0
+    F[found, 1] = hist.decay7[g]
+    F[:, 2] = 0.0
+    F[found, 2] = hist.decay30[g]
+    F[found, 3] = hist.since_last[g]
+    F[:, 4] = 0.0
+    F[found, 4] = hist.active_days[g]
+    ent_days = hist.entity_days[row]
+    F[:, 5] = 0.0
+    F[found, 5] = hist.active_days[g] / np.maximum(ent_days[found], 1.0)
+    F[found, 6] = hist.interval[g]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        F[found, 7] = hist.since_last[g] / hist.interval[g]
+    F[:, 8] = 0.0
+    F[found, 8] = (hist.since_last[g] - hist.entity_recency[row[found]] < 1.0).astype(np.float32)
+    F[:, 9] = np.log1p(ent_days)
+    F[:, 10] = hist.entity_recency[row]
+    F[:, 11] = np.log1p(hist.entity_items[row])
+    t = rows.time[row]
+    for tv in np.unique(t):
+        sel = t == tv
+        p7, p28, _, rank = pops.at(int(tv))
+        it = item[sel]
+        F[sel, 12] = np.log1p(p7[it])
+        F[sel, 13] = np.log1p(p28[it])
+        F[sel, 14] = (4.0 * p7[it] + 1.0) / (p28[it] + 1.0)
+        F[sel, 15] = np.log1p(rank[it])
+    score = S[torch.from_numpy(row - a), torch.from_numpy(item)].numpy().astype(np.float32)
+    score[~np.isfinite(score)] = np.nan
+    F[:, 16] = score
+    best = np.full(int(row.max(initial=a)) - a + 1 if m else 0, -np.inf, np.float32)
+    if m:
+        np.maximum.at(best, row - a, np.nan_to_num(score, nan=-np.inf))
+        F[:, 17] = score - best[row - a]
+    return F
+
+
+def relevance(pool: Pool, labels: SparseLabels) -> np.ndarray:
+    """1 where the pool pair's item is among the row's target items."""
+    n_items = labels.n_cols
+    owner = np.repeat(np.arange(len(labels)), np.diff(labels.indptr))
+    pos = labels.values > 0
+    rel_keys = np.unique(owner[pos] * n_items + labels.indices[pos])
+    return np.isin(pool.row * n_items + pool.item, rel_keys).astype(np.float64)
+
+
+def ranked(
+    pool: Pool,
+    scores: np.ndarray,
+    n: int,
+    k: int,
+    pops: PopularityTable,
+    time: np.ndarray,
+    exclude: History | None = None,
+):
+    """(items [n, k], scores [n, k]) best first; rows with a small pool are filled with popular items (never
+    the `exclude` history's items: ``items: new``). A row with fewer eligible items than k ends in -1."""
+    k = min(k, len(pops.at(int(time[0]))[0])) if n else k
+    order = np.lexsort((-scores, pool.row))
+    row, item, s = pool.row[order], pool.item[order], scores[order]
+    start = np.r_[0, np.cumsum(np.bincount(row, minlength=n))[:-1]]
+    rank = np.arange(len(row)) - start[row]
+    keep = rank < k
+    items = np.full((n, k), -1, np.int64)
+    out = np.full((n, k), -np.inf, np.float32)
+    items[row[keep], rank[keep]] = item[keep]
+    out[row[keep], rank[keep]] = s[keep]
+    short = np.flatnonzero((items < 0).any(1))
+    for r in short:  # rare: fewer than k candidates
+        have = set(items[r][items[r] >= 0].tolist())
+        if exclude is not None:
+            a, b = exclude.slice(r, r + 1)
+            have |= set(exclude.item[a:b].tolist())
+        fill = [i for i in pops.top(int(time[r]), k + len(have)).tolist() if i not in have]
+        free = np.flatnonzero(items[r] < 0)[: len(fill)]
+        items[r, free] = fill[: len(free)]
+    return items, out
+
+
+# ---- candidates ------------------------------------------------------------------------------------
+class Reranker:
+    """LightGBM LambdaRank over the candidate pool (module docstring)."""
+
+    name = "reranker"
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.model: str | None = None
+        self._booster = None
+
+    def _prepare(self, rows: Rows) -> tuple[Pool, PopularityTable, History]:
+        e = self.ctx.spec.extra
+        pops = PopularityTable(rows.cache, e["source"], e["column"])
+        hist = item_history(rows.cache, e["source"], e["column"], rows.entity, rows.time)
+        return build_pool(self.ctx, rows, hist, pops), pops, hist
+
+    def _sample(self, rows: Rows, limit: int) -> Rows:
+        if len(rows) <= limit:
+            return rows
+        idx = np.sort(np.random.default_rng(self.ctx.seed).choice(len(rows), limit, replace=False))
+        return rows.subset(idx)
+
+    def _training_set(self, rows: Rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        pool, _, _ = self._prepare(rows)
+        rel = relevance(pool, rows.labels)
+        has = np.bincount(pool.row, weights=rel, minlength=len(rows)) > 0
+        keep = has[pool.row]
+        return pool.features[keep], rel[keep], np.bincount(pool.row[keep], minlength=len(rows))[has]
+
+    def fit(self, train: Rows, stop: Rows) -> None:
+        Xt, yt, gt = self._training_set(self._sample(train, MAX_TRAIN_QUERIES))
+        Xs, ys, gs = self._training_set(self._sample(stop, MAX_STOP_QUERIES))
+        if len(gt) == 0 or len(gs) == 0:
+            return
+        self.model = fit_ranker(Xt, yt, gt, Xs, ys, gs, seed=self.ctx.seed)
+
+    def booster(self):
+        import lightgbm as lgb
+
+        if self._booster is None and self.model is not None:
+            self._booster = lgb.Booster(model_str=self.model)
+        return self._booster
+
+    def rank(self, rows: Rows, k: int = RANKED_ITEMS) -> tuple[np.ndarray, np.ndarray]:
+        pool, pops, hist = self._prepare(rows)
+        booster = self.booster()
+        if booster is None or len(pool.row) == 0:
+            scores = np.nan_to_num(pool.features[:, FEATURES.index("model_score")], nan=-1e9)
+        else:
+            scores = booster.predict(pool.features)
+        exclude = hist if item_filter(self.ctx) == "new" else None
+        return ranked(pool, scores.astype(np.float64), len(rows), k, pops, rows.time, exclude)
+
+    def predict(self, rows: Rows) -> np.ndarray:
+        return self.rank(rows)[0]
+
+    def save(self) -> tuple[dict[str, Any], dict[str, bytes]]:
+        files = {"reranker.txt": self.model.encode()} if self.model is not None else {}
+        return {"kind": "reranker", "features": list(FEATURES)}, files
+
+
+class _Untrained:
+    """A ranking candidate without training: rank() from the rows' own history and item popularity."""
+
+    name = ""
+    kind = ""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+
+    def fit(self, train: Rows, stop: Rows) -> None:
+        pass
+
+    def tables(self, rows: Rows) -> tuple[PopularityTable, History]:
+        e = self.ctx.spec.extra
+        pops = PopularityTable(rows.cache, e["source"], e["column"])
+        return pops, item_history(rows.cache, e["source"], e["column"], rows.entity, rows.time)
+
+    def rank(self, rows: Rows, k: int = RANKED_ITEMS) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def predict(self, rows: Rows) -> np.ndarray:
+        return self.rank(rows)[0]
+
+    def save(self) -> tuple[dict[str, Any], dict[str, bytes]]:
+        return {"kind": self.kind}, {}
+
+
+class RepeatPurchases(_Untrained):
+    """Baseline: the entity's own past items by decayed count (half-life 30 days), then popular items."""
+
+    name, kind = "repeat_purchases", "repeat"
+
+    def rank(self, rows: Rows, k: int = RANKED_ITEMS) -> tuple[np.ndarray, np.ndarray]:
+        pops, hist = self.tables(rows)
+        score = hist.decay30.astype(np.float64)
+        pool = Pool(hist.row, hist.item, np.zeros((len(hist.row), 0), np.float32))
+        if item_filter(self.ctx) == "new":  # nothing of their own: the popular items they never had
+            pool, score = Pool(pool.row[:0], pool.item[:0], pool.features[:0]), score[:0]
+            return ranked(pool, score, len(rows), k, pops, rows.time, exclude=hist)
+        return ranked(pool, score, len(rows), k, pops, rows.time)
+
+
+class RecommendPopularity(_Untrained):
+    """Baseline: the items most bought by everyone in the 28 days before the split (without the entity's own
+    items for ``items: new`` targets)."""
+
+    name, kind = "popularity", "recommend_popularity"
+
+    def rank(self, rows: Rows, k: int = RANKED_ITEMS) -> tuple[np.ndarray, np.ndarray]:
+        pops, hist = self.tables(rows)
+        n_items = self.ctx.spec.extra["n_items"]
+        rule = item_filter(self.ctx)
+        h_keys = hist.row * n_items + hist.item
+        parts_r, parts_i, parts_s = [], [], []
+        for t in np.unique(rows.time):
+            r = np.flatnonzero(rows.time == t)
+            _, p28, order, _ = pops.at(int(t))
+            extra = int(hist.entity_items[r].max(initial=0)) if rule == "new" else 0
+            top = order[: min(k + extra, n_items)]
+            parts_r.append(np.repeat(r, len(top)))
+            parts_i.append(np.tile(top, len(r)))
+            parts_s.append(np.tile(p28[top], len(r)))
+        row, item, s = (np.concatenate(p) for p in (parts_r, parts_i, parts_s))
+        if rule == "new":
+            seen, _ = _lookup(row * n_items + item, h_keys)
+            row, item, s = row[~seen], item[~seen], s[~seen]
+        pool = Pool(row, item, np.zeros((len(row), 0), np.float32))
+        exclude = hist if rule == "new" else None
+        return ranked(pool, s.astype(np.float64), len(rows), k, pops, rows.time, exclude)
+
+
+class NeuralRanking:
+    """The network's catalogue scores plus weight x log1p(decayed count) of the entity's own items (the weight
+    chosen on the early-stopping rows; 0 = the network alone). ``items: new`` removes the own items."""
+
+    name = "neural"
+
+    def __init__(self, ctx: Context, weight: float = 0.0) -> None:
+        self.ctx, self.weight = ctx, weight
+
+    def fit(self, train: Rows, stop: Rows) -> None:
+        pass
+
+    def rank(self, rows: Rows, k: int = RANKED_ITEMS) -> tuple[np.ndarray, np.ndarray]:
+        from basemodel_pipeline.evaluation.baselines import decayed_history_items
+
+        e = self.ctx.spec.extra
+        src = rows.cache.source(e["source"])
+        own = decayed_history_items(
+            src, e["column"], rows.entity, rows.time, e.get("repeat_half_life_days", 30.0)
+        )
+        exclude = own if item_filter(self.ctx) == "new" else None
+        return self.ctx.head.top_items(rows.logits(), k, history=own, weight=self.weight, exclude=exclude)
+
+    def predict(self, rows: Rows) -> np.ndarray:
+        return self.rank(rows)[0]
+
+    def save(self) -> tuple[dict[str, Any], dict[str, bytes]]:
+        return {"kind": "neural_ranking", "weight": self.weight}, {}
+
+
+def load_ranking_candidate(meta: dict[str, Any], files: dict[str, bytes], ctx: Context):
+    kind = meta["kind"]
+    if kind == "reranker":
+        c = Reranker(ctx)
+        if "reranker.txt" in files:
+            c.model = files["reranker.txt"].decode()
+        return c
+    if kind == "repeat":
+        return RepeatPurchases(ctx)
+    if kind == "recommend_popularity":
+        return RecommendPopularity(ctx)
+    return NeuralRanking(ctx, float(meta.get("weight", 0.0)))

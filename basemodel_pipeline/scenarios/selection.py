@@ -1,0 +1,156 @@
+"""Which candidate a scenario publishes: chosen on validation windows, never on the test window.
+
+The validation examples are split by entity into two halves (``split_validation``):
+
+    stop     early stopping of every fitted candidate (the network's epochs, LightGBM's rounds)
+    select   the comparison: every candidate's primary metric on the same rows
+
+The blend's weights are fitted on `select` too, so its score there is cross-fitted: weights fitted on one
+entity half of `select` score the other half, and the other way round. Every candidate is scored the same way
+(the mean of the metric over the two halves), so the numbers compare. The published candidate is the best;
+ties go to the simpler one (``PREFERENCE``). A scenario can pin a candidate (``publish: NAME``): it is then
+published whatever the comparison says, and the report says so. The test window is scored after the choice,
+for the report only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from basemodel_pipeline.errors import ConfigError
+from basemodel_pipeline.evaluation import metrics
+from basemodel_pipeline.evaluation.probe import entity_folds
+from basemodel_pipeline.scenarios.candidates import Blend, Candidate, Context
+from basemodel_pipeline.scenarios.targets import SparseLabels, take_labels
+
+PREFERENCE = (
+    "popularity",
+    "repeat_purchases",
+    "lightgbm_aggregates",
+    "neural",
+    "lightgbm_hybrid",
+    "reranker",
+    "blend",
+)  # simplest first: a tie goes to the earlier name
+
+
+@dataclass
+class Selection:
+    """The outcome of the comparison on validation, stored in the checkpoint and shown in the report."""
+
+    published: str
+    metric: str
+    validation: dict[str, float]  # primary metric on the `select` rows per candidate
+    reason: str
+    pinned: bool = False
+    blend: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "published": self.published,
+            "metric": self.metric,
+            "validation": self.validation,
+            "reason": self.reason,
+            "pinned": self.pinned,
+            "blend": self.blend,
+        }
+
+
+def split_validation(entity: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(stop, select) row indices of validation examples: two halves by entity (every row of an entity in
+    the same half). With fewer than 4 entities both halves are all rows."""
+    if len(np.unique(entity)) < 4:
+        idx = np.arange(len(entity))
+        return idx, idx
+    mixed = (np.asarray(entity).astype(np.uint64) * np.uint64(0xD6E8FEB86659FD93)) >> np.uint64(33)
+    fold = (mixed & np.uint64(1)).astype(np.int64)  # a different hash from entity_folds: independent halves
+    return np.flatnonzero(fold == 0), np.flatnonzero(fold == 1)
+
+
+def _better(task: str, a: float, b: float) -> bool:
+    if not np.isfinite(a):
+        return False
+    if not np.isfinite(b):
+        return True
+    return a > b if metrics.higher_is_better(metrics.PRIMARY_METRIC[task]) else a < b
+
+
+def primary(task: str, y: Any, out: Any) -> float:
+    """The primary metric; recommendation labels come as SparseLabels (relevant items per row)."""
+    if isinstance(y, SparseLabels):
+        y = (y.indptr, y.indices, y.n_cols)
+    return float(metrics.primary_metric(task, y, out))
+
+
+def _halves_metric(task: str, y: Any, out: Any, halves: list[np.ndarray]) -> float:
+    vals = [primary(task, take_labels(y, h), out[h]) for h in halves]
+    vals = [v for v in vals if np.isfinite(v)]
+    return float(np.mean(vals)) if vals else float("nan")
+
+
+def choose(
+    ctx: Context,
+    candidates: dict[str, Candidate],
+    outputs: dict[str, np.ndarray],
+    y: np.ndarray,
+    entity: np.ndarray,
+    blend_members: list[str],
+    pinned: str | None = None,
+) -> tuple[Selection, Candidate]:
+    """Compare candidates on the `select` rows (their outputs there, labels `y`, entity indices `entity`),
+    fit a blend of `blend_members` when there are two or more, and return (selection, published candidate)."""
+    task = ctx.task
+    metric = metrics.PRIMARY_METRIC[task]
+    fold = entity_folds(np.asarray(entity, np.int64), 2)
+    halves = [np.flatnonzero(fold == k) for k in (0, 1)]
+    halves = [h for h in halves if len(h)] or [np.arange(len(y))]
+    scores = {name: _halves_metric(task, y, out, halves) for name, out in outputs.items()}
+    pool: dict[str, Candidate] = dict(candidates)
+    blend_info: dict[str, Any] = {}
+    members = [m for m in blend_members if m in candidates]
+    if len(members) >= 2:
+        blend = Blend(ctx, [candidates[m] for m in members])
+        member_out = [outputs[m] for m in members]
+        if len(halves) == 2:  # cross-fitted score: weights from one half, metric on the other
+            crossed = []
+            for fit_h, score_h in (halves, halves[::-1]):
+                part = Blend(ctx, blend.members).fit_outputs([o[fit_h] for o in member_out], y[fit_h])
+                crossed.append(primary(task, y[score_h], part.combine([o[score_h] for o in member_out])))
+            crossed = [v for v in crossed if np.isfinite(v)]
+            scores["blend"] = float(np.mean(crossed)) if crossed else float("nan")
+        blend.fit_outputs(member_out, y)
+        if len(halves) < 2:
+            scores["blend"] = primary(task, y, blend.combine(member_out))
+        pool["blend"] = blend
+        blend_info = {
+            "members": members,
+            "weights": [round(float(w), 4) for w in blend.weights],
+            "scale": round(blend.scale, 4),
+            "intercept": round(blend.intercept, 4),
+        }
+    if pinned is not None:
+        if pinned not in pool:
+            raise ConfigError(
+                f"scenario '{ctx.scenario.name}': publish: '{pinned}' is not one of its candidates "
+                f"({', '.join(sorted(pool))})"
+            )
+        reason = f"pinned by the scenario config (publish: {pinned})"
+        return Selection(pinned, metric, scores, reason, True, blend_info), pool[pinned]
+    order = sorted(pool, key=lambda n: PREFERENCE.index(n) if n in PREFERENCE else len(PREFERENCE))
+    best = order[0]
+    for name in order[1:]:
+        if _better(task, scores.get(name, float("nan")), scores.get(best, float("nan"))):
+            best = name
+    runner_up = [n for n in order if n != best and np.isfinite(scores.get(n, float("nan")))]
+    second = max(
+        runner_up,
+        key=lambda n: scores[n] if metrics.higher_is_better(metric) else -scores[n],
+        default=None,
+    )
+    reason = f"best validation {metric} ({scores.get(best, float('nan')):.4f})"
+    if second is not None:
+        reason += f"; next: {second} ({scores[second]:.4f})"
+    return Selection(best, metric, scores, reason, False, blend_info), pool[best]

@@ -1,0 +1,282 @@
+"""Quality on real data sets, every task type, three seeds: the published model against every baseline.
+
+    .venv/bin/python bench/bench_quality.py --dataset completejourney [--seeds 0 1 2] [--scenarios a,b]
+    .venv/bin/python bench/bench_quality.py --dataset nycflights13
+    .venv/bin/python bench/bench_quality.py --dataset completejourney --collect   # table from saved runs
+
+For each seed the foundation is retrained (training_params.foundation.seed and finetune.seed = the seed) and
+every scenario of the data set's full demo config (basemodel_pipeline/demo.py) is fine-tuned: each fits its
+candidates, chooses on validation windows and scores the test window once (scenarios/selection.py). What is
+compared is what the scenario publishes ("model") against each baseline the pipeline computes (popularity,
+hand-crafted aggregates + LightGBM, and for recommendation "repeat what they bought") and against the
+network alone.
+
+Intervals: the test rows are the same for every seed, so one paired bootstrap over them (1,000 resamples)
+gives a 95% interval for the seed-averaged difference (model - baseline; for RMSE baseline - model, so a
+positive difference is always a win). A win or a loss is an interval that excludes zero; the rest are ties.
+Each seed's run is saved under <workspace>/quality/seed<k>.npz so --collect can rebuild the table.
+
+Writes bench/results/quality_<dataset>.json (flat keys) and prints the table for bench/BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import yaml
+
+from basemodel_pipeline.config import load_config
+from basemodel_pipeline.demo import prepare_demo
+from basemodel_pipeline.evaluation import metrics
+from basemodel_pipeline.pipeline import run_cache, run_extract, run_pretrain
+from basemodel_pipeline.progress import NullProgress
+from basemodel_pipeline.training.finetune import finetune_many
+
+BASELINES = ("popularity", "lightgbm_aggregates", "repeat_purchases", "neural")
+ROUNDS = 1000
+
+
+class Log(NullProgress):
+    def log(self, message: str) -> None:
+        print(time.strftime("%H:%M:%S"), message, flush=True)
+
+
+def row_metric(task: str, truth, out, k: int = 10) -> np.ndarray | None:
+    """Per-row values whose mean is the primary metric (recommendation: NDCG@10), else None."""
+    if task != "recommendation":
+        return None
+    indptr, indices, n_items = truth
+    hits = metrics.ranking_hits(out, indptr, indices, n_items)[:, :k].astype(np.float64)
+    n_rel = np.diff(indptr).astype(np.float64)
+    disc = 1.0 / np.log2(np.arange(k) + 2.0)
+    ideal = np.cumsum(disc)[np.minimum(n_rel, k).astype(np.int64) - 1]
+    return np.where(n_rel > 0, (hits * disc[: hits.shape[1]]).sum(1) / ideal, np.nan)
+
+
+def metric_of(task: str, truth, out) -> float:
+    rows = row_metric(task, truth, out)
+    return float(np.nanmean(rows)) if rows is not None else float(metrics.primary_metric(task, truth, out))
+
+
+def _take(task: str, truth, idx: np.ndarray):
+    if task == "recommendation":
+        indptr, indices, n = truth
+        lo, hi = indptr[idx], indptr[idx + 1]
+        parts = [indices[a:b] for a, b in zip(lo, hi, strict=True)]
+        return np.r_[0, np.cumsum(hi - lo)], np.concatenate(parts) if parts else indices[:0], n
+    return truth[idx]
+
+
+def paired_interval(task: str, truth, model_runs: list, base_runs: list, seed: int = 0):
+    """(mean difference, 2.5%, 97.5%) of the seed-averaged (model - baseline), signed so > 0 is a win."""
+    sign = 1.0 if metrics.higher_is_better(metrics.PRIMARY_METRIC[task]) else -1.0
+    n = len(model_runs[0]) if task != "recommendation" else len(truth[0]) - 1
+
+    def diff(idx):
+        if task == "recommendation":
+            return float(
+                np.mean(
+                    [
+                        np.nanmean(a[idx]) - np.nanmean(b[idx])
+                        for a, b in zip(model_runs, base_runs, strict=True)
+                    ]
+                )
+            )
+        t = _take(task, truth, idx)
+        return float(
+            np.mean(
+                [
+                    metrics.primary_metric(task, t, a[idx]) - metrics.primary_metric(task, t, b[idx])
+                    for a, b in zip(model_runs, base_runs, strict=True)
+                ]
+            )
+        )
+
+    if task == "recommendation":  # per-row NDCG: resample rows of the per-row values
+        model_runs = [row_metric(task, truth, m) for m in model_runs]
+        base_runs = [row_metric(task, truth, b) for b in base_runs]
+    rng = np.random.default_rng(seed)
+    point = diff(np.arange(n))
+    draws = [diff(rng.integers(0, n, n)) for _ in range(ROUNDS)]
+    draws = [d for d in draws if np.isfinite(d)]
+    lo, hi = np.percentile(draws, [2.5, 97.5])
+    return sign * point, *(sorted([sign * lo, sign * hi]))
+
+
+def run_seed(dataset: str, workspace: Path, seed: int, names: list[str] | None) -> Path:
+    out = workspace / "quality" / f"seed{seed}.npz"
+    if out.exists():
+        return out
+    config = prepare_demo(workspace, full=True, dataset=dataset)
+    raw = yaml.safe_load(config.read_text())
+    tp = raw.setdefault("training_params", {})
+    tp.setdefault("foundation", {})["seed"] = seed
+    tp.setdefault("finetune", {})["seed"] = seed
+    seeded = workspace / f"config_seed{seed}.yaml"
+    seeded.write_text(yaml.safe_dump(raw, sort_keys=False))
+    cfg = load_config(seeded)
+    run_extract(cfg)
+    run_cache(cfg)
+    t0 = time.perf_counter()
+    run_pretrain(cfg, Log())
+    pretrain_s = time.perf_counter() - t0
+    scenarios = [s for s in cfg.scenarios if names is None or s.name in names]
+    results = finetune_many(cfg, scenarios, Log(), keep_outputs=True)
+    arrays, info = {}, {"pretrain_s": pretrain_s, "scenarios": {}}
+    for name, r in results.items():
+        task = cfg.scenario(name).task
+        m = json.loads((Path(r["path"]) / "metrics.json").read_text())
+        info["scenarios"][name] = {
+            "task": task,
+            "published": m["published"],
+            "validation": m["selection"]["validation"],
+            "test": m["test"],
+            "timing_s": m["timing_s"],
+            "candidates_fit_s": m["candidates_fit_s"],
+            "examples": m["examples"],
+        }
+        truth = r["test_truth"]
+        if task == "recommendation":
+            arrays[f"{name}/truth_indptr"], arrays[f"{name}/truth_indices"] = truth[0], truth[1]
+            arrays[f"{name}/truth_n"] = np.array([truth[2]])
+        else:
+            arrays[f"{name}/truth"] = np.asarray(truth)
+        for cand, o in r["test_outputs"].items():
+            arrays[f"{name}/out/{cand}"] = np.asarray(o)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(out.with_suffix(".tmp.npz"), **arrays)
+    os.replace(out.with_suffix(".tmp.npz"), out)
+    out.with_suffix(".json").write_text(json.dumps(info, indent=2, default=str))
+    return out
+
+
+def collect(dataset: str, workspace: Path, seeds: list[int]) -> dict:
+    runs = [
+        (
+            np.load(workspace / "quality" / f"seed{s}.npz"),
+            json.loads((workspace / "quality" / f"seed{s}.json").read_text()),
+        )
+        for s in seeds
+    ]
+    flat: dict = {}
+    rows = []
+    for name, first in runs[0][1]["scenarios"].items():
+        task = first["task"]
+        z0 = runs[0][0]
+        truth = (
+            (z0[f"{name}/truth_indptr"], z0[f"{name}/truth_indices"], int(z0[f"{name}/truth_n"][0]))
+            if task == "recommendation"
+            else z0[f"{name}/truth"]
+        )
+        model = [z[f"{name}/out/model"] for z, _ in runs]
+        flat[f"{name}.task"] = task
+        flat[f"{name}.metric"] = metrics.PRIMARY_METRIC[task]
+        flat[f"{name}.published"] = ",".join(info["scenarios"][name]["published"] for _, info in runs)
+        flat[f"{name}.model"] = round(float(np.mean([metric_of(task, truth, m) for m in model])), 4)
+        for b in BASELINES:
+            if f"{name}/out/{b}" not in z0:
+                continue
+            base = [z[f"{name}/out/{b}"] for z, _ in runs]
+            flat[f"{name}.{b}"] = round(float(np.mean([metric_of(task, truth, x) for x in base])), 4)
+            d, lo, hi = paired_interval(task, truth, model, base)
+            verdict = "win" if lo > 0 else "loss" if hi < 0 else "tie"
+            flat[f"{name}.vs_{b}"] = round(d, 4)
+            flat[f"{name}.vs_{b}_lo"] = round(lo, 4)
+            flat[f"{name}.vs_{b}_hi"] = round(hi, 4)
+            flat[f"{name}.vs_{b}_verdict"] = verdict
+        t = [info["scenarios"][name]["timing_s"] for _, info in runs]
+        fit = [info["scenarios"][name]["candidates_fit_s"] for _, info in runs]
+        base_s = np.mean(
+            [
+                x.get("train_s", 0) + f.get("lightgbm_aggregates", 0) + f.get("popularity", 0)
+                for x, f in zip(t, fit, strict=True)
+            ]
+        )
+        total_s = np.mean(
+            [
+                x.get("train_s", 0) + x.get("candidates_fit_s", 0) + x.get("select_s", 0) + x.get("test_s", 0)
+                for x in t
+            ]
+        )
+        flat[f"{name}.seconds_network_and_baselines"] = round(float(base_s), 1)
+        flat[f"{name}.seconds_with_selection"] = round(float(total_s), 1)
+        flat[f"{name}.selection_time_ratio"] = round(float(total_s / max(base_s, 1e-9)), 2)
+        rows.append(name)
+    return flat
+
+
+def _cell(flat: dict, n: str, b: str) -> str:
+    if f"{n}.vs_{b}" not in flat:
+        return "-"
+    d, lo, hi = (flat[f"{n}.vs_{b}{x}"] for x in ("", "_lo", "_hi"))
+    return f"{d:+.4f} [{lo:+.4f}, {hi:+.4f}] **{flat[f'{n}.vs_{b}_verdict']}**"
+
+
+def table(flat: dict, names: list[str]) -> str:
+    lines = [
+        "| scenario | metric | published (per seed) | model | best baseline | vs popularity | "
+        "vs LightGBM aggregates | vs repeat | vs network alone | time x |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for n in names:
+        bases = [b for b in ("popularity", "lightgbm_aggregates", "repeat_purchases") if f"{n}.{b}" in flat]
+        hib = metrics.higher_is_better(flat[f"{n}.metric"])
+        best = (max if hib else min)(bases, key=lambda b, n=n: flat[f"{n}.{b}"])
+        cells = " | ".join(
+            _cell(flat, n, b) for b in ("popularity", "lightgbm_aggregates", "repeat_purchases", "neural")
+        )
+        lines.append(
+            f"| {n} | {flat[f'{n}.metric']} | {flat[f'{n}.published']} | {flat[f'{n}.model']:.4f} | "
+            f"{best} {flat[f'{n}.{best}']:.4f} | {cells} | {flat[f'{n}.selection_time_ratio']} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dataset", default="completejourney")
+    ap.add_argument("--workspace", type=Path, default=None)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--scenarios", default=None, help="comma-separated subset of the full config's scenarios")
+    ap.add_argument("--collect", action="store_true", help="only tabulate saved runs")
+    args = ap.parse_args()
+    workspace = (args.workspace or Path(f"bench_workspace/quality_{args.dataset}")).resolve()
+    names = args.scenarios.split(",") if args.scenarios else None
+    load_before = os.getloadavg()
+    started = time.perf_counter()
+    if not args.collect:
+        for seed in args.seeds:
+            run_seed(args.dataset, workspace, seed, names)
+    flat = collect(args.dataset, workspace, args.seeds)
+    scen = sorted(
+        {k.split(".")[0] for k in flat}, key=list(dict.fromkeys(k.split(".")[0] for k in flat)).index
+    )
+    result = {
+        "benchmark": f"quality_{args.dataset}",
+        "date": time.strftime("%Y-%m-%d"),
+        "dataset": args.dataset,
+        "seeds": " ".join(map(str, args.seeds)),
+        "command": " ".join(["python bench/bench_quality.py", *sys.argv[1:]]),
+        "machine": f"{platform.machine()} {psutil.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB",
+        "loadavg_before": round(load_before[0], 2),
+        "loadavg_after": round(os.getloadavg()[0], 2),
+        "wall_s": round(time.perf_counter() - started, 1),
+        "bootstrap_rounds": ROUNDS,
+        **flat,
+    }
+    path = Path(__file__).parent / "results" / f"quality_{args.dataset}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(table(flat, scen))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
