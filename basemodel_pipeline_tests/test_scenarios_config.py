@@ -133,3 +133,49 @@ def test_demo_configs_parse_with_two_and_six_scenarios(tmp_path: Path) -> None:
     assert len(names) == 6
     tasks = {s["task"] for s in yaml.safe_load(FULL_CONFIG)["scenarios"]}
     assert tasks == {"binary", "multilabel", "recommendation", "regression"}
+
+
+def test_python_target_next_to_the_config_imports_from_any_directory(
+    tiny_config: Path, tmp_path: Path
+) -> None:
+    """A target module beside the config works without PYTHONPATH, whatever the working directory."""
+    import subprocess
+    import sys
+
+    config = with_scenario(
+        tiny_config,
+        {"name": "mine", "task": "binary", "target": target(kind="python", function="beside_config:f")},
+    )
+    (config.parent / "beside_config.py").write_text(
+        "def f(history, future, attributes, ctx):\n    return 1.0\n"
+    )
+    code = (
+        "import sys; from basemodel_pipeline.config import load_config; "
+        "from basemodel_pipeline.scenarios.python_target import load_function; "
+        f"print(load_function(load_config({str(config)!r}).scenario('mine')).__name__)"
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=elsewhere, capture_output=True, text=True, env=env
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "f"
+
+
+def test_a_test_window_past_the_end_of_the_data_is_rejected_before_training(tiny_config: Path) -> None:
+    """training_end_date at the data's end: validate says so (and what date works), not finetune later."""
+    import datetime as dt
+
+    raw = yaml.safe_load(tiny_config.read_text())
+    start = dt.date.fromisoformat(str(raw["data_params"]["data_start_date"]))
+    check_config_against_data(load_config(tiny_config), tiny_config)  # the tiny dataset's own dates pass
+    raw["data_params"]["training_end_date"] = (start + dt.timedelta(days=119)).isoformat()  # the last day
+    tiny_config.write_text(yaml.safe_dump(raw, sort_keys=False))
+    with pytest.raises(
+        ConfigError,
+        match=r"data_params.training_end_date: scenario 'churn' \(scenarios\[0\]\) is tested on .* set "
+        r"training_end_date to \d{4}-\d\d-\d\d or earlier",
+    ):
+        check_config_against_data(load_config(tiny_config), tiny_config)

@@ -524,3 +524,17 @@ def test_cli_predict_subset_summary_and_bad_shard(world, tmp_path: Path) -> None
     assert "unknown_entities" in result.output and "not-a-customer" in result.output
     bad = CliRunner().invoke(app, ["predict", config, "-s", "grocery_buyer", "--shard", "3/2"])
     assert bad.exit_code == 2 and "0 <= I < K" in bad.output
+
+
+def test_predict_refuses_a_checkpoint_of_another_definition(world, tmp_path: Path) -> None:
+    """A second config sharing the workspace (here: grocery_buyer with another horizon) must not score the
+    first config's model under its name, nor overwrite its predictions."""
+    cfg, _ = world
+    raw = yaml.safe_load((Path(cfg.workspace) / "config.yaml").read_text())
+    for sc in raw["scenarios"]:
+        if sc["name"] == "grocery_buyer":
+            sc["target"]["horizon_days"] = 7
+    other = Path(cfg.workspace) / "other_config.yaml"
+    other.write_text(yaml.safe_dump(raw, sort_keys=False))
+    with pytest.raises(UserError, match=r"scenario 'grocery_buyer': its newest checkpoint .*differs in: target"):
+        run_predict(load_config(other), "grocery_buyer")

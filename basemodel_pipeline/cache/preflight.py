@@ -57,7 +57,7 @@ def preflight(cfg: PipelineConfig, cache_root: Path, disk_usage: DiskUsage) -> d
         if same
         else {cache_root: est["cache_bytes"], spill_dir: est["spill_bytes"]}
     )
-    recommended = recommended_working_volume(cfg)
+    recommended = recommended_working_volume(cfg, cache_bytes=int(est["cache_bytes"]))
     report: dict[str, Any] = {**est, "recommended_working_volume_bytes": recommended}
     for path, need in needs.items():
         need = int(need * (1 + HEADROOM))
@@ -73,7 +73,7 @@ def preflight(cfg: PipelineConfig, cache_root: Path, disk_usage: DiskUsage) -> d
                 f"not enough free space to build the event cache: {what} need about {need / GIB:.2f} GiB "
                 f"({need:,} B, with {HEADROOM:.0%} headroom) on the volume of {path}, which has "
                 f"{free / GIB:.2f} GiB ({free:,} B) free; the recommended working volume for this workspace is "
-                f"{recommended / GIB:.2f} GiB (source + checkpoints + {HEADROOM:.0%}). Free space there, move "
+                f"{recommended / GIB:.2f} GiB (extracts, cache, checkpoints and outputs + {HEADROOM:.0%}). Free space there, move "
                 "the workspace to a larger volume, or set cache.spill_directory to a volume with room"
             )
     return report

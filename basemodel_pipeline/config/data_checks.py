@@ -9,6 +9,7 @@ Identifiers and literals are quoted here, and user SQL is parsed by sqlglot and 
 
 from __future__ import annotations
 
+import datetime as dt
 import difflib
 import re
 from collections.abc import Iterable
@@ -174,6 +175,40 @@ class _Checker:
             src = self.cfg.source(sc.target.source)
             for field, column in sc.target.columns():
                 self.require(f"scenarios[{i}].target.{field}", src, column, self.joined_columns(src))
+        self.check_test_windows()
+
+    def last_day(self, src: DataSource) -> dt.date | None:
+        """The last event day of a local event source (None elsewhere: warehouses are not scanned here)."""
+        if not self.local(src) or src.date_column is None:
+            return None
+        name = resolve(src.date_column.name, self.columns[src.name]) or src.date_column.name
+        col = quote_ident(name)
+        fmt = src.date_column.format
+        expr = f"try_strptime({col}, ?)" if fmt else col
+        value = self.con.execute(f"SELECT max({expr}) FROM {self.rel(src)}", [fmt] if fmt else []).fetchone()
+        if value is None or value[0] is None:
+            return None
+        v = value[0]
+        return v.date() if isinstance(v, dt.datetime) else v
+
+    def check_test_windows(self) -> None:
+        """Every scenario's test window [training_end_date, + horizon) must end inside the data: otherwise
+        fine-tuning fails after a whole pretraining, on an empty or one-class test window."""
+        test = self.cfg.data_params.training_end_date
+        for i, sc in enumerate(self.cfg.scenarios):
+            last = self.last_day(self.cfg.source(sc.target.source))
+            if last is None:
+                continue
+            end = test + dt.timedelta(days=sc.target.horizon_days)
+            if end > last + dt.timedelta(days=1):
+                latest = last + dt.timedelta(days=1) - dt.timedelta(days=sc.target.horizon_days)
+                self.fail(
+                    "data_params.training_end_date",
+                    f"scenario '{sc.name}' (scenarios[{i}]) is tested on [{test}, {end}), but data source "
+                    f"'{sc.target.source}' ends on {last}; set training_end_date to {latest} or earlier. "
+                    "Scoring as of the end of the data does not need it: `basemodel predict` scores as of the "
+                    "day after the last event",
+                )
 
     def joined_columns(self, src: DataSource) -> list[str]:
         own = self.columns[src.name]

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +133,11 @@ def resolve_paths(cfg: PipelineConfig, base_dir: Path) -> PipelineConfig:
     sources = [
         s.model_copy(update={"data_location": s.data_location.resolved(absolute)}) for s in cfg.data_sources
     ]
+    if any(sc.target.kind == "python" for sc in cfg.scenarios):
+        # Python targets ("module:function") may live next to the config: importable from any directory
+        here = str(base_dir.resolve())
+        if here not in sys.path:
+            sys.path.append(here)
     return cfg.model_copy(update={"workspace": absolute(cfg.workspace), "data_sources": sources})
 
 

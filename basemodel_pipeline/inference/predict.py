@@ -247,6 +247,31 @@ def output_table(
     return _long(ids, as_of, classes, out, keep)
 
 
+def check_checkpoint_matches(cache: EventCache, scenario: Scenario, meta: dict, checkpoint: Path) -> None:
+    """The newest checkpoint of a scenario must come from this scenario definition and this data: another
+    config sharing the workspace (or an edit not yet fine-tuned) would otherwise have its model scored and
+    its predictions overwritten under this config's name."""
+    trained = meta.get("scenario")
+    if trained is not None and trained != scenario.model_dump(mode="json"):
+        changed = sorted(
+            k
+            for k in {*trained, *scenario.model_dump(mode="json")}
+            if trained.get(k) != scenario.model_dump(mode="json").get(k)
+        )
+        raise UserError(
+            f"scenario '{scenario.name}': its newest checkpoint ({checkpoint}) was trained from a different "
+            f"definition (differs in: {', '.join(changed)}); fine-tune it with this config first, or give this "
+            "config its own workspace if another config shares this one"
+        )
+    fingerprint = meta.get("cache_fingerprint")
+    if fingerprint is not None and fingerprint != cache.manifest["fingerprint"]:
+        raise UserError(
+            f"scenario '{scenario.name}': its newest checkpoint ({checkpoint}) was trained on other data (cache "
+            f"{fingerprint}, this config's is {cache.manifest['fingerprint']}); fine-tune it with this config "
+            "first, or give this config its own workspace if another config shares this one"
+        )
+
+
 def resolve_entities(cache: EventCache, ids: list[str] | None) -> tuple[np.ndarray, list[str]]:
     """Entity indices of the requested ids in request order (all entities when None) and the unknown ids.
 
@@ -327,6 +352,7 @@ def predict(
     cache = EventCache(cache_dir(cfg))
     checkpoint = ws.latest_scenario_dir(cfg, scenario.name)
     scorer = Scorer.load(checkpoint, precision, device)
+    check_checkpoint_matches(cache, scenario, scorer.meta, checkpoint)
     as_of = as_of or default_as_of(cache)
     if as_of <= cfg.data_params.data_start_date:
         raise UserError(f"--as-of {as_of} is before data_start_date ({cfg.data_params.data_start_date})")

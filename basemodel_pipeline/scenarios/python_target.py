@@ -39,7 +39,7 @@ def load_function(scenario: Scenario) -> Callable[..., Any]:
     except ImportError as err:
         raise ConfigError(
             f"scenario '{scenario.name}': target.function '{target.function}': cannot import module "
-            f"'{module_name}' ({err}); put it on PYTHONPATH or next to the config"
+            f"'{module_name}' ({err}); put it next to the config file or on PYTHONPATH"
         ) from None
     fn = getattr(module, name, None)
     if not callable(fn):

@@ -34,11 +34,12 @@ def source_volume(cfg: PipelineConfig, src: DataSource) -> dict[str, Any]:
         events, entities, first, last = con.execute(
             f"SELECT count(*), count(DISTINCT {ent}), min({ts}), max({ts}) FROM {rel}"
         ).fetchone()
-        median_rate = con.execute(
-            f"SELECT median(n) FROM (SELECT count(*) AS n FROM {rel} GROUP BY {ent}, date_trunc('month', {ts}))"
-        ).fetchone()[0]
+        cells = con.execute(
+            f"SELECT {ent}, date_trunc('month', {ts}) AS m, count(*) AS n FROM {rel} GROUP BY ALL"
+        ).fetch_arrow_table()
     finally:
         con.close()
+    median_rate = monthly_median(cells, last) if events else 0.0
     months = ((last - first).total_seconds() / 86400 + 1) / DAYS_PER_MONTH if events else 0.0
     frequent = (median_rate or 0) >= FREQUENT
     need_months = MIN_MONTHS_FREQUENT if frequent else MIN_MONTHS_INFREQUENT
@@ -62,6 +63,29 @@ def source_volume(cfg: PipelineConfig, src: DataSource) -> dict[str, Any]:
         "meets_guidelines": all(checks.values()),
         "extract_bytes": sum(f.stat().st_size for f in files),
     }
+
+
+def monthly_median(cells, last) -> float:
+    """Median events per entity per month, counting the months without events: every month from the
+    entity's first month to the data's last month is a cell (sparse data has many empty ones).
+    `cells`: (entity, month, n) of the months with events."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    if cells.num_rows == 0:
+        return 0.0
+    month = pc.year(cells.column("m")).to_numpy() * 12 + pc.month(cells.column("m")).to_numpy()
+    last_month = last.year * 12 + last.month
+    ent = cells.column(0).to_numpy(zero_copy_only=False)
+    _, inv = np.unique(ent.astype(str) if ent.dtype == object else ent, return_inverse=True)
+    first = np.full(inv.max() + 1, np.iinfo(np.int64).max)
+    np.minimum.at(first, inv, month)
+    n = np.sort(cells.column("n").to_numpy())
+    empty = int((last_month - first + 1).sum()) - len(n)  # entity-months without an event
+    total = empty + len(n)
+    ranks = [(total - 1) // 2, total // 2]
+    values = [0.0 if r < empty else float(n[r - empty]) for r in ranks]
+    return float(np.mean(values))
 
 
 def volume_report(cfg: PipelineConfig) -> dict[str, Any]:
@@ -93,18 +117,27 @@ def source_bytes(cfg: PipelineConfig) -> int:
 
 
 def recommended_working_volume(
-    cfg: PipelineConfig, src_bytes: int | None = None, checkpoint_bytes: int | None = None
+    cfg: PipelineConfig,
+    src_bytes: int | None = None,
+    checkpoint_bytes: int | None = None,
+    cache_bytes: int | None = None,
 ) -> int:
-    """Source bytes + checkpoint bytes + 20% headroom."""
+    """What the workspace holds, + 20% headroom: the extracts (about the source's size), the cache (its size
+    when built, else about the source's size: DESIGN §1), the checkpoints and everything else under the
+    workspace (predictions, state, reports)."""
     src_bytes = source_bytes(cfg) if src_bytes is None else src_bytes
     if checkpoint_bytes is None:
         checkpoint_bytes = _bytes_under(ws.root(cfg) / "checkpoints")
-    return int((src_bytes + checkpoint_bytes) * (1 + HEADROOM))
+    extract_bytes = sum(_bytes_under(ws.extracts_dir(cfg, s.name)) for s in cfg.data_sources)
+    cache_bytes = src_bytes if cache_bytes is None else cache_bytes
+    other = sum(_bytes_under(ws.root(cfg) / d) for d in ("predictions", "state", "embeddings", "reports"))
+    held = max(extract_bytes, src_bytes) + cache_bytes + checkpoint_bytes + other
+    return int(held * (1 + HEADROOM))
 
 
 def cache_sizing(cfg: PipelineConfig) -> dict[str, Any]:
     """Cache bytes against source bytes, entities, events, date range, and the recommended working volume
-    (source bytes + checkpoint bytes + 20% headroom) next to the free space of the workspace's volume."""
+    (recommended_working_volume) next to the free space of the workspace's volume."""
     import json
     import shutil
 
@@ -120,7 +153,7 @@ def cache_sizing(cfg: PipelineConfig) -> dict[str, Any]:
     cache_bytes = sum(f["bytes"] for f in manifest.get("files", {}).values())
     src_bytes = source_bytes(cfg)
     checkpoint_bytes = _bytes_under(ws.root(cfg) / "checkpoints")
-    recommended = recommended_working_volume(cfg, src_bytes, checkpoint_bytes)
+    recommended = recommended_working_volume(cfg, src_bytes, checkpoint_bytes, cache_bytes)
     return {
         "cache_path": str(manifest_file.parent),
         "cache_bytes": cache_bytes,
