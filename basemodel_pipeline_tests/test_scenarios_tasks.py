@@ -536,5 +536,7 @@ def test_predict_refuses_a_checkpoint_of_another_definition(world, tmp_path: Pat
             sc["target"]["horizon_days"] = 7
     other = Path(cfg.workspace) / "other_config.yaml"
     other.write_text(yaml.safe_dump(raw, sort_keys=False))
-    with pytest.raises(UserError, match=r"scenario 'grocery_buyer': its newest checkpoint .*differs in: target"):
+    with pytest.raises(
+        UserError, match=r"scenario 'grocery_buyer': its newest checkpoint .*differs in: target"
+    ):
         run_predict(load_config(other), "grocery_buyer")

@@ -140,3 +140,25 @@ def test_metrics_json_is_strict_json() -> None:
     import json
 
     assert json.loads(text) == {"a": None, "b": [1.0, None], "c": 0.5}
+
+
+def test_the_blend_is_published_unless_a_single_candidate_beats_it_beyond_the_noise() -> None:
+    ctx = _ctx("binary")
+    rng = np.random.default_rng(4)
+    n = 3000
+    y = rng.integers(0, 2, n).astype(float)
+    strong = 1 / (1 + np.exp(-(2.0 * y - 1 + rng.normal(0, 1.0, n))))
+    close = 1 / (1 + np.exp(-(np.log(strong / (1 - strong)) + rng.normal(0, 0.3, n))))  # the same errors
+    weak = 1 / (1 + np.exp(-(0.2 * y + rng.normal(0, 1.0, n))))
+    # the blend of two good models is within the noise of the best of them: the blend is published
+    outputs = {"neural": close, "lightgbm_aggregates": strong, "popularity": weak}
+    sel, _ = choose(
+        ctx, {k: Fixed(k) for k in outputs}, outputs, y, np.arange(n), ["neural", "lightgbm_aggregates"]
+    )
+    assert sel.published == "blend" and "within the validation noise" in sel.reason
+    # a blend of two weak models: the strong single candidate wins clearly and is published
+    outputs = {"neural": weak, "lightgbm_aggregates": weak[::-1].copy(), "popularity": strong}
+    sel, _ = choose(
+        ctx, {k: Fixed(k) for k in outputs}, outputs, y, np.arange(n), ["neural", "lightgbm_aggregates"]
+    )
+    assert sel.published == "popularity" and sel.reason.startswith("best validation auroc")

@@ -22,7 +22,7 @@ import numpy as np
 
 from basemodel_pipeline.errors import ConfigError
 from basemodel_pipeline.evaluation import metrics
-from basemodel_pipeline.evaluation.probe import entity_folds
+from basemodel_pipeline.evaluation.probe import entity_folds, paired_bootstrap
 from basemodel_pipeline.scenarios.candidates import Blend, Candidate, Context
 from basemodel_pipeline.scenarios.targets import SparseLabels, take_labels
 
@@ -35,6 +35,7 @@ PREFERENCE = (
     "reranker",
     "blend",
 )  # simplest first: a tie goes to the earlier name
+BOOTSTRAP_ROUNDS = 200  # select rows resampled to tell the best single candidate from the blend
 
 
 @dataclass
@@ -110,6 +111,7 @@ def choose(
     scores = {name: _halves_metric(task, y, out, halves) for name, out in outputs.items()}
     pool: dict[str, Candidate] = dict(candidates)
     blend_info: dict[str, Any] = {}
+    blend_out: np.ndarray | None = None  # cross-fitted blend outputs of the select rows
     members = [m for m in blend_members if m in candidates]
     if len(members) >= 2:
         blend = Blend(ctx, [candidates[m] for m in members])
@@ -118,7 +120,10 @@ def choose(
             crossed = []
             for fit_h, score_h in (halves, halves[::-1]):
                 part = Blend(ctx, blend.members).fit_outputs([o[fit_h] for o in member_out], y[fit_h])
-                crossed.append(primary(task, y[score_h], part.combine([o[score_h] for o in member_out])))
+                out_h = part.combine([o[score_h] for o in member_out])
+                blend_out = np.zeros((len(y), *out_h.shape[1:])) if blend_out is None else blend_out
+                blend_out[score_h] = out_h
+                crossed.append(primary(task, y[score_h], out_h))
             crossed = [v for v in crossed if np.isfinite(v)]
             scores["blend"] = float(np.mean(crossed)) if crossed else float("nan")
         blend.fit_outputs(member_out, y)
@@ -153,4 +158,22 @@ def choose(
     reason = f"best validation {metric} ({scores.get(best, float('nan')):.4f})"
     if second is not None:
         reason += f"; next: {second} ({scores[second]:.4f})"
+    if best != "blend" and blend_out is not None and np.isfinite(scores.get("blend", float("nan"))):
+        lo = _gain_lower_bound(task, y, outputs[best], blend_out, fold)
+        if lo <= 0:  # not better than the blend beyond validation noise: the combination is safer
+            reason = (
+                f"the blend ({scores['blend']:.4f}) is within the validation noise of the best single "
+                f"candidate, {best} ({scores[best]:.4f}; 95% lower bound of its gain {lo:+.4f}): a "
+                "combination of models holds up better on new windows than a choice made on noise"
+            )
+            best = "blend"
     return Selection(best, metric, scores, reason, False, blend_info), pool[best]
+
+
+def _gain_lower_bound(task: str, y: Any, best: np.ndarray, blend: np.ndarray, fold: np.ndarray) -> float:
+    """2.5th percentile of best's gain over the blend on resamples of the select rows (within each entity
+    half), signed so that > 0 means better; fewer resamples when each costs thousands of per-class AUROCs."""
+    width = best.shape[1] if task == "multilabel" and best.ndim == 2 else 1
+    rounds = max(20, min(BOOTSTRAP_ROUNDS, BOOTSTRAP_ROUNDS * 50 // width))
+    _, lo, hi = paired_bootstrap(task, y, best, blend, rounds=rounds, groups=fold)
+    return lo if metrics.higher_is_better(metrics.PRIMARY_METRIC[task]) else -hi
