@@ -241,6 +241,9 @@ def test_every_task_trains_evaluates_and_reports(world, name: str) -> None:
     assert report.parent == Path(meta["path"]) and report.exists()
     text = report.read_text()
     assert text.count("data:image/png;base64,") >= 2 and "<table>" in text and metrics["metric"] in text
+    assert f"Candidates: published <code>{metrics['published']}</code>" in text  # and why, per candidate
+    assert metrics["regime"].startswith("small") and "Data regime" in text  # 60 households
+    assert all(f"<th>{name}</th>" in text for name in metrics["selection"]["validation"])
     assert len(metrics["history"]) == meta["epochs"] >= 1
 
 
@@ -300,7 +303,8 @@ def test_a_pinned_candidate_is_published(world) -> None:
     m = json.loads((Path(results["grocery_pinned"]["path"]) / "metrics.json").read_text())
     assert m["published"] == "lightgbm_aggregates" and m["selection"]["pinned"]
     assert "lightgbm_hybrid" not in m["test"]  # candidates: [neural] (+ the baselines)
-    assert "pinned" in (Path(results["grocery_pinned"]["path"]) / "report.html").read_text()
+    report = (Path(results["grocery_pinned"]["path"]) / "report.html").read_text()
+    assert "published <code>lightgbm_aggregates</code> (pinned in the config)" in report
 
 
 def test_only_new_items_are_never_items_the_entity_had(world) -> None:

@@ -180,6 +180,45 @@ def _table(all_metrics: dict[str, dict[str, float]]) -> str:
     return f"<table><tr><th>metric</th>{head}</tr>{''.join(rows)}</table>"
 
 
+BASELINES = {"popularity", "lightgbm_aggregates", "repeat_purchases"}
+
+
+def _selection_table(result: dict[str, Any]) -> str:
+    """Every candidate's validation and test primary metric, which one is published and why."""
+    sel = result.get("selection")
+    if not sel:
+        return ""
+    metric, test = sel["metric"], result["test"]
+    rows = []
+    for name, val in sel["validation"].items():
+        t = test.get(name)
+        kind = "baseline" if name in BASELINES else "candidate"
+        mark = " class=best" if name == sel["published"] else ""
+        fmt = lambda v: "" if v is None or not np.isfinite(v) else f"{v:.4f}"  # noqa: E731
+        rows.append(
+            f"<tr><th>{html.escape(name)}</th><td>{kind}</td><td{mark}>{fmt(val)}</td><td>{fmt(t)}</td>"
+            f"<td>{'published' if name == sel['published'] else ''}</td></tr>"
+        )
+    blend = sel.get("blend") or {}
+    weights = (
+        "; blend weights "
+        + ", ".join(f"{m} {w}" for m, w in zip(blend["members"], blend["weights"], strict=True))
+        if blend
+        else ""
+    )
+    how = "pinned in the config" if sel.get("pinned") else "chosen on the validation windows (select rows)"
+    regime = (
+        f" Data regime: <b>{html.escape(str(result.get('regime', '')))}</b>." if result.get("regime") else ""
+    )
+    return (
+        f"<h2>Candidates: published <code>{html.escape(sel['published'])}</code> ({how})</h2>"
+        f"<p>Why: {html.escape(sel['reason'])}{html.escape(weights)}.{regime} The test column was computed "
+        "once, after the choice; it played no part in it.</p>"
+        f"<table><tr><th>candidate</th><th>kind</th><th>validation {html.escape(metric)}</th>"
+        f"<th>test {html.escape(metric)}</th><th></th></tr>{''.join(rows)}</table>"
+    )
+
+
 def scenario_report(
     scenario: Scenario, result: dict[str, Any], truth: Any, outputs: dict[str, np.ndarray]
 ) -> str:
@@ -207,7 +246,8 @@ code{{background:#f4f4f4;padding:2px 4px}}</style></head><body>
 <p>Target: <code>{target}</code></p>
 <p>Test split point {result["test_date"]}; fine-tuning mode <b>{result["mode"]}</b>; examples: {examples};
 outputs: {result["classes"]}. Primary metric: <b>{result["metric"]}</b>. Timing: {timing}.</p>
-<h2>Test metrics: model vs baselines</h2>{_table(result["test_metrics"])}
+{_selection_table(result)}
+<h2>Test metrics: the published model ("model") vs every candidate and baseline</h2>{_table(result["test_metrics"])}
 <h2>Charts{note}</h2>{"".join(charts)}
 </body></html>
 """
