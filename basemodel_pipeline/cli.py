@@ -419,12 +419,16 @@ def _as_of(as_of: str | None) -> dt.date | None:
 def summary_table(summary_file: Path) -> Table:
     scenarios = json.loads(summary_file.read_text()).get("scenarios", {})
     table = Table(title=f"Test metrics ({summary_file})", title_justify="left")
-    for col in ("scenario", "metric", "model", "lightgbm_aggregates", "popularity"):
-        table.add_column(col, justify="right" if col not in ("scenario", "metric") else "left")
+    numbers = ("model", "neural", "lightgbm_aggregates", "repeat_purchases", "popularity")
+    for col in ("scenario", "metric", "published", *numbers):
+        table.add_column(col, justify="right" if col in numbers else "left")
     for name, row in scenarios.items():
-        cells = [row.get(k) for k in ("model", "lightgbm_aggregates", "popularity")]
+        cells = [row.get(k) for k in numbers]
         table.add_row(
-            name, str(row.get("metric")), *(f"{c:.4f}" if isinstance(c, float) else str(c) for c in cells)
+            name,
+            str(row.get("metric")),
+            str(row.get("published", "")),
+            *(f"{c:.4f}" if isinstance(c, float) else "-" for c in cells),
         )
     return table
 

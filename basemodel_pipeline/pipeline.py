@@ -140,11 +140,15 @@ def write_summary(cfg: PipelineConfig) -> dict[str, Any]:
         if not metrics_file.exists():
             continue
         m = json.loads(metrics_file.read_text())
+        test = m["test"]
         scenarios[sc.name] = {
             "metric": m["metric"],
-            "model": m["test"]["model"],
-            "lightgbm_aggregates": m["test"]["lightgbm_aggregates"],
-            "popularity": m["test"]["popularity"],
+            "published": m.get("published", "neural"),
+            "model": test["model"],
+            "neural": test.get("neural", test["model"]),
+            "lightgbm_aggregates": test.get("lightgbm_aggregates"),
+            "repeat_purchases": test.get("repeat_purchases"),
+            "popularity": test["popularity"],
         }
     out = Path(cfg.workspace) / "reports" / "summary.json"
     ws.atomic_write_text(out, json.dumps({"scenarios": scenarios}, indent=2))

@@ -129,8 +129,8 @@ def _write(
     for src_name, files in new_days.items():
         src = cfg.source(src_name)
         rel = P.parquet_rel([str(ws.extracts_dir(cfg, src.name) / f) for f in files], True)
-        plan = P.plan_source(cfg, con, src, rel, attr_rels)
         old_cols = manifest["sources"][src.name]["columns"]
+        plan = P.plan_source(cfg, con, src, rel, attr_rels, old_cols)  # list columns keep their values
         if {c.name: c.kind for c in plan.columns} != {c: m["type"] for c, m in old_cols.items()}:
             progress.log(f"source '{src.name}': the new days have other columns; rebuilding the cache")
             return None

@@ -28,11 +28,23 @@ NUMERIC_PREFIXES = (*INTEGER_PREFIXES, "FLOAT", "DOUBLE", "DECIMAL", "REAL")
 FLOAT_PREFIXES = ("FLOAT", "DOUBLE", "DECIMAL", "REAL")
 
 
+LIST_VALUES = 32  # a list-valued column becomes 0/1 indicators of its most frequent values
+
+
+def is_list_type(duck_type: str) -> bool:
+    """A list-valued column (a movie's genres): VARCHAR[], INTEGER[], LIST(...)."""
+    t = duck_type.upper()
+    return t.endswith("[]") or t.startswith("LIST")
+
+
 def infer_column_type(name: str, duck_type: str, override: str | None) -> str:
-    """categorical | numeric | ignore. Integers named like ids are categorical; floats numeric; text categorical."""
+    """categorical | numeric | list | ignore. Integers named like ids are categorical; floats numeric; text
+    categorical; lists of values become multi-hot indicators (list_columns)."""
     if override:
         return override
     t = duck_type.upper()
+    if is_list_type(t):
+        return "list"
     if t.startswith(("DATE", "TIME", "INTERVAL", "BLOB", "STRUCT", "MAP", "LIST")) or t.endswith("[]"):
         return "ignore"
     if t.startswith(FLOAT_PREFIXES):
@@ -77,6 +89,8 @@ class Column:
     expr: str  # in the scan, over the events e (and the attribute code table for joined columns)
     join: int | None = None  # index of the joined attribute source, None for the event's own columns
     attr_column: str = ""  # column in the attribute source
+    list_of: str = ""  # an indicator of a list-valued column: that column's name ...
+    list_value: str = ""  # ... and the value (as text) it indicates
 
     @property
     def file(self) -> str:
@@ -86,7 +100,50 @@ class Column:
         m: dict[str, Any] = {"type": self.kind, "file": self.file, "source_type": self.source_type}
         if self.kind == "categorical":
             m["vocab_size"] = vocab_size
+        if self.list_of:
+            m.update(list_of=self.list_of, list_value=self.list_value)
         return m
+
+
+def contains(list_expr: str, value: str) -> str:
+    """1.0 when the list holds the value (compared as text), else 0.0 (also for a missing list)."""
+    return f"CAST(coalesce(list_contains(CAST({list_expr} AS VARCHAR[]), {quote_literal(value)}), false) AS FLOAT)"
+
+
+def list_columns(
+    con: duckdb.DuckDBPyConnection,
+    name: str,
+    duck_type: str,
+    values_sql: str,
+    fixed: list[str] | None,
+    join: int | None = None,
+    attr_column: str = "",
+    expr: str = "",
+) -> list[Column]:
+    """Multi-hot of a list-valued column: one numeric 0/1 column "<name>=<value>" per value among its
+    LIST_VALUES most frequent (``values_sql`` yields one row v per list element), or the ``fixed`` values an
+    existing cache already has (appends keep the columns of the base)."""
+    if fixed is None:
+        rows = con.execute(
+            f"SELECT CAST(v AS VARCHAR) AS v, count(*) AS n FROM ({values_sql}) WHERE v IS NOT NULL "
+            f"GROUP BY 1 ORDER BY n DESC, v LIMIT {LIST_VALUES}"
+        ).fetchall()
+        fixed = [r[0] for r in rows]
+    return [
+        Column(
+            f"{name}={v}", "numeric", duck_type, contains(expr, v) if expr else "", join, attr_column, name, v
+        )
+        for v in fixed
+    ]
+
+
+def fixed_lists(columns_meta: dict[str, Any] | None) -> dict[str, list[str]]:
+    """{list column: its indicated values} recorded in a cache manifest's column meta."""
+    out: dict[str, list[str]] = {}
+    for m in (columns_meta or {}).values():
+        if m.get("list_of"):
+            out.setdefault(m["list_of"], []).append(m["list_value"])
+    return out
 
 
 @dataclass
@@ -118,18 +175,34 @@ class SourcePlan:
 
 
 def plan_source(
-    cfg: PipelineConfig, con: duckdb.DuckDBPyConnection, src: DataSource, rel: str, attr_rels: dict[str, str]
+    cfg: PipelineConfig,
+    con: duckdb.DuckDBPyConnection,
+    src: DataSource,
+    rel: str,
+    attr_rels: dict[str, str],
+    previous_columns: dict[str, Any] | None = None,
 ) -> SourcePlan:
-    """Columns of an event source (its own, then those of its joined attribute sources) and their types."""
+    """Columns of an event source (its own, then those of its joined attribute sources) and their types.
+    ``previous_columns`` (an existing cache's column meta) fixes the values of list-valued columns (appends)."""
     types = describe(con, rel)
     plan = SourcePlan(src, rel, types)
     assert src.main_entity_column and src.date_column
     skip = {src.main_entity_column, src.date_column.name, ROW}
     names = set(types)
+    fixed: dict[str, list[str]] | None = (
+        fixed_lists(previous_columns) if previous_columns is not None else None
+    )
     for c, t in types.items():
         kind = infer_column_type(c, t, src.column_types.get(c))
-        if c not in skip and kind != "ignore":
-            plan.columns.append(Column(c, kind, t, f"e.{quote_ident(c)}"))
+        if c in skip or kind == "ignore":
+            continue
+        if kind == "list":
+            q = quote_ident(c)
+            values = f"SELECT unnest(e.{q}) AS v FROM {rel} e"
+            keep = None if fixed is None else fixed.get(c, [])
+            plan.columns += list_columns(con, c, t, values, keep, expr=f"e.{q}")
+            continue
+        plan.columns.append(Column(c, kind, t, f"e.{quote_ident(c)}"))
     for j, join in enumerate(src.joined_data_sources):
         attr = cfg.source(join.name)
         arel = attr_rels[attr.name]
@@ -141,7 +214,11 @@ def plan_source(
             name = c if c not in names else f"{attr.name}.{c}"
             names.add(name)
             kind = infer_column_type(c, t, attr.column_types.get(c))
-            if kind != "ignore":
+            if kind == "list":
+                values = f"SELECT unnest(a.{quote_ident(c)}) AS v FROM {arel} a"
+                keep = None if fixed is None else fixed.get(name, [])
+                plan.columns += list_columns(con, name, t, values, keep, join=j, attr_column=c)
+            elif kind != "ignore":
                 plan.columns.append(Column(name, kind, t, "", join=j, attr_column=c))
     return plan
 
@@ -243,6 +320,8 @@ def build_vocabularies(
             if col.kind == "categorical":
                 joins.append(f"LEFT JOIN {plan.table('voc', i)} v{i} ON a.{q} = v{i}.v")
                 selects.append(f"v{i}.code AS c{i}")
+            elif col.list_of:
+                selects.append(f"{contains(f'a.{q}', col.list_value)} AS c{i}")
             else:
                 selects.append(f"CAST(a.{q} AS FLOAT) AS c{i}")
             col.expr = f"j{j}.c{i}"
@@ -386,6 +465,12 @@ def attribute_arrays(
     for i, (col, t) in enumerate(types.items()):
         kind = infer_column_type(col, t, src.column_types.get(col))
         if col == key or kind == "ignore":
+            continue
+        if kind == "list":  # said in the manifest and by validate / suggest-config, never silently
+            meta.setdefault("ignored", {})[col] = (
+                "list-valued main-entity attribute: not used (list columns of event and joined attribute "
+                "sources become multi-hot indicators); store one row per value in an event or attribute source"
+            )
             continue
         q, name = quote_ident(col), file_name(col)
         if kind == "categorical":

@@ -23,6 +23,8 @@ class ColumnInfo:
     name: str
     type: str  # categorical | numeric
     vocab_size: int = 0  # categorical: codes are 1..vocab_size, 0 = missing
+    list_of: str = ""  # a 0/1 indicator "<list_of>=<list_value>" of a list-valued column (cache/plan.py)
+    list_value: str = ""
 
 
 @dataclass
@@ -39,6 +41,10 @@ class EventSource:
     @property
     def n_events(self) -> int:
         return int(self.ts.shape[0])
+
+    def list_indicators(self, column: str) -> list[ColumnInfo]:
+        """The 0/1 indicator columns of a list-valued column (empty when `column` is not one)."""
+        return [i for i in self.info.values() if i.list_of == column]
 
     def positions(self, entity: np.ndarray, time: np.ndarray) -> np.ndarray:
         """Global row of the first event of `entity` at or after `time` (so rows before it have ts < time)."""
@@ -134,7 +140,10 @@ class EventCache:
                     c: np.load(d / f"{m['file']}.npy", mmap_mode="r") for c, m in meta["columns"].items()
                 },
                 info={
-                    c: ColumnInfo(c, m["type"], m.get("vocab_size", 0)) for c, m in meta["columns"].items()
+                    c: ColumnInfo(
+                        c, m["type"], m.get("vocab_size", 0), m.get("list_of", ""), m.get("list_value", "")
+                    )
+                    for c, m in meta["columns"].items()
                 },
                 vocab_dir=self.path / "vocab" / name,
                 vocab_dirs=[s / "vocab" / name for s in self.segments],

@@ -14,7 +14,7 @@ import difflib
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import duckdb
 import sqlglot
@@ -175,7 +175,32 @@ class _Checker:
             src = self.cfg.source(sc.target.source)
             for field, column in sc.target.columns():
                 self.require(f"scenarios[{i}].target.{field}", src, column, self.joined_columns(src))
+                self.check_list_use(f"scenarios[{i}].target.{field}", sc, src, field, column)
         self.check_test_windows()
+
+    def column_type(self, src: DataSource, column: str) -> str:
+        """The data type of an event source's own or joined column ('' when unknown)."""
+        for name in (src.name, *(j.name for j in src.joined_data_sources)):
+            types = self.columns.get(name, {})
+            found = resolve(column, types) if types else None
+            if found is not None:
+                return types[found]
+        return ""
+
+    def check_list_use(self, where: str, sc: Any, src: DataSource, field: str, column: str) -> None:
+        """A list-valued column (a movie's genres) can be a multilabel target or a feature, nothing else."""
+        from basemodel_pipeline.cache.plan import is_list_type
+
+        if not is_list_type(self.column_type(src, column)):
+            return
+        if sc.task == "multilabel" and field == "column":
+            return
+        use = "a filter" if field.startswith("filter") else f"the column of a {sc.task} target"
+        self.fail(
+            where,
+            f"column '{column}' of data source '{src.name}' holds lists of values; it can be a multilabel "
+            f"target (one label per value) or a feature, not {use}. Use a column with one value per event",
+        )
 
     def last_day(self, src: DataSource) -> dt.date | None:
         """The last event day of a local event source (None elsewhere: warehouses are not scanned here)."""

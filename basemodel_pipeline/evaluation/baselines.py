@@ -130,6 +130,28 @@ def popularity_scores(
     raise ValueError(f"popularity_scores supports binary, multilabel and multiclass tasks, not '{task}'")
 
 
+def list_shares(
+    cache: EventCache,
+    source: str,
+    entity: np.ndarray,
+    time: np.ndarray,
+    columns: list[str],
+    prior: np.ndarray | None = None,
+    window_days: int = 90,
+) -> np.ndarray:
+    """Multilabel popularity over a list-valued column: per query, the share of its events in the
+    `window_days` before the split whose list holds each value (its 0/1 indicator `columns`), plus
+    1e-3 x `prior` to break ties. float64 [n, C]."""
+    src = cache.source(source)
+    owner, rows = src.window_rows(entity, time - window_days * DAY, time)
+    total = np.bincount(owner, minlength=len(entity)).astype(np.float64)
+    out = np.zeros((len(entity), len(columns)))
+    for j, c in enumerate(columns):
+        out[:, j] = np.bincount(owner, weights=np.asarray(src.columns[c])[rows] > 0, minlength=len(entity))
+    out /= np.maximum(total, 1.0)[:, None]
+    return out + (0.0 if prior is None else 1e-3 * np.asarray(prior)[None, :])
+
+
 def _top_k(scores: np.ndarray, k: int) -> np.ndarray:
     """Column indices of the k highest scores per row, best first."""
     k = min(k, scores.shape[1])

@@ -159,7 +159,7 @@ class FeatureEncoder:
                         _fit_dlsh(plan, src, embedding or {})
                     cols.append(plan)
                 off += cols[-1].width
-                if info.type == "numeric" and fourier_scales:
+                if info.type == "numeric" and fourier_scales and not info.list_of:  # not for 0/1 indicators
                     cols.append(
                         ColumnPlan(col, "fourier", off, 2 * len(fourier_scales), scales=list(fourier_scales))
                     )

@@ -154,6 +154,9 @@ class Popularity:
         if task == "binary":
             pop = baselines.popularity_scores("binary", cache, e, t, target.source)
             return -pop if isinstance(target, BinaryTarget) and target.event == "none" else pop
+        if task == "multilabel" and ctx.spec.extra.get("list_columns"):
+            prior = None if self.prior is None else np.asarray(self.prior)
+            return baselines.list_shares(cache, target.source, e, t, ctx.spec.extra["list_columns"], prior)
         if task in ("multilabel", "multiclass"):
             pop = baselines.popularity_scores(
                 task,

@@ -221,6 +221,14 @@ def choose_classes(cache: EventCache, scenario: Scenario, train_times: np.ndarra
         if target.aggregation == "sum":
             _column(src, scenario, target.column or "", "numeric")
         return TargetSpec("regression", [], [], {"log1p": target.log1p})
+    indicators = src.list_indicators(target.column)
+    if indicators:
+        if not isinstance(target, MultilabelTarget):
+            raise ConfigError(
+                f"scenario '{scenario.name}': target.column '{target.column}' holds lists of values; a list "
+                f"column can be a multilabel target (one label per value), not a {scenario.task} target"
+            )
+        return _list_classes(cache, scenario, target, indicators, train_times)
     _column(src, scenario, target.column, "categorical")
     values = vocab(src, target.column)[0]
     e, t = _candidates(cache, scenario, train_times)
@@ -275,6 +283,45 @@ def choose_classes(cache: EventCache, scenario: Scenario, train_times: np.ndarra
     return TargetSpec("recommendation", [], [], extra)
 
 
+def _list_classes(
+    cache: EventCache, scenario: Scenario, target: MultilabelTarget, indicators: list, train_times: np.ndarray
+) -> TargetSpec:
+    """Multilabel over a list-valued column: one label per indicated value (cache/plan.py: the column's most
+    frequent values), kept like any multilabel class (min_positive_entities, top_k)."""
+    e, t = _candidates(cache, scenario, train_times)
+    owner, rows = window_events(cache, scenario, e, t)
+    src = cache.source(target.source)
+    buyers = np.array(
+        [len(np.unique(e[owner[np.asarray(src.columns[i.name])[rows] > 0]])) for i in indicators], np.int64
+    )
+    keep = np.flatnonzero(buyers >= max(target.min_positive_entities, 1))
+    if target.top_k is not None:
+        keep = np.sort(keep[np.argsort(-buyers[keep], kind="stable")[: target.top_k]])
+    if not len(keep):
+        raise ConfigError(
+            f"scenario '{scenario.name}': no value of '{target.column}' has >= "
+            f"{target.min_positive_entities} positive entities in training; lower min_positive_entities"
+        )
+    chosen = [indicators[k] for k in keep]
+    return TargetSpec(
+        "multilabel", [i.list_value for i in chosen], [], {"list_columns": [i.name for i in chosen]}
+    )
+
+
+def list_label_pairs(
+    cache: EventCache, scenario: Scenario, spec: TargetSpec, e: np.ndarray, t: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(example index, class) of every list value present in a matching window event."""
+    owner, rows = window_events(cache, scenario, e, t)
+    src = cache.source(scenario.target.source)
+    pairs = [
+        np.unique(owner[np.asarray(src.columns[c])[rows] > 0]) * len(spec.classes) + j
+        for j, c in enumerate(spec.extra["list_columns"])
+    ]
+    key = np.unique(np.concatenate(pairs)) if pairs else np.zeros(0, np.int64)
+    return key // len(spec.classes), key % len(spec.classes)
+
+
 # ---- examples per kind -----------------------------------------------------------------------------
 def binary_examples(cache: EventCache, scenario: Scenario, times: np.ndarray) -> Examples:
     e, t = _candidates(cache, scenario, times)
@@ -288,12 +335,16 @@ def multilabel_examples(
     cache: EventCache, scenario: Scenario, spec: TargetSpec, times: np.ndarray
 ) -> Examples:
     e, t = _candidates(cache, scenario, times)
-    ex_idx, code, _ = _code_counts(cache, scenario, e, t, scenario.target.column)
-    size = cache.source(scenario.target.source).info[scenario.target.column].vocab_size + 1
-    lut = np.full(size, -1, np.int64)
-    lut[np.asarray(spec.class_codes, np.int64)] = np.arange(len(spec.class_codes))
-    cls = lut[code]
-    keep = cls >= 0
+    if spec.extra.get("list_columns"):
+        ex_idx, cls = list_label_pairs(cache, scenario, spec, e, t)
+        keep = np.ones(len(cls), bool)
+    else:
+        ex_idx, code, _ = _code_counts(cache, scenario, e, t, scenario.target.column)
+        size = cache.source(scenario.target.source).info[scenario.target.column].vocab_size + 1
+        lut = np.full(size, -1, np.int64)
+        lut[np.asarray(spec.class_codes, np.int64)] = np.arange(len(spec.class_codes))
+        cls = lut[code]
+        keep = cls >= 0
     labels = SparseLabels.from_pairs(ex_idx[keep], cls[keep], np.ones(keep.sum()), len(e), len(spec.classes))
     if len(spec.classes) <= SPARSE_FROM_CLASSES:
         return Examples(e, t, labels.dense())

@@ -60,7 +60,9 @@ class SourceProfile:
 
 def _type_of(name: str, dtype: str, distinct: int) -> str:
     t = dtype.upper()
-    if t.startswith(TIME_TYPES) or t.startswith(("BLOB", "STRUCT", "MAP", "LIST")) or t.endswith("[]"):
+    if t.endswith("[]") or t.startswith("LIST"):
+        return "list"  # inferred by the cache (multi-hot), not written into column_types
+    if t.startswith(TIME_TYPES) or t.startswith(("BLOB", "STRUCT", "MAP")):
         return "ignore"
     if t.startswith(FLOAT_PREFIXES):
         return "numeric"
@@ -154,6 +156,18 @@ def _flag(
         prof.flags.append(
             "time-series candidate: a snapshot value that changes over time; prefer its history as events"
         )
+    if prof.suggested == "list":
+        if src.type == "main_entity_attribute":
+            prof.flags.append(
+                "list-valued main-entity attribute: not used by the cache; store one row per value in an event "
+                "or attribute source"
+            )
+            prof.suggested = "ignore"
+        else:
+            prof.flags.append(
+                "list-valued: becomes 0/1 indicators of its 32 most frequent values (features); usable as a "
+                "multilabel target"
+            )
     if any(f.startswith(("constant", "always", "ID-like", "leakage")) for f in prof.flags):
         prof.suggested = "ignore"
 
@@ -236,12 +250,33 @@ def join_checks(cfg: PipelineConfig) -> list[JoinCheck]:
     return checks
 
 
+def used_columns(cfg: PipelineConfig) -> dict[str, dict[str, str]]:
+    """{source: {column: scenario}} of the columns scenario targets read, in their source or a joined one."""
+    used: dict[str, dict[str, str]] = {}
+    for sc in cfg.scenarios:
+        src = cfg.source(sc.target.source)
+        for _, col in sc.target.columns():
+            for name in (src.name, *(j.name for j in src.joined_data_sources)):
+                used.setdefault(name, {})[col] = sc.name
+    return used
+
+
+def keep_used(profile: SourceProfile, used: dict[str, str]) -> None:
+    """A column a scenario reads is never dropped: the flag says why it would have been, and that it stays."""
+    for c in profile.columns:
+        if c.name in used and c.suggested == "ignore":
+            c.flags.append(f"kept: scenario '{used[c.name]}' reads it")
+            c.suggested = "categorical" if _type_of(c.name, c.dtype, c.distinct) != "numeric" else "numeric"
+            if _type_of(c.name, c.dtype, c.distinct) == "list":
+                c.suggested = "list"
+
+
 def suggested_source(raw: dict[str, Any], profile: SourceProfile) -> dict[str, Any]:
     """The source's YAML mapping with column_types filled in and flagged columns left out."""
     out = dict(raw)
     ignored = [c.name for c in profile.flagged()]
     out["column_types"] = {
-        **{c.name: c.suggested for c in profile.columns if c.suggested != "ignore"},
+        **{c.name: c.suggested for c in profile.columns if c.suggested not in ("ignore", "list")},
         **raw.get("column_types", {}),
     }
     if raw.get("allowed_columns") is not None:
@@ -261,6 +296,9 @@ def suggest_config(
         raise DataError("; ".join(c.message() for c in bad))
     raw = yaml.safe_load(config_file.read_text())
     profiles = [profile_source(cfg, src, rows) for src in cfg.data_sources]
+    used = used_columns(cfg)
+    for p in profiles:
+        keep_used(p, used.get(p.src.name, {}))
     raw["data_sources"] = [suggested_source(r, p) for r, p in zip(raw["data_sources"], profiles, strict=True)]
     lines = [
         f"# Suggested by `basemodel suggest-config {config_file.name}` from samples of up to {rows} rows per source."
