@@ -145,6 +145,13 @@ class FoundationParams(Strict):
 
 
 class FinetuneParams(Strict):
+    refit_on_validation: bool = Field(
+        default=False,
+        description="After the choice, train the published candidate again on the training and validation "
+        "windows together (the epochs / rounds early stopping chose), so the model learns from the newest "
+        "labelled windows. Its test metric then compares a model that saw more windows with baselines that did "
+        "not; the report says so.",
+    )
     epochs: int = Field(default=12, gt=0)
     batch_size: int = Field(default=256, gt=0)
     learning_rate: float = Field(default=1e-3, gt=0)

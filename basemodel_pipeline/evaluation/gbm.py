@@ -64,9 +64,13 @@ def _datasets(X_train, X_val, categorical, params, group_train=None, group_val=N
     return train, valid
 
 
-def _train(params: dict, train, valid, rounds: int = MAX_ROUNDS):
+def _train(params: dict, train, valid, rounds: int = MAX_ROUNDS) -> tuple[str, int]:
+    """(model text, rounds kept): early-stopped on `valid`, or exactly `rounds` rounds without it."""
     import lightgbm as lgb
 
+    if valid is None:
+        booster = lgb.train(params, train, num_boost_round=max(rounds, 1))
+        return booster.model_to_string(), booster.current_iteration()
     booster = lgb.train(
         params,
         train,
@@ -74,7 +78,17 @@ def _train(params: dict, train, valid, rounds: int = MAX_ROUNDS):
         valid_sets=[valid],
         callbacks=[lgb.early_stopping(EARLY_STOPPING, verbose=False)],
     )
-    return booster.model_to_string(num_iteration=booster.best_iteration or None)
+    best = booster.best_iteration or booster.current_iteration()
+    return booster.model_to_string(num_iteration=best), int(best)
+
+
+def _params(task: str, seed: int, n_class: int = 0, metric: str = "auc") -> dict:
+    params = {**PARAMS, "seed": seed}
+    if task == "regression":
+        return {**params, "objective": "regression", "metric": "l2"}
+    if task == "multiclass":
+        return {**params, "objective": "multiclass", "num_class": n_class, "metric": "multi_logloss"}
+    return {**params, "metric": metric}
 
 
 @dataclass
@@ -112,6 +126,26 @@ class GBM:
                 out[:, i] = m
         return out if self.task == "multilabel" else out[:, 0]
 
+    def refit(self, X: np.ndarray, Y: np.ndarray, seed: int = 0) -> GBM:
+        """The same models trained again on (X, Y) (more windows) for the rounds early stopping kept, without
+        a validation set: what a production retrain on the newest windows does."""
+        Y = np.asarray(Y)
+        train, _ = _datasets(X, X[:1], None, {**PARAMS, "seed": seed})
+        if self.task in ("regression", "multiclass"):
+            train.set_label(Y.astype(np.float64))
+            text, _ = _train(_params(self.task, seed, self.n_out), train, None, self.rounds[0])
+            return GBM(self.task, [text], self.n_out, list(self.rounds))
+        Y = Y.reshape(len(Y), -1)
+        models: list[str | float] = []
+        for c, (m, r) in enumerate(zip(self.models, self.rounds, strict=True)):
+            y = (Y[:, c] > 0).astype(np.float64)
+            if not isinstance(m, str) or not _both(y):
+                models.append(float(y.mean()) if y.size else 0.0)
+                continue
+            train.set_label(y)
+            models.append(_train(_params(self.task, seed), train, None, r)[0])
+        return GBM(self.task, models, self.n_out, list(self.rounds))
+
     def to_json(self) -> str:
         return json.dumps(
             {"task": self.task, "models": self.models, "n_out": self.n_out, "rounds": self.rounds}
@@ -143,43 +177,47 @@ def fit_gbm(
     if task not in TASKS:
         raise ValueError(f"LightGBM supports {', '.join(TASKS)}, not '{task}'")
     Y_train, Y_val = np.asarray(Y_train), np.asarray(Y_val)
-    params = {**PARAMS, "seed": seed}
-    train, valid = _datasets(X_train, X_val, categorical_features, params)
+    train, valid = _datasets(X_train, X_val, categorical_features, {**PARAMS, "seed": seed})
     if task in ("regression", "multiclass"):
         train.set_label(Y_train.astype(np.float64))
         valid.set_label(Y_val.astype(np.float64))
-        if task == "regression":
-            return GBM(task, [_train({**params, "objective": "regression", "metric": "l2"}, train, valid)])
-        n_class = int(max(Y_train.max(initial=0), Y_val.max(initial=0))) + 1
-        mc = {**params, "objective": "multiclass", "num_class": n_class, "metric": "multi_logloss"}
-        return GBM(task, [_train(mc, train, valid)], n_class)
+        n_class = int(max(Y_train.max(initial=0), Y_val.max(initial=0))) + 1 if task == "multiclass" else 1
+        text, rounds = _train(_params(task, seed, n_class), train, valid)
+        return GBM(task, [text], n_class, [rounds])
     if task == "binary":
         Y_train, Y_val = Y_train.reshape(-1, 1), Y_val.reshape(-1, 1)
     models: list[str | float] = []
+    kept: list[int] = []
     for c in range(Y_train.shape[1]):
         y_tr, y_va = (Y_train[:, c] > 0).astype(np.float64), (Y_val[:, c] > 0).astype(np.float64)
         if not _both(y_tr):
             models.append(float(y_tr.mean()) if y_tr.size else 0.0)
+            kept.append(0)
             continue
         train.set_label(y_tr)
         valid.set_label(y_va)
-        metric = "auc" if _both(y_va) else "binary_logloss"
-        models.append(_train({**params, "metric": metric}, train, valid))
-    return GBM(task, models, Y_train.shape[1])
+        text, rounds = _train(
+            _params(task, seed, metric="auc" if _both(y_va) else "binary_logloss"), train, valid
+        )
+        models.append(text)
+        kept.append(rounds)
+    return GBM(task, models, Y_train.shape[1], kept)
 
 
 def fit_ranker(
     X_train: np.ndarray,
     rel_train: np.ndarray,
     group_train: np.ndarray,
-    X_val: np.ndarray,
-    rel_val: np.ndarray,
-    group_val: np.ndarray,
+    X_val: np.ndarray | None,
+    rel_val: np.ndarray | None,
+    group_val: np.ndarray | None,
     seed: int = 0,
     eval_at: int = 10,
-) -> str:
-    """A LambdaRank booster (model text) over candidate lists: rows grouped by query (``group_*``: rows per
-    query, in order), relevance 0/1 per row; early-stopped on validation NDCG@eval_at."""
+    rounds: int = MAX_ROUNDS,
+) -> tuple[str, int]:
+    """A LambdaRank booster over candidate lists: rows grouped by query (``group_*``: rows per query, in
+    order), relevance 0/1 per row; early-stopped on validation NDCG@eval_at, or exactly `rounds` rounds
+    without validation rows. Returns (model text, rounds kept)."""
     params = {
         **PARAMS,
         "objective": "lambdarank",
@@ -188,6 +226,10 @@ def fit_ranker(
         "lambdarank_truncation_level": max(2 * eval_at, 20),
         "seed": seed,
     }
+    if X_val is None:
+        train, _ = _datasets(X_train, X_train[:1], None, params, group_train, np.array([1]))
+        train.set_label(np.asarray(rel_train, np.float64))
+        return _train(params, train, None, rounds)
     train, valid = _datasets(X_train, X_val, None, params, group_train, group_val)
     train.set_label(np.asarray(rel_train, np.float64))
     valid.set_label(np.asarray(rel_val, np.float64))

@@ -6,6 +6,8 @@ A scenario fits several candidates on its training windows, compares them on val
 
     fit(train: Rows, stop: Rows)   train on the training windows; `stop` (validation rows) only early-stops
     predict(rows: Rows)            metric-ready outputs: probabilities [n] / [n, C] or values [n]
+    refit(rows: Rows)              train again on more windows (training + validation) for the epochs or
+                                   rounds early stopping chose (finetune.refit_on_validation)
     save() -> (meta, files)        JSON-able meta and files (LightGBM model text, safetensors): no pickle
     load(meta, files, ctx)         the inverse, given the scenario context
 
@@ -74,6 +76,8 @@ class Candidate(Protocol):
 
     def predict(self, rows: Rows) -> np.ndarray: ...
 
+    def refit(self, rows: Rows) -> None: ...
+
     def save(self) -> tuple[dict[str, Any], dict[str, bytes]]: ...
 
 
@@ -97,6 +101,9 @@ class Neural:
 
     def predict(self, rows: Rows) -> np.ndarray:
         return self.ctx.head.scores(rows.logits())
+
+    def refit(self, rows: Rows) -> None:
+        pass  # the network is trained again by training/finetune.py (it owns the training loop)
 
     def save(self) -> tuple[dict[str, Any], dict[str, bytes]]:
         return {"kind": "neural"}, {}
@@ -177,6 +184,9 @@ class Popularity:
         before = regression_values(cache, ctx.scenario, e, t - target.horizon_days * DAY)
         return ctx.clip(before)
 
+    def refit(self, rows: Rows) -> None:
+        pass  # nothing learned beyond priors and a sign
+
     def save(self) -> tuple[dict[str, Any], dict[str, bytes]]:
         return {"kind": "popularity", "sign": self.sign, "prior": self.prior}, {}
 
@@ -234,6 +244,17 @@ class LightGBM:
             return
         y_train, y_stop = labels_of(ctx, train), labels_of(ctx, stop)
         self.gbm = fit_gbm(task, F_train, y_train, F_stop, y_stop, seed=ctx.seed)
+
+    def refit(self, rows: Rows) -> None:
+        if self.gbm is None:
+            return
+        F = self._matrix(rows)
+        if self.ctx.task == "multilabel":
+            assert self.top is not None
+            Y = label_columns(rows.labels, self.top)
+        else:
+            Y = labels_of(self.ctx, rows)
+        self.gbm = self.gbm.refit(F, Y, seed=self.ctx.seed)
 
     def predict(self, rows: Rows) -> np.ndarray:
         ctx, task = self.ctx, self.ctx.task
@@ -345,6 +366,10 @@ class Blend:
 
     def predict(self, rows: Rows) -> np.ndarray:
         return self.combine([m.predict(rows) for m in self.members])
+
+    def refit(self, rows: Rows) -> None:
+        for m in self.members:  # the weights stay those fitted on validation
+            m.refit(rows)
 
     def save(self) -> tuple[dict[str, Any], dict[str, bytes]]:
         members, files = [], {}

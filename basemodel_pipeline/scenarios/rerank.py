@@ -322,6 +322,7 @@ class Reranker:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.model: str | None = None
+        self.rounds = 0
         self._booster = None
 
     def _prepare(self, rows: Rows) -> tuple[Pool, PopularityTable, History]:
@@ -358,7 +359,16 @@ class Reranker:
         Xs, ys, gs = self._training_set(self._sample(stop, MAX_STOP_QUERIES))
         if len(gt) == 0 or len(gs) == 0:
             return
-        self.model = fit_ranker(Xt, yt, gt, Xs, ys, gs, seed=self.ctx.seed)
+        self.model, self.rounds = fit_ranker(Xt, yt, gt, Xs, ys, gs, seed=self.ctx.seed)
+
+    def refit(self, rows: Rows) -> None:
+        """Every validation row (stop and select) for the rounds early stopping kept."""
+        if self.model is None:
+            return
+        X, y, g = self._training_set(self._sample(rows, MAX_TRAIN_QUERIES))
+        if len(g):
+            self.model, _ = fit_ranker(X, y, g, None, None, None, seed=self.ctx.seed, rounds=self.rounds)
+            self._booster = None
 
     def booster(self):
         import lightgbm as lgb
@@ -395,6 +405,9 @@ class _Untrained:
         self.ctx = ctx
 
     def fit(self, train: Rows, stop: Rows) -> None:
+        pass
+
+    def refit(self, rows: Rows) -> None:
         pass
 
     def tables(self, rows: Rows) -> tuple[PopularityTable, History]:
@@ -456,7 +469,7 @@ class RecommendPopularity(_Untrained):
         return ranked(pool, s.astype(np.float64), len(rows), k, pops, rows.time, exclude)
 
 
-class NeuralRanking:
+class NeuralRanking:  # the network's refit lives in training/finetune.py
     """The network's catalogue scores plus weight x log1p(decayed count) of the entity's own items (the weight
     chosen on the early-stopping rows; 0 = the network alone). ``items: new`` removes the own items."""
 
@@ -466,6 +479,9 @@ class NeuralRanking:
         self.ctx, self.weight = ctx, weight
 
     def fit(self, train: Rows, stop: Rows) -> None:
+        pass
+
+    def refit(self, rows: Rows) -> None:
         pass
 
     def rank(self, rows: Rows, k: int = RANKED_ITEMS) -> tuple[np.ndarray, np.ndarray]:

@@ -110,6 +110,27 @@ class Examples:
         return Examples(self.entity[idx], self.time[idx], take_labels(self.labels, idx))
 
 
+def concat_examples(parts: list[Examples]) -> Examples:
+    """The rows of several Examples, in order (dense or sparse labels alike)."""
+    labels = [p.labels for p in parts]
+    if isinstance(labels[0], SparseLabels):
+        sizes = np.cumsum([0] + [lab.indptr[-1] for lab in labels[:-1]])
+        indptr = np.concatenate(
+            [[0]] + [lab.indptr[1:] + off for lab, off in zip(labels, sizes, strict=True)]
+        )
+        merged: Labels = SparseLabels(
+            indptr.astype(np.int64),
+            np.concatenate([lab.indices for lab in labels]),
+            np.concatenate([lab.values for lab in labels]),
+            labels[0].n_cols,
+        )
+    else:
+        merged = np.concatenate([np.asarray(lab) for lab in labels])
+    return Examples(
+        np.concatenate([p.entity for p in parts]), np.concatenate([p.time for p in parts]), merged
+    )
+
+
 @dataclass
 class TargetSpec:
     """What a trained scenario needs to rebuild its labels and decode its outputs: stored in the checkpoint.

@@ -48,6 +48,7 @@ from basemodel_pipeline.scenarios.targets import (
     TargetSpec,
     build_examples,
     choose_classes,
+    concat_examples,
     dense_labels,
 )
 from basemodel_pipeline.training import loop
@@ -237,13 +238,19 @@ def candidate_models(ctx: Context, names: list[str] | None) -> dict[str, Candida
 
 # ---- training --------------------------------------------------------------------------------------
 def _train(
-    shared: Shared, scenario: Scenario, spec: TargetSpec, ex: dict[str, Examples], progress: Progress
+    shared: Shared,
+    scenario: Scenario,
+    spec: TargetSpec,
+    ex: dict[str, Examples],
+    progress: Progress,
+    fixed_epochs: int | None = None,
 ) -> tuple[TrunkWithHead, Head, list[dict], float]:
     """Train one scenario's network, early-stopped on ex["val"]; returns (model with the best epoch's weights,
-    head, history, best validation metric)."""
+    head, history, best validation metric). ``fixed_epochs``: exactly that many epochs, the last one kept
+    (a refit on more windows for the epochs early stopping chose)."""
     p = shared.cfg.training_params.finetune
     mode = scenario.mode or p.mode
-    epochs = scenario.epochs or p.epochs
+    epochs = fixed_epochs or scenario.epochs or p.epochs
     lr = scenario.learning_rate or p.learning_rate
     torch.manual_seed(p.seed)
     loop.set_threads()
@@ -318,7 +325,7 @@ def _train(
             f"{scenario.name} epoch {epoch + 1}: train_loss={total / n:.4f} val_{primary}={val_metric:.4f}"
         )
         score = sign * val_metric if np.isfinite(val_metric) else -np.inf
-        if best_state is None or score > best:
+        if best_state is None or score > best or fixed_epochs is not None:
             best, best_state, bad = score, copy.deepcopy(net.state_dict()), 0
         else:
             bad += 1
@@ -432,6 +439,14 @@ def _finish(
     outputs = {"model": outputs[selection.published], **outputs}
     timing["test_s"] = time.perf_counter() - t0
     timing["candidates_fit_s"] = sum(fit_s.values())
+    refit_info: dict[str, Any] = {}
+    if cfg.training_params.finetune.refit_on_validation:
+        t0 = time.perf_counter()
+        model, outputs["model"] = _refit(
+            shared, scenario, spec, parts, ex["test"], model, history, published, progress
+        )
+        timing["refit_s"] = time.perf_counter() - t0
+        refit_info = {"refit_on_validation": True, "windows": "training + validation"}
     truth = _truth(task, ex["test"])
     log1p = bool(spec.extra.get("log1p"))
     all_metrics = {name: metrics.evaluate(task, truth, o, scenario.k, log1p) for name, o in outputs.items()}
@@ -462,6 +477,7 @@ def _finish(
         "classes": len(spec.classes) or spec.extra.get("n_items", 1),
         "repeat_weight": spec.extra.get("repeat_weight"),
         "regime": shared.regime,
+        **({"refit": refit_info} if refit_info else {}),
         "history": history,
         "candidates_fit_s": fit_s,
         "timing_s": {k: round(v, 2) for k, v in timing.items()},
@@ -516,6 +532,48 @@ def _finish(
         "classes": result["classes"],
         **{k: round(v, 2) for k, v in timing.items()},
     }
+
+
+def _uses_network(cand: Candidate) -> bool:
+    if isinstance(cand, Blend):
+        return any(_uses_network(m) for m in cand.members)
+    return isinstance(cand, (Neural, NeuralRanking, Reranker))
+
+
+def _refit(
+    shared: Shared,
+    scenario: Scenario,
+    spec: TargetSpec,
+    parts: dict[str, Examples],
+    test: Examples,
+    model: TrunkWithHead,
+    history: list[dict],
+    published: Candidate,
+    progress: Progress,
+) -> tuple[TrunkWithHead, Any]:
+    """The published candidate trained again on the training and validation windows together, for the
+    epochs / rounds early stopping chose (finetune.refit_on_validation). Returns (network, its test outputs)."""
+    mode = scenario.mode or shared.cfg.training_params.finetune.mode
+    everything = concat_examples([parts["train"], parts["stop"], parts["select"]])
+    if _uses_network(published):
+        sign = 1.0 if metrics.higher_is_better(metrics.PRIMARY_METRIC[scenario.task]) else -1.0
+        scores = [sign * h["val_metric"] if np.isfinite(h["val_metric"]) else -np.inf for h in history]
+        epochs = int(np.argmax(scores)) + 1
+        progress.log(
+            f"{scenario.name}: refitting the network on {len(everything):,} examples for {epochs} epochs"
+        )
+        model = _train(
+            shared, scenario, spec, {"train": everything, "val": parts["select"]}, progress, epochs
+        )[0]
+        model.to(loop.pick_device(shared.cfg.training_params.foundation.device))
+    # the re-ranker learns from validation windows only (rerank.Reranker.fit): all of them now
+    windows = (
+        concat_examples([parts["stop"], parts["select"]]) if scenario.task == "recommendation" else everything
+    )
+    progress.log(f"{scenario.name}: refitting {type(published).__name__} on {len(windows):,} examples")
+    published.refit(shared.rows_of(windows, model, mode))
+    rows = shared.rows_of(test, model, mode)
+    return model, (published.rank(rows)[0] if scenario.task == "recommendation" else published.predict(rows))
 
 
 def _blend_of(ctx: Context, candidates: dict[str, Candidate], selection: Selection) -> Blend:
