@@ -5,7 +5,8 @@
     .venv/bin/python bench/bench_quality.py --dataset completejourney --collect   # table from saved runs
 
 For each seed the foundation is retrained (training_params.foundation.seed and finetune.seed = the seed) and
-every scenario of the data set's full demo config (basemodel_pipeline/demo.py) is fine-tuned: each fits its
+every scenario of the data set's full demo config (basemodel_pipeline/demo.py, plus EXTRA_SCENARIOS for a task
+type it lacks) is fine-tuned: each fits its
 candidates, chooses on validation windows and scores the test window once (scenarios/selection.py). What is
 compared is what the scenario publishes ("model") against each baseline the pipeline computes (popularity,
 hand-crafted aggregates + LightGBM, and for recommendation "repeat what they bought") and against the
@@ -41,6 +42,22 @@ from basemodel_pipeline.progress import NullProgress
 from basemodel_pipeline.training.finetune import finetune_many
 
 BASELINES = ("popularity", "lightgbm_aggregates", "repeat_purchases", "neural")
+# task types a data set's full demo config lacks, added here so every task type is measured on both sets
+EXTRA_SCENARIOS = {
+    "completejourney": [
+        {
+            "name": "favourite_department",
+            "task": "multiclass",
+            "target": {
+                "kind": "multiclass",
+                "source": "transactions",
+                "column": "department",
+                "horizon_days": 14,
+                "top_k": 20,
+            },
+        }
+    ]
+}
 ROUNDS = 1000
 
 
@@ -120,6 +137,7 @@ def run_seed(dataset: str, workspace: Path, seed: int, names: list[str] | None) 
     tp = raw.setdefault("training_params", {})
     tp.setdefault("foundation", {})["seed"] = seed
     tp.setdefault("finetune", {})["seed"] = seed
+    raw["scenarios"] = raw["scenarios"] + EXTRA_SCENARIOS.get(dataset, [])
     seeded = workspace / f"config_seed{seed}.yaml"
     seeded.write_text(yaml.safe_dump(raw, sort_keys=False))
     cfg = load_config(seeded)
