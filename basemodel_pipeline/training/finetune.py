@@ -431,11 +431,9 @@ def _finish(
     # the test window, scored once, after the choice
     t0 = time.perf_counter()
     outputs = {name: cand.predict(rows["test"]) for name, cand in candidates.items()}
-    if "blend" not in outputs and selection.published == "blend":
-        outputs["blend"] = published.predict(rows["test"])
-    elif "blend" in selection.validation:
-        blend = published if selection.published == "blend" else None
-        outputs["blend"] = (blend or _blend_of(ctx, candidates, selection)).predict(rows["test"])
+    if "blend" in selection.validation:  # reported even when another candidate is published
+        blend = published if selection.published == "blend" else _blend_of(ctx, candidates, selection)
+        outputs["blend"] = blend.predict(rows["test"])
     outputs = {"model": outputs[selection.published], **outputs}
     timing["test_s"] = time.perf_counter() - t0
     timing["candidates_fit_s"] = sum(fit_s.values())
