@@ -4,6 +4,7 @@ saved is what was measured on the test window."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -23,27 +24,38 @@ GROCERY = {
     "horizon_days": 14,
     "filter": [{"column": "department", "op": "==", "value": "GROCERY"}],
 }
+PUBLISH = ("neural", "lightgbm_aggregates", "blend")
 
 
-@pytest.mark.parametrize("publish", ["neural", "lightgbm_aggregates", "blend"])
-def test_refit_on_validation_publishes_the_refit_model(tiny_config: Path, publish: str) -> None:
-    from test_scenarios_tasks import _test_examples
-
-    raw = yaml.safe_load(tiny_config.read_text())
+@pytest.fixture(scope="module")
+def refit_world(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFactory):
+    d = tmp_path_factory.mktemp("refit")
+    shutil.copytree(tiny_dataset.parent / "data", d / "data")
+    raw = yaml.safe_load(tiny_dataset.read_text())
     raw["training_params"]["finetune"]["refit_on_validation"] = True
-    raw["scenarios"] = [{"name": "grocery", "task": "binary", "target": GROCERY, "publish": publish}]
-    tiny_config.write_text(yaml.safe_dump(raw, sort_keys=False))
-    cfg = load_config(tiny_config)
+    raw["scenarios"] = [
+        {"name": f"grocery_{p}", "task": "binary", "target": GROCERY, "publish": p} for p in PUBLISH
+    ]
+    (d / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    cfg = load_config(d / "config.yaml")
     run_extract(cfg)
     run_cache(cfg)
     run_pretrain(cfg)
-    out = finetune_many(cfg, cfg.scenarios, NullProgress())["grocery"]
-    m = json.loads((Path(out["path"]) / "metrics.json").read_text())
+    return cfg, finetune_many(cfg, cfg.scenarios, NullProgress())
+
+
+@pytest.mark.parametrize("publish", PUBLISH)
+def test_refit_on_validation_publishes_the_refit_model(refit_world, publish: str) -> None:
+    from test_scenarios_tasks import _test_examples
+
+    cfg, results = refit_world
+    name = f"grocery_{publish}"
+    m = json.loads((Path(results[name]["path"]) / "metrics.json").read_text())
     assert m["refit"]["refit_on_validation"] and m["published"] == publish
     assert "refit_s" in m["timing_s"]
     assert m["test"]["model"] != m["test"][publish]  # before the refit, the same candidate scored otherwise
-    cache, test = _test_examples(cfg, "grocery")
-    scored = run_predict(cfg, "grocery", as_of=cfg.data_params.test_date, precision="fp32", replay=True)
+    cache, test = _test_examples(cfg, name)
+    scored = run_predict(cfg, name, as_of=cfg.data_params.test_date, precision="fp32", replay=True)
     table = pq.read_table(scored["path"])
     scores = dict(zip(table.column("entity_id").to_pylist(), table.column("score").to_pylist(), strict=True))
     got = auroc(test.labels, np.array([scores[i] for i in cache.entity_ids[test.entity]]))
