@@ -155,3 +155,23 @@ def test_paired_bootstrap_by_fold() -> None:
     assert 0.2 < lo < diff < hi
     diff, lo, hi = paired_bootstrap("binary", y, weak, rng.random(2000), rounds=100, groups=fold)
     assert lo < 0 < hi
+
+
+def test_paired_bootstrap_resamples_entities_not_rows() -> None:
+    """Several windows of one entity are not independent evidence: 250 entities with 8 near-identical rows
+    each carry about as much information as 250 rows. A row bootstrap reads them as 2,000 and calls a noise
+    gap significant; resampling entities (`clusters`) gives the interval of 250."""
+    from basemodel_pipeline.evaluation.probe import paired_bootstrap
+
+    rng = np.random.default_rng(6)
+    entity = np.repeat(np.arange(250), 8)
+    y = rng.integers(0, 2, 250).astype(np.float32)[entity]
+    a = (y + rng.normal(0, 1.0, 250)[entity]) + rng.normal(0, 0.01, 2000)
+    b = (y + rng.normal(0, 1.0, 250)[entity]) + rng.normal(0, 0.01, 2000)
+    _, lo_rows, hi_rows = paired_bootstrap("binary", y, a, b, rounds=200)
+    d, lo, hi = paired_bootstrap("binary", y, a, b, rounds=200, clusters=entity)
+    assert hi - lo > 2.0 * (hi_rows - lo_rows)  # about sqrt(8) wider
+    assert lo < d < hi
+    groups = entity % 2  # clusters within groups: each half resampled on its own
+    d2, lo2, hi2 = paired_bootstrap("binary", y, a, b, rounds=200, groups=groups, clusters=entity)
+    assert lo2 < d2 < hi2 and hi2 - lo2 > 2.0 * (hi_rows - lo_rows)

@@ -106,6 +106,23 @@ def _group_rows(n: int, groups: np.ndarray | None) -> list[np.ndarray]:
     return [np.flatnonzero(groups == g) for g in np.unique(groups)]
 
 
+def _cluster_sampler(rows: np.ndarray, clusters: np.ndarray | None):
+    """A function drawing one bootstrap resample of `rows`: rows with replacement, or with `clusters` whole
+    clusters with replacement (every row of a drawn cluster, as often as it is drawn)."""
+    if clusters is None:
+        return lambda rng: rows[rng.integers(0, len(rows), len(rows))]
+    order = rows[np.argsort(np.asarray(clusters)[rows], kind="stable")]
+    _, start, count = np.unique(np.asarray(clusters)[order], return_index=True, return_counts=True)
+
+    def sample(rng: np.random.Generator) -> np.ndarray:
+        pick = rng.integers(0, len(start), len(start))
+        n = count[pick]
+        offset = np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)  # 0..n-1 within each drawn cluster
+        return order[np.repeat(start[pick], n) + offset]
+
+    return sample
+
+
 def _mean_metric(task: str, Y: np.ndarray, scores: np.ndarray, parts: list[np.ndarray]) -> float:
     return float(np.mean([primary_metric(task, Y[rows], scores[rows]) for rows in parts]))
 
@@ -127,17 +144,20 @@ def paired_bootstrap(
     rounds: int = 1000,
     seed: int = 0,
     groups: np.ndarray | None = None,
+    clusters: np.ndarray | None = None,
 ) -> tuple[float, float, float]:
     """Metric(a) - metric(b) on the same rows: (difference, 2.5th and 97.5th percentile over `rounds`
     resamples of the rows with replacement). The interval says whether a gap is larger than the noise of a
     test set of this size. With `groups` the metric is fold_metric's mean over groups, and rows are resampled
-    within their group."""
+    within their group. With `clusters` (an entity per row) whole entities are resampled, all rows of one at
+    once: an entity's windows are not independent evidence, and a row bootstrap would read them as such."""
     rng = np.random.default_rng(seed)
     members = _group_rows(len(Y), groups)
     diff = _mean_metric(task, Y, a, members) - _mean_metric(task, Y, b, members)
+    draw = [_cluster_sampler(m, clusters) for m in members]
     draws = []
     for _ in range(rounds):
-        parts = [m[rng.integers(0, len(m), len(m))] for m in members]  # each group resampled on its own
+        parts = [sample(rng) for sample in draw]  # each group resampled on its own
         d = _mean_metric(task, Y, a, parts) - _mean_metric(task, Y, b, parts)
         if np.isfinite(d):
             draws.append(d)

@@ -159,7 +159,7 @@ def choose(
     if second is not None:
         reason += f"; next: {second} ({scores[second]:.4f})"
     if best != "blend" and blend_out is not None and np.isfinite(scores.get("blend", float("nan"))):
-        lo = _gain_lower_bound(task, y, outputs[best], blend_out, fold)
+        lo = _gain_lower_bound(task, y, outputs[best], blend_out, fold, np.asarray(entity, np.int64))
         if lo <= 0:  # not better than the blend beyond validation noise: the combination is safer
             reason = (
                 f"the blend ({scores['blend']:.4f}) is within the validation noise of the best single "
@@ -170,10 +170,13 @@ def choose(
     return Selection(best, metric, scores, reason, False, blend_info), pool[best]
 
 
-def _gain_lower_bound(task: str, y: Any, best: np.ndarray, blend: np.ndarray, fold: np.ndarray) -> float:
-    """2.5th percentile of best's gain over the blend on resamples of the select rows (within each entity
-    half), signed so that > 0 means better; fewer resamples when each costs thousands of per-class AUROCs."""
+def _gain_lower_bound(
+    task: str, y: Any, best: np.ndarray, blend: np.ndarray, fold: np.ndarray, entity: np.ndarray
+) -> float:
+    """2.5th percentile of best's gain over the blend on resamples of the select entities (within each entity
+    half; an entity's windows together), signed so that > 0 means better; fewer resamples when each costs
+    thousands of per-class AUROCs."""
     width = best.shape[1] if task == "multilabel" and best.ndim == 2 else 1
     rounds = max(20, min(BOOTSTRAP_ROUNDS, BOOTSTRAP_ROUNDS * 50 // width))
-    _, lo, hi = paired_bootstrap(task, y, best, blend, rounds=rounds, groups=fold)
+    _, lo, hi = paired_bootstrap(task, y, best, blend, rounds=rounds, groups=fold, clusters=entity)
     return lo if metrics.higher_is_better(metrics.PRIMARY_METRIC[task]) else -hi
