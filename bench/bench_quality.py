@@ -3,6 +3,7 @@
     .venv/bin/python bench/bench_quality.py --dataset completejourney [--seeds 0 1 2] [--scenarios a,b]
     .venv/bin/python bench/bench_quality.py --dataset nycflights13
     .venv/bin/python bench/bench_quality.py --dataset completejourney --collect   # table from saved runs
+    .venv/bin/python bench/bench_quality.py --dataset completejourney --scenarios churn --update  # re-run some
 
 For each seed the foundation is retrained (training_params.foundation.seed and finetune.seed = the seed) and
 every scenario of the data set's full demo config (basemodel_pipeline/demo.py, plus EXTRA_SCENARIOS for a task
@@ -26,6 +27,7 @@ import argparse
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -182,7 +184,7 @@ def run_seed(dataset: str, workspace: Path, seed: int, names: list[str] | None) 
     return out
 
 
-def collect(dataset: str, workspace: Path, seeds: list[int]) -> dict:
+def collect(dataset: str, workspace: Path, seeds: list[int], names: list[str] | None = None) -> dict:
     runs = [
         (
             np.load(workspace / "quality" / f"seed{s}.npz"),
@@ -193,6 +195,8 @@ def collect(dataset: str, workspace: Path, seeds: list[int]) -> dict:
     flat: dict = {}
     rows = []
     for name, first in runs[0][1]["scenarios"].items():
+        if names is not None and name not in names:
+            continue
         task = first["task"]
         z0 = runs[0][0]
         truth = (
@@ -233,6 +237,13 @@ def collect(dataset: str, workspace: Path, seeds: list[int]) -> dict:
         flat[f"{name}.seconds_network_and_baselines"] = round(float(base_s), 1)
         flat[f"{name}.seconds_with_selection"] = round(float(total_s), 1)
         flat[f"{name}.selection_time_ratio"] = round(float(total_s / max(base_s, 1e-9)), 2)
+        # the scenario's own share of the work both sides do: its targets and its featurisation (shared by the
+        # scenarios of one finetune_many call, so counted once per scenario here, as a scenario run alone pays)
+        prep = float(np.mean([x.get("targets_s", 0) + x.get("featurise_s", 0) for x in t]))
+        flat[f"{name}.seconds_targets_and_features"] = round(prep, 1)
+        flat[f"{name}.selection_time_ratio_with_features"] = round(
+            (total_s + prep) / max(base_s + prep, 1e-9), 2
+        )
         rows.append(name)
     return flat
 
@@ -271,6 +282,12 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--scenarios", default=None, help="comma-separated subset of the full config's scenarios")
     ap.add_argument("--collect", action="store_true", help="only tabulate saved runs")
+    ap.add_argument(
+        "--update",
+        action="store_true",
+        help="replace only this run's scenarios in the existing results file (a partial re-run after a change "
+        "that affects some scenarios); each scenario keeps the command and commit that measured it",
+    )
     args = ap.parse_args()
     workspace = (args.workspace or Path(f"bench_workspace/quality_{args.dataset}")).resolve()
     names = args.scenarios.split(",") if args.scenarios else None
@@ -279,7 +296,28 @@ def main() -> None:
     if not args.collect:
         for seed in args.seeds:
             run_seed(args.dataset, workspace, seed, names)
-    flat = collect(args.dataset, workspace, args.seeds)
+    flat = collect(args.dataset, workspace, args.seeds, names)
+    command = " ".join(["python bench/bench_quality.py", *sys.argv[1:]])
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
+    ).stdout.strip()
+    for name in dict.fromkeys(k.split(".")[0] for k in list(flat)):
+        flat[f"{name}.command"], flat[f"{name}.commit"] = command, commit
+    path = Path(__file__).parent / "results" / f"quality_{args.dataset}.json"
+    if args.update and path.exists():
+        old = json.loads(path.read_text())
+        ran = {k.split(".")[0] for k in flat}
+        merged: dict = {}
+        for k, v in old.items():  # the old order, this run's scenarios in place of their old rows
+            name = k.split(".")[0]
+            if "." not in k:
+                continue
+            if name not in ran:
+                merged[k] = v
+            elif f"{name}.task" not in merged:
+                merged.update({x: y for x, y in flat.items() if x.split(".")[0] == name})
+        flat = {**merged, **{k: v for k, v in flat.items() if k not in merged}}
+        command = f"{old.get('command', '')}; then {command}"
     scen = sorted(
         {k.split(".")[0] for k in flat}, key=list(dict.fromkeys(k.split(".")[0] for k in flat)).index
     )
@@ -288,7 +326,7 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d"),
         "dataset": args.dataset,
         "seeds": " ".join(map(str, args.seeds)),
-        "command": " ".join(["python bench/bench_quality.py", *sys.argv[1:]]),
+        "command": command,
         "machine": f"{platform.machine()} {psutil.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB",
         "loadavg_before": round(load_before[0], 2),
         "loadavg_after": round(os.getloadavg()[0], 2),
@@ -296,7 +334,6 @@ def main() -> None:
         "bootstrap_rounds": f"{ROUNDS} (100 to {ROUNDS} for multilabel with more than 50 labels)",
         **flat,
     }
-    path = Path(__file__).parent / "results" / f"quality_{args.dataset}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(table(flat, scen))
     print(f"wrote {path}")
