@@ -39,6 +39,7 @@ import yaml
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.demo import prepare_demo
 from basemodel_pipeline.evaluation import metrics
+from basemodel_pipeline.evaluation.probe import bootstrap_rounds
 from basemodel_pipeline.pipeline import run_cache, run_extract, run_pretrain
 from basemodel_pipeline.progress import NullProgress
 from basemodel_pipeline.training.finetune import finetune_many
@@ -60,7 +61,7 @@ EXTRA_SCENARIOS = {
         }
     ]
 }
-ROUNDS = 1000  # bootstrap resamples; fewer for thousands of labels (rounds_for), each costing C AUROCs
+ROUNDS = 1000  # bootstrap resamples; fewer for thousands of labels (bootstrap_rounds), each costing C AUROCs
 
 
 class Log(NullProgress):
@@ -94,12 +95,6 @@ def _take(task: str, truth, idx: np.ndarray):
     return truth[idx]
 
 
-def rounds_for(task: str, out) -> int:
-    """ROUNDS, down to 100 for multilabel outputs with more than 50 columns (1000 x 5,288 AUROCs per run)."""
-    width = out.shape[1] if task == "multilabel" and np.ndim(out) == 2 else 1
-    return max(100, min(ROUNDS, ROUNDS * 50 // width))
-
-
 def paired_interval(task: str, truth, model_runs: list, base_runs: list, seed: int = 0):
     """(mean difference, 2.5%, 97.5%) of the seed-averaged (model - baseline), signed so > 0 is a win."""
     sign = 1.0 if metrics.higher_is_better(metrics.PRIMARY_METRIC[task]) else -1.0
@@ -130,7 +125,9 @@ def paired_interval(task: str, truth, model_runs: list, base_runs: list, seed: i
         base_runs = [row_metric(task, truth, b) for b in base_runs]
     rng = np.random.default_rng(seed)
     point = diff(np.arange(n))
-    draws = [diff(rng.integers(0, n, n)) for _ in range(rounds_for(task, model_runs[0]))]
+    draws = [
+        diff(rng.integers(0, n, n)) for _ in range(bootstrap_rounds(task, model_runs[0], ROUNDS, floor=100))
+    ]
     draws = [d for d in draws if np.isfinite(d)]
     lo, hi = np.percentile(draws, [2.5, 97.5])
     return sign * point, *(sorted([sign * lo, sign * hi]))
@@ -301,22 +298,20 @@ def main() -> None:
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
     ).stdout.strip()
-    for name in dict.fromkeys(k.split(".")[0] for k in list(flat)):
+    for name in dict.fromkeys(k.split(".")[0] for k in flat):
         flat[f"{name}.command"], flat[f"{name}.commit"] = command, commit
     path = Path(__file__).parent / "results" / f"quality_{args.dataset}.json"
     if args.update and path.exists():
         old = json.loads(path.read_text())
-        ran = {k.split(".")[0] for k in flat}
-        merged: dict = {}
-        for k, v in old.items():  # the old order, this run's scenarios in place of their old rows
-            name = k.split(".")[0]
-            if "." not in k:
-                continue
-            if name not in ran:
-                merged[k] = v
-            elif f"{name}.task" not in merged:
-                merged.update({x: y for x, y in flat.items() if x.split(".")[0] == name})
-        flat = {**merged, **{k: v for k, v in flat.items() if k not in merged}}
+        ran = dict.fromkeys(k.split(".")[0] for k in flat)
+        # the old scenario order, then new ones; this run's keys for the scenarios it measured
+        order = dict.fromkeys([*(k.split(".")[0] for k in old if "." in k), *ran])
+        flat = {
+            k: v
+            for name in order
+            for k, v in (flat if name in ran else old).items()
+            if "." in k and k.split(".")[0] == name
+        }
         command = f"{old.get('command', '')}; then {command}"
     scen = sorted(
         {k.split(".")[0] for k in flat}, key=list(dict.fromkeys(k.split(".")[0] for k in flat)).index

@@ -111,8 +111,9 @@ def _cluster_sampler(rows: np.ndarray, clusters: np.ndarray | None):
     clusters with replacement (every row of a drawn cluster, as often as it is drawn)."""
     if clusters is None:
         return lambda rng: rows[rng.integers(0, len(rows), len(rows))]
-    order = rows[np.argsort(np.asarray(clusters)[rows], kind="stable")]
-    _, start, count = np.unique(np.asarray(clusters)[order], return_index=True, return_counts=True)
+    clusters = np.asarray(clusters)
+    order = rows[np.argsort(clusters[rows], kind="stable")]
+    _, start, count = np.unique(clusters[order], return_index=True, return_counts=True)
 
     def sample(rng: np.random.Generator) -> np.ndarray:
         pick = rng.integers(0, len(start), len(start))
@@ -134,6 +135,13 @@ def fold_metric(task: str, Y: np.ndarray, scores: np.ndarray, groups: np.ndarray
     differences that are not about the representation (Forman & Scholz, "Apples-to-apples in cross-validation
     studies", SIGKDD Explorations 2010). The mean of per-fold AUROCs does not."""
     return _mean_metric(task, Y, scores, _group_rows(len(Y), groups))
+
+
+def bootstrap_rounds(task: str, out: np.ndarray, rounds: int, floor: int) -> int:
+    """`rounds`, scaled down for multilabel outputs wider than 50 labels (each resample costs one AUROC per
+    label), never below `floor`."""
+    width = out.shape[1] if task == "multilabel" and np.ndim(out) == 2 else 1
+    return max(floor, min(rounds, rounds * 50 // width))
 
 
 def paired_bootstrap(

@@ -22,7 +22,7 @@ import numpy as np
 
 from basemodel_pipeline.errors import ConfigError
 from basemodel_pipeline.evaluation import metrics
-from basemodel_pipeline.evaluation.probe import entity_folds, paired_bootstrap
+from basemodel_pipeline.evaluation.probe import bootstrap_rounds, entity_folds, paired_bootstrap
 from basemodel_pipeline.scenarios.candidates import Blend, Candidate, Context
 from basemodel_pipeline.scenarios.targets import SparseLabels, take_labels
 
@@ -105,7 +105,8 @@ def choose(
     fit a blend of `blend_members` when there are two or more, and return (selection, published candidate)."""
     task = ctx.task
     metric = metrics.PRIMARY_METRIC[task]
-    fold = entity_folds(np.asarray(entity, np.int64), 2)
+    entity = np.asarray(entity, np.int64)
+    fold = entity_folds(entity, 2)
     halves = [np.flatnonzero(fold == k) for k in (0, 1)]
     halves = [h for h in halves if len(h)] or [np.arange(len(y))]
     scores = {name: _halves_metric(task, y, out, halves) for name, out in outputs.items()}
@@ -159,7 +160,7 @@ def choose(
     if second is not None:
         reason += f"; next: {second} ({scores[second]:.4f})"
     if best != "blend" and blend_out is not None and np.isfinite(scores.get("blend", float("nan"))):
-        lo = _gain_lower_bound(task, y, outputs[best], blend_out, fold, np.asarray(entity, np.int64))
+        lo = _gain_lower_bound(task, y, outputs[best], blend_out, fold, entity)
         if lo <= 0:  # not better than the blend beyond validation noise: the combination is safer
             reason = (
                 f"the blend ({scores['blend']:.4f}) is within the validation noise of the best single "
@@ -176,7 +177,6 @@ def _gain_lower_bound(
     """2.5th percentile of best's gain over the blend on resamples of the select entities (within each entity
     half; an entity's windows together), signed so that > 0 means better; fewer resamples when each costs
     thousands of per-class AUROCs."""
-    width = best.shape[1] if task == "multilabel" and best.ndim == 2 else 1
-    rounds = max(20, min(BOOTSTRAP_ROUNDS, BOOTSTRAP_ROUNDS * 50 // width))
+    rounds = bootstrap_rounds(task, best, BOOTSTRAP_ROUNDS, floor=20)
     _, lo, hi = paired_bootstrap(task, y, best, blend, rounds=rounds, groups=fold, clusters=entity)
     return lo if metrics.higher_is_better(metrics.PRIMARY_METRIC[task]) else -hi
