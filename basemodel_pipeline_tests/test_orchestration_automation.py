@@ -5,6 +5,8 @@ about a second: a new foundation requests every scenario exactly once; a new sce
 exactly one scenario_model (and its predictions, in the same run); a missing foundation is trained once.
 """
 
+import threading
+import uuid
 from pathlib import Path
 
 import dagster as dg
@@ -13,6 +15,7 @@ import pytest
 from basemodel_pipeline.defs import build_definitions
 from basemodel_pipeline.defs.extracts.assets import extract_key
 
+DATA_VERSION_TAG = "dagster/data_version"
 MODEL, PREDICTIONS = dg.AssetKey("scenario_model"), dg.AssetKey("predictions")
 UPSTREAM = ["event_cache", "foundation_model", "entity_embeddings"]
 
@@ -31,11 +34,19 @@ CHECKS = {
 
 
 def _materialized(
-    instance: dg.DagsterInstance, key: str | dg.AssetKey, partition: str | None = None, checks: bool = True
+    instance: dg.DagsterInstance,
+    key: str | dg.AssetKey,
+    partition: str | None = None,
+    checks: bool = True,
+    version: str | None = None,
 ) -> None:
-    """A materialization and its blocking checks' evaluations, as a finished run records them."""
+    """A materialization (new content: a new data version unless `version` is given) and its blocking checks'
+    evaluations, as a finished run records them."""
     key = dg.AssetKey.from_user_string(key) if isinstance(key, str) else key
-    instance.report_runless_asset_event(dg.AssetMaterialization(asset_key=key, partition=partition))
+    tags = {DATA_VERSION_TAG: version or uuid.uuid4().hex}
+    instance.report_runless_asset_event(
+        dg.AssetMaterialization(asset_key=key, partition=partition, tags=tags)
+    )
     for name in CHECKS.get(key.to_user_string(), []) if checks else []:
         instance.report_runless_asset_event(
             dg.AssetCheckEvaluation(asset_key=key, check_name=name, passed=checks, partition=partition)
@@ -124,3 +135,94 @@ def test_automation_sensor_runs_by_default(defs: dg.Definitions) -> None:
     sensor = defs.resolve_sensor_def("basemodel_automation")
     assert sensor.default_status == dg.DefaultSensorStatus.RUNNING
     assert sensor.asset_selection is not None
+
+
+def test_an_unchanged_data_version_triggers_nothing(defs: dg.Definitions) -> None:
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("scenarios", ["churn"])
+        _everything_materialized(instance, ["churn"])
+        _materialized(instance, "event_cache", version="cache-v1")
+        first = dg.evaluate_automation_conditions(defs=defs, instance=instance)
+
+        # a nightly refresh re-extracts an unchanged day and the cache run reuses the same content
+        _materialized(instance, extract_key("transactions"), "2023-01-02", version="day-v1")
+        _materialized(instance, extract_key("transactions"), "2023-01-02", version="day-v1")
+        _materialized(instance, "event_cache", version="cache-v1")
+        tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=first.cursor)
+        assert tick.total_requested == 0
+
+        _materialized(instance, "event_cache", version="cache-v2")  # new content
+        tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor)
+        assert tick.get_requested_partitions(MODEL) == {"churn"}
+
+
+def _with_code_version(defs: dg.Definitions, key: dg.AssetKey, version: str) -> dg.Definitions:
+    """The same definitions, with one asset's code version replaced (a release that changed its code)."""
+    assets = []
+    for asset in defs.assets or []:
+        if isinstance(asset, dg.AssetsDefinition) and key in asset.keys:
+            asset = asset.map_asset_specs(lambda spec: spec.replace_attributes(code_version=version))
+        assets.append(asset)
+    return dg.Definitions(
+        assets=assets,
+        asset_checks=defs.asset_checks,
+        resources=defs.resources,
+        sensors=defs.sensors,
+        jobs=defs.jobs,
+    )
+
+
+def test_every_asset_has_a_code_version_and_a_new_one_retrains(defs: dg.Definitions) -> None:
+    graph = defs.resolve_asset_graph()
+    missing = [k.to_user_string() for k in graph.get_all_asset_keys() if not graph.get(k).code_version]
+    assert missing == []
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("scenarios", ["churn", "department_propensity"])
+        _everything_materialized(instance, ["churn", "department_propensity"])
+        first = dg.evaluate_automation_conditions(defs=defs, instance=instance)
+        assert first.total_requested == 0
+
+        released = _with_code_version(defs, MODEL, "next-release")
+        tick = dg.evaluate_automation_conditions(defs=released, instance=instance, cursor=first.cursor)
+        assert tick.get_requested_partitions(MODEL) == {"churn", "department_propensity"}
+        assert tick.get_num_requested(dg.AssetKey("foundation_model")) == 0
+
+
+def test_inputs_that_change_during_a_run_retrain_once_more(defs: dg.Definitions) -> None:
+    """The cache changes while churn trains: when that run ends, churn is retrained once on the new cache."""
+    started, release = threading.Event(), threading.Event()
+
+    @dg.asset(
+        key=MODEL,
+        deps=["foundation_model", "event_cache"],
+        partitions_def=defs.resolve_assets_def(MODEL).partitions_def,
+    )
+    def training() -> dg.MaterializeResult:  # stands in for the real step: in progress until released
+        started.set()
+        assert release.wait(60)
+        return dg.MaterializeResult(data_version=dg.DataVersion(uuid.uuid4().hex))
+
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("scenarios", ["churn"])
+        _everything_materialized(instance, ["churn"])
+        first = dg.evaluate_automation_conditions(defs=defs, instance=instance)
+        _materialized(instance, "event_cache")
+        tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=first.cursor)
+        assert tick.get_requested_partitions(MODEL) == {"churn"}
+
+        run = threading.Thread(
+            target=dg.materialize, args=([training],), kwargs={"instance": instance, "partition_key": "churn"}
+        )
+        run.start()
+        assert started.wait(60)
+        tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor)
+        _materialized(instance, "event_cache")  # new data lands while churn trains
+        tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor)
+        assert tick.get_num_requested(MODEL) == 0  # not beside the running step
+        release.set()
+        run.join(60)
+
+        tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor)
+        assert tick.get_requested_partitions(MODEL) == {"churn"}  # once more, on the new cache
+        tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor)
+        assert tick.get_num_requested(MODEL) == 0

@@ -70,6 +70,39 @@ def test_schema_change_blocks_the_cache_until_accepted(tiny_config: Path) -> Non
         assert again.success and _check_results(again)["schema_unchanged"].passed  # the new baseline
 
 
+def test_a_failed_schema_check_holds_the_cache_back_in_later_runs(tiny_config: Path) -> None:
+    """The automation never rebuilds the cache from an extract whose blocking check failed in an earlier run."""
+    cache = dg.AssetKey("event_cache")
+    defs = build_definitions(str(tiny_config), env="ci")
+    with dg.instance_for_test() as instance:
+        assert _run(tiny_config, instance, [PRODUCTS]).success
+        tick = dg.evaluate_automation_conditions(defs=defs, instance=instance)  # records the state
+
+        path = tiny_config.parent / "data" / "products.parquet"
+        table = pq.read_table(path)
+        ids = table.column("manufacturer_id").cast(pa.string())
+        pq.write_table(
+            table.set_column(table.schema.get_field_index("manufacturer_id"), "manufacturer_id", ids), path
+        )
+        failed = _run(tiny_config, instance, [PRODUCTS])  # the extract alone: its check fails in this run
+        assert not _check_results(failed)["schema_unchanged"].passed
+        for _ in range(2):
+            tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor)
+            assert tick.get_num_requested(cache) == 0
+
+        accept = _run(
+            tiny_config,
+            instance,
+            dg.AssetSelection.checks(dg.AssetCheckKey(PRODUCTS, "schema_unchanged")),
+            run_config={
+                "ops": {"extracts__products_schema_unchanged": {"config": {"accept_new_schema": True}}}
+            },
+        )
+        assert accept.success
+        tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor)
+        assert tick.get_num_requested(cache) == 1  # the changed extract, now accepted, flows on
+
+
 def test_cache_manifest_check_finds_corruption(tiny_config: Path, tmp_path: Path) -> None:
     cfg = load_config(tiny_config)
     run_extract(cfg)

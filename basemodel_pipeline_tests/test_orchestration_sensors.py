@@ -28,9 +28,11 @@ def _tick(defs: dg.Definitions, name: str, instance: dg.DagsterInstance, config:
     context = dg.build_sensor_context(
         instance=instance,
         cursor=cursor,
+        definitions=defs,
         resources={"basemodel_config": BasemodelConfigResource(config_path=str(config))},
     )
-    return sensor.evaluate_tick(context)
+    with dg.partition_loading_context(dynamic_partitions_store=instance):  # as the sensor daemon does
+        return sensor.evaluate_tick(context)
 
 
 def _add_day(config: Path, day: dt.date) -> None:
@@ -110,7 +112,7 @@ def test_scenario_registry_adds_and_removes_partitions(defs: dg.Definitions, tin
         instance.add_dynamic_partitions("scenarios", ["department_propensity"])
         instance.delete_dynamic_partition("scenarios", "retired_scenario")
         again = _tick(defs, "scenario_registry_sensor", instance, tiny_config, None)
-        assert not again.dynamic_partitions_requests and again.skip_message
+        assert not again.dynamic_partitions_requests and not again.run_requests
 
         cfg = yaml.safe_load(tiny_config.read_text())
         cfg["scenarios"] = [s for s in cfg["scenarios"] if s["name"] != "churn"]
@@ -120,6 +122,34 @@ def test_scenario_registry_adds_and_removes_partitions(defs: dg.Definitions, tin
         assert isinstance(delete, dg.DeleteDynamicPartitionsRequest) and list(delete.partition_keys) == [
             "churn"
         ]
+
+
+def test_an_edited_scenario_or_foundation_config_retrains_that_model(
+    defs: dg.Definitions, tiny_config: Path
+) -> None:
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("scenarios", ["churn", "department_propensity"])
+        first = _tick(defs, "scenario_registry_sensor", instance, tiny_config, None)
+        assert not first.run_requests  # the first tick records the versions
+        same = _tick(defs, "scenario_registry_sensor", instance, tiny_config, first.cursor)
+        assert not same.run_requests
+
+        cfg = yaml.safe_load(tiny_config.read_text())
+        churn = next(s for s in cfg["scenarios"] if s["name"] == "churn")
+        churn["epochs"] = 7
+        tiny_config.write_text(yaml.safe_dump(cfg) + "# a comment changes nothing\n")
+        edited = _tick(defs, "scenario_registry_sensor", instance, tiny_config, same.cursor)
+        (request,) = edited.run_requests
+        assert request.partition_key == "churn" and set(request.asset_selection or []) == {
+            dg.AssetKey("scenario_model"),
+            dg.AssetKey("predictions"),
+        }
+        assert not _tick(defs, "scenario_registry_sensor", instance, tiny_config, edited.cursor).run_requests
+
+        cfg.setdefault("training_params", {}).setdefault("foundation", {})["sketch_width"] = 16
+        tiny_config.write_text(yaml.safe_dump(cfg))
+        foundation = _tick(defs, "scenario_registry_sensor", instance, tiny_config, edited.cursor)
+        assert [r.asset_selection for r in foundation.run_requests] == [[dg.AssetKey("foundation_model")]]
 
 
 def test_sensors_skip_until_the_config_exists(defs: dg.Definitions, tmp_path: Path) -> None:

@@ -1,15 +1,18 @@
-"""Declarative automation: what re-materializes by itself when upstream data changes.
+"""Declarative automation: what re-materializes by itself, keyed on data versions, not on events.
 
-    event_cache       after any extract (any day partition) was updated
-    foundation_model  once when it is missing, then after each FOUNDATION_CRON tick (default weekly,
-                      Sunday 03:00 UTC) once the cache has been updated since that tick
-    scenario_model    eager: a new scenario partition runs once; a new foundation or cache retrains every
-                      scenario once (waits while a dependency is requested or running)
-    predictions       eager with its scenario_model, in the same run (after its blocking checks) or while
-                      they pass
-    entity_embeddings eager with a new foundation or cache, gated by their blocking checks
-    published_artifacts  eager after predictions (when publishing is on)
-    metrics_summary   after any scenario partition was updated
+A dependency "changed" when its new materialization carries another data version (a cache run that reused
+or re-derived the same content changes nothing), or when the asset's own code version changed (a release
+that touches its code). A change seen while the asset was running is kept: the asset runs once more after.
+
+    event_cache       after an extract (any day partition) changed and its blocking checks passed
+    foundation_model  once when it is missing, then at each FOUNDATION_CRON tick (default weekly, Sunday
+                      03:00 UTC) after which the cache or its code changed
+    scenario_model    a new scenario partition runs once; a changed cache or foundation (or code) retrains
+                      every scenario once (waits while a dependency is requested or running)
+    predictions       with its scenario_model, in the same run (after its blocking checks) or while they pass
+    entity_embeddings after a changed foundation or cache, gated by their blocking checks
+    published_artifacts  after predictions (when publishing is on)
+    metrics_summary   after any scenario partition changed
 
 The automation sensor `basemodel_automation` evaluates these conditions every 30 s and is running by default;
 stop it in the UI (Automation tab) to pause all of it.
@@ -30,30 +33,63 @@ MAX_RUNTIME_TAG = "dagster/max_runtime"
 MAX_RUNTIME = {"extract": 4 * 3600, "train": 24 * 3600}
 
 _quiet = ~AC.any_deps_in_progress() & ~AC.in_progress()
+_requested = AC.newly_requested() | AC.initial_evaluation()
 
-# Unlike eager(), days without data (missing upstream day partitions) never hold this back.
-AFTER_DEPS_UPDATED = (AC.any_deps_updated().since_last_handled() & _quiet).with_label("after_deps_updated")
+
+def changed_inputs(label: str = "inputs changed") -> dg.AutomationCondition:
+    """True from the tick a dependency's data version (or the asset's code version) changes until the asset is
+    next handled. A change that lands while the asset runs is kept past that run's end, so the asset runs
+    once more on the new inputs instead of being marked up to date by a run that read the old ones. A
+    dependency requested on this tick counts as changed (an asset may join its dependency's run)."""
+    new_input = AC.data_version_changed() | AC.will_be_requested()
+    changed = AC.any_deps_match(new_input) | AC.code_version_changed()
+    return (
+        changed.since(_requested | AC.newly_updated()) | (changed & AC.in_progress()).since(_requested)
+    ).with_label(label)
+
+
+# Unlike eager(), missing day partitions (days without data) never hold these back.
+AFTER_INPUTS_CHANGED = (changed_inputs() & _quiet).with_label("after an input changed")
+
+# A dependency whose latest materialization failed a blocking check (in this run or an earlier one) holds the
+# asset back until the check passes again. (all_deps_blocking_checks_passed() would also wait for every day
+# partition ever to have a passed check; a failure is what must stop the cache.)
+NO_FAILED_BLOCKING_CHECK = ~AC.any_deps_match(
+    AC.any_checks_match(AC.check_failed(), blocking_only=True)
+).with_label("no dependency failed a blocking check")
+
+AFTER_DEPS_UPDATED = (changed_inputs() & _quiet & NO_FAILED_BLOCKING_CHECK).with_label(
+    "after an extract changed, while no extract's blocking check has failed"
+)
 
 FOUNDATION = (
-    AC.on_cron(FOUNDATION_CRON, TIMEZONE)
+    ((AC.cron_tick_passed(FOUNDATION_CRON, TIMEZONE) & changed_inputs()).since(_requested) & _quiet)
     | (AC.missing().since_last_handled() & ~AC.any_deps_missing() & _quiet)
-).with_label(f"missing, or weekly ({FOUNDATION_CRON}) after the cache changed")
+).with_label(f"missing, or at a tick of {FOUNDATION_CRON} after its inputs changed")
+
+
+def eager_on_versions(label: str) -> dg.AutomationCondition:
+    """eager() keyed on data and code versions: a new partition runs once, changed inputs rerun it once."""
+    return (
+        (AC.newly_missing().since_last_handled() | changed_inputs()) & ~AC.any_deps_missing() & _quiet
+    ).with_label(label)
+
 
 # A dependency requested on this tick (a new cache or foundation) runs first; the scenario follows after it.
-SCENARIO = (AC.eager() & ~AC.any_deps_match(AC.will_be_requested())).with_label(
-    "eager, after the cache and foundation settle"
-)
+SCENARIO = (
+    eager_on_versions("new, or inputs changed") & ~AC.any_deps_match(AC.will_be_requested())
+).with_label("new, or after the cache and foundation settle on new versions")
 
 
 def gated_eager(*same_run: str) -> dg.AutomationCondition:
-    """eager(), but never beside a dependency requested on this tick unless that one joins the same run
+    """eager_on_versions(), but never beside a dependency requested on this tick unless that one joins the same run
     (`same_run`: dependencies with the same partitions), and only while the dependencies' blocking checks
     pass, or when such a dependency is requested now (its checks then run first in that run and gate this).
     """
     together = dg.AssetSelection.assets(*same_run)
     requested = AC.any_deps_match(AC.will_be_requested())
     return (
-        AC.eager()
+        eager_on_versions("new, or inputs changed")
         & ~requested.ignore(together)
         & (AC.all_deps_blocking_checks_passed() | requested.allow(together))
     ).with_label(f"eager, gated by blocking checks, together with {', '.join(same_run)}")

@@ -5,6 +5,7 @@ import dagster as dg
 from basemodel_pipeline.defs._run import materialize_in_process
 from basemodel_pipeline.defs.automation import AFTER_DEPS_UPDATED
 from basemodel_pipeline.defs.resources import BasemodelConfigResource
+from basemodel_pipeline.defs.versions import code_version
 from basemodel_pipeline.pipeline import run_cache
 from basemodel_pipeline.progress import LogProgress
 
@@ -19,6 +20,7 @@ def build_cache_asset(extract_keys: list[dg.AssetKey]) -> dg.AssetsDefinition:
         group_name="cache",
         kinds={"duckdb", "parquet"},
         pool=CACHE_POOL,
+        code_version=code_version("event_cache"),
         automation_condition=AFTER_DEPS_UPDATED,
     )
     def event_cache(

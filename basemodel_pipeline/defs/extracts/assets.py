@@ -18,6 +18,7 @@ from basemodel_pipeline.config import DataSource
 from basemodel_pipeline.defs._run import materialize_in_process
 from basemodel_pipeline.defs.extracts.files import day_files, extract_files, rows_of, schema_of
 from basemodel_pipeline.defs.resources import BasemodelConfigResource
+from basemodel_pipeline.defs.versions import code_version
 from basemodel_pipeline.pipeline import run_extract
 from basemodel_pipeline.progress import LogProgress
 
@@ -73,6 +74,7 @@ def build_extract_asset(src: DataSource, partitions: dg.PartitionsDefinition | N
         partitions_def=partitions if is_event else None,
         backfill_policy=dg.BackfillPolicy.single_run() if is_event else None,
         tags={"basemodel/stage": "extract"},
+        code_version=code_version("extract"),
     )
     def _extract(
         context: dg.AssetExecutionContext, basemodel_config: BasemodelConfigResource

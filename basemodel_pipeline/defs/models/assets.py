@@ -7,6 +7,7 @@ from basemodel_pipeline.defs.automation import FOUNDATION, MAX_RUNTIME, MAX_RUNT
 from basemodel_pipeline.defs.launcher import Launcher
 from basemodel_pipeline.defs.models.partitions import scenarios_partitions
 from basemodel_pipeline.defs.resources import BasemodelConfigResource
+from basemodel_pipeline.defs.versions import code_version
 
 GPU_POOL = "gpu"
 TRAIN_TAGS = {"basemodel/stage": "train", MAX_RUNTIME_TAG: str(MAX_RUNTIME["train"])}
@@ -18,6 +19,7 @@ TRAIN_TAGS = {"basemodel/stage": "train", MAX_RUNTIME_TAG: str(MAX_RUNTIME["trai
     kinds={"pytorch"},
     pool=GPU_POOL,
     automation_condition=FOUNDATION,
+    code_version=code_version("foundation_model"),
     op_tags=TRAIN_TAGS,
 )
 def foundation_model(
@@ -39,6 +41,7 @@ def foundation_model(
     kinds={"pytorch"},
     pool=GPU_POOL,
     automation_condition=SCENARIO,
+    code_version=code_version("scenario_model"),
     op_tags=TRAIN_TAGS,
 )
 def scenario_model(

@@ -8,6 +8,7 @@ from basemodel_pipeline.defs.launcher import Launcher
 from basemodel_pipeline.defs.models.assets import GPU_POOL, TRAIN_TAGS, foundation_model, scenario_model
 from basemodel_pipeline.defs.models.partitions import scenarios_partitions
 from basemodel_pipeline.defs.resources import BasemodelConfigResource
+from basemodel_pipeline.defs.versions import code_version
 
 SCORE_TAGS = {**TRAIN_TAGS, "basemodel/stage": "score"}
 
@@ -38,6 +39,7 @@ class ScoringConfig(dg.Config):
     kinds={"pytorch", "parquet"},
     pool=GPU_POOL,
     automation_condition=gated_eager("scenario_model"),
+    code_version=code_version("predictions"),
     op_tags=SCORE_TAGS,
 )
 def predictions(
@@ -61,6 +63,7 @@ def predictions(
     kinds={"pytorch", "parquet", "numpy"},
     pool=GPU_POOL,
     automation_condition=gated_eager("foundation_model", "event_cache"),
+    code_version=code_version("entity_embeddings"),
     op_tags=SCORE_TAGS,
 )
 def entity_embeddings(

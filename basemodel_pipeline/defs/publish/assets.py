@@ -16,6 +16,7 @@ from basemodel_pipeline.defs.models.assets import foundation_model, scenario_mod
 from basemodel_pipeline.defs.models.partitions import scenarios_partitions
 from basemodel_pipeline.defs.predictions.assets import predictions
 from basemodel_pipeline.defs.resources import ArtifactPublisher, BasemodelConfigResource
+from basemodel_pipeline.defs.versions import code_version
 from basemodel_pipeline.errors import DataError
 
 
@@ -25,6 +26,7 @@ from basemodel_pipeline.errors import DataError
     group_name="publish",
     kinds={"s3"},
     automation_condition=gated_eager("predictions"),
+    code_version=code_version("published_artifacts"),
 )
 def published_artifacts(
     context: dg.AssetExecutionContext, basemodel_config: BasemodelConfigResource, publisher: ArtifactPublisher
