@@ -1,6 +1,7 @@
 """The pipeline's stages as plain functions: the CLI, the Pipes entrypoints (jobs/) and notebooks call these.
 
-Each stage reads its inputs from the workspace, writes its artifact atomically and returns a flat dict of
+Rolling split dates (`training_end_date: auto`, relative starts) are resolved against the cache here, at
+each run (cache/windows.py). Each stage reads its inputs from the workspace, writes its artifact atomically and returns a flat dict of
 metadata (numbers, strings, paths) that the caller can show: Dagster attaches it to the materialization.
 """
 
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from basemodel_pipeline import workspace as ws
+from basemodel_pipeline.cache.windows import resolve_windows
 from basemodel_pipeline.config import PipelineConfig
 from basemodel_pipeline.progress import NullProgress, Progress
 
@@ -51,13 +53,14 @@ def run_pretrain(cfg: PipelineConfig, progress: Progress | None = None) -> dict[
     """Train the foundation model on the cache. Returns {path, version, train_loss, val_loss, ...}."""
     from basemodel_pipeline.training.pretrain import pretrain
 
-    return pretrain(cfg, progress or NullProgress())
+    return pretrain(resolve_windows(cfg), progress or NullProgress())
 
 
 def run_finetune(cfg: PipelineConfig, scenario: str, progress: Progress | None = None) -> dict[str, Any]:
     """Fine-tune one scenario from the foundation checkpoint; evaluate it and the baselines on the test window."""
     from basemodel_pipeline.training.finetune import finetune
 
+    cfg = resolve_windows(cfg)
     return finetune(cfg, cfg.scenario(scenario), progress or NullProgress())
 
 
@@ -68,6 +71,7 @@ def run_finetune_many(
     Returns {scenario: metadata} (a single scenario returns its metadata directly)."""
     from basemodel_pipeline.training.finetune import finetune_many
 
+    cfg = resolve_windows(cfg)
     out = finetune_many(cfg, [cfg.scenario(s) for s in scenarios], progress or NullProgress())
     return out[scenarios[0]] if len(scenarios) == 1 else out
 
@@ -84,6 +88,7 @@ def run_predict(
     shard, replay."""
     from basemodel_pipeline.inference.predict import predict
 
+    cfg = resolve_windows(cfg)
     return predict(cfg, cfg.scenario(scenario), as_of, progress or NullProgress(), **options)
 
 
@@ -127,7 +132,7 @@ def run_embed(
     device, replay."""
     from basemodel_pipeline.inference.embed import export_embeddings
 
-    return export_embeddings(cfg, as_of, progress or NullProgress(), **options)
+    return export_embeddings(resolve_windows(cfg), as_of, progress or NullProgress(), **options)
 
 
 def write_summary(cfg: PipelineConfig) -> dict[str, Any]:

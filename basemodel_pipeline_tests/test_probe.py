@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from basemodel_pipeline.evaluation.metrics import auroc, macro_auroc
-from basemodel_pipeline.evaluation.probe import probe_scores
+from basemodel_pipeline.evaluation.probe import paired_bootstrap, probe_scores
 
 
 def _data(n: int, rng: np.random.Generator, classes: int = 1) -> tuple[np.ndarray, np.ndarray]:
@@ -175,3 +175,12 @@ def test_paired_bootstrap_resamples_entities_not_rows() -> None:
     groups = entity % 2  # clusters within groups: each half resampled on its own
     d2, lo2, hi2 = paired_bootstrap("binary", y, a, b, rounds=200, groups=groups, clusters=entity)
     assert lo2 < d2 < hi2 and hi2 - lo2 > 2.0 * (hi_rows - lo_rows)
+
+
+def test_paired_bootstrap_with_no_measurable_resample_returns_nan_bounds() -> None:
+    """A select set whose rows hold one class (tiny data): no resample has an AUROC; the selection must go
+    on (without a proven gain) instead of crashing."""
+    y = np.array([1, 1, 1], dtype=np.float32)
+    a, b = np.array([0.9, 0.1, 0.5]), np.array([0.2, 0.8, 0.5])
+    _, lo, hi = paired_bootstrap("binary", y, a, b, rounds=5, clusters=np.array([0, 1, 1]))
+    assert np.isnan(lo) and np.isnan(hi)

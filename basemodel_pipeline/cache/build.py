@@ -188,15 +188,19 @@ def connect(cfg: PipelineConfig, spill: Path) -> duckdb.DuckDBPyConnection:
     return duckdb.connect(config=config)
 
 
+def data_version(manifest: dict[str, Any]) -> str:
+    """Changes exactly when the extracts' content does (Dagster's data version of event_cache)."""
+    content = json.dumps([manifest.get("format_version"), manifest.get("inputs")], sort_keys=True)
+    return f"{manifest['fingerprint']}-{hashlib.sha256(content.encode()).hexdigest()[:12]}"
+
+
 def summary(path: Path, manifest: dict[str, Any], reused: bool) -> dict[str, Any]:
     sources = manifest["sources"].values()
     appends = manifest.get("appends", [])
-    content = json.dumps([manifest.get("format_version"), manifest.get("inputs")], sort_keys=True)
     return {
         "path": str(path),
         "fingerprint": manifest["fingerprint"],
-        # changes exactly when the extracts' content does (Dagster's data version of event_cache)
-        "data_version": f"{manifest['fingerprint']}-{hashlib.sha256(content.encode()).hexdigest()[:12]}",
+        "data_version": data_version(manifest),
         "entities": manifest["n_entities"],
         "events": sum(s["n_events"] for s in sources),
         "bytes": sum(f["bytes"] for f in manifest["files"].values()),

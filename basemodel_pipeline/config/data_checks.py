@@ -218,8 +218,19 @@ class _Checker:
 
     def check_test_windows(self) -> None:
         """Every scenario's test window [training_end_date, + horizon) must end inside the data: otherwise
-        fine-tuning fails after a whole pretraining, on an empty or one-class test window."""
-        test = self.cfg.data_params.training_end_date
+        fine-tuning fails after a whole pretraining, on an empty or one-class test window. Rolling windows are
+        resolved against the newest event day of the sources, as a run would against the cache."""
+        dp = self.cfg.data_params
+        if dp.rolling:
+            events = [s for s in self.cfg.data_sources if s.type == "event"]
+            days = [d for s in events if (d := self.last_day(s)) is not None]
+            if not days:
+                return
+            try:
+                dp = dp.resolved(max(days), self.cfg.longest_horizon_days)
+            except ConfigError as err:
+                self.fail("data_params", str(err).removeprefix("data_params: "))
+        test = dp.test_date
         for i, sc in enumerate(self.cfg.scenarios):
             last = self.last_day(self.cfg.source(sc.target.source))
             if last is None:

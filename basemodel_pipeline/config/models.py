@@ -72,6 +72,13 @@ class PipelineConfig(Strict):
     scenarios: list[Scenario] = Field(default_factory=list)
     outputs: OutputsConfig = Field(default_factory=OutputsConfig)
 
+    @property
+    def longest_horizon_days(self) -> int:
+        """The longest scenario target window (the foundation's horizon when there is no scenario): how far
+        before the data's end `training_end_date: auto` puts the test split point."""
+        horizons = [sc.target.horizon_days for sc in self.scenarios]
+        return max(horizons, default=self.training_params.foundation.horizon_days)
+
     @field_validator("data_sources")
     @classmethod
     def _unique_names(cls, sources: list[DataSource]) -> list[DataSource]:

@@ -3,40 +3,109 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from basemodel_pipeline.config.base import Strict
+from basemodel_pipeline.errors import ConfigError
+
+# A date relative to the (resolved) training_end_date: "-8w", "-56d" or "-8splits" (split intervals).
+RELATIVE = r"^-\d+(d|w|splits)$"
+Relative = Annotated[str, Field(pattern=RELATIVE)]
 
 
 class DataParams(Strict):
+    """Where the windows lie. Fixed dates, or rolling ones resolved against the data at each run:
+    ``training_end_date: auto`` is the cache's last event day minus the longest scenario horizon (the last day
+    counts as partial: every test window ends before it), and ``validation_start_date`` /
+    ``training_start_date`` may count back from it ("-8w", "-56d", "-8splits")."""
+
     data_start_date: dt.date = Field(description="Events before this date are ignored.")
-    training_start_date: dt.date | None = Field(
+    training_start_date: dt.date | Relative | None = Field(
         default=None,
-        description="First split point for training examples (default: data_start_date + 28 days).",
+        description="First split point for training examples (default: data_start_date + 28 days), or an "
+        "offset back from training_end_date.",
     )
-    validation_start_date: dt.date = Field(description="Split points from this date on are validation only.")
-    training_end_date: dt.date = Field(
-        description="No training or validation target window extends past this date; the test split point."
+    validation_start_date: dt.date | Relative = Field(
+        description="Split points from this date on are validation only (a date, or an offset back from "
+        "training_end_date such as -8w)."
+    )
+    training_end_date: dt.date | Literal["auto"] = Field(
+        description="No training or validation target window extends past this date; the test split point. "
+        "auto: the last event day in the cache minus the longest scenario horizon, at each run."
     )
     split_interval_days: int = Field(default=7, gt=0, description="Days between scenario split points.")
 
     @property
+    def rolling(self) -> bool:
+        """Whether some date is relative to the data and must be resolved (`resolved`) before training."""
+        return not all(
+            isinstance(d, dt.date | None)
+            for d in (self.training_start_date, self.validation_start_date, self.training_end_date)
+        )
+
+    def _date(self, name: str) -> dt.date:
+        value = getattr(self, name)
+        if not isinstance(value, dt.date):
+            raise ConfigError(
+                f"data_params.{name} is {value!r}: rolling windows are resolved against the cache at each run "
+                "(pipeline stages do it); resolve them first with DataParams.resolved(last_event_day, horizon)"
+            )
+        return value
+
+    @property
     def first_split(self) -> dt.date:
-        return self.training_start_date or self.data_start_date + dt.timedelta(days=28)
+        if self.training_start_date is None:
+            return self.data_start_date + dt.timedelta(days=28)
+        return self._date("training_start_date")
+
+    @property
+    def validation_start(self) -> dt.date:
+        return self._date("validation_start_date")
 
     @property
     def test_date(self) -> dt.date:
-        return self.training_end_date
+        return self._date("training_end_date")
+
+    def offset_days(self, value: str) -> int:
+        """Days of a relative date such as "-8w" (56), "-10d" (10) or "-4splits" (4 split intervals)."""
+        match = re.fullmatch(RELATIVE, value)
+        assert match is not None  # the field's pattern
+        unit = match.group(1)
+        return int(value[1 : -len(unit)]) * {"d": 1, "w": 7, "splits": self.split_interval_days}[unit]
+
+    def resolved(self, last_event_day: dt.date, longest_horizon_days: int) -> DataParams:
+        """These params with concrete dates: auto = last_event_day - the longest horizon (test windows end
+        before the possibly partial last day); relative starts count back from that end."""
+        end = self.training_end_date
+        if end == "auto":
+            end = last_event_day - dt.timedelta(days=longest_horizon_days)
+        assert isinstance(end, dt.date)
+        update: dict[str, dt.date] = {"training_end_date": end}
+        for name in ("validation_start_date", "training_start_date"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                update[name] = end - dt.timedelta(days=self.offset_days(value))
+        try:
+            return DataParams.model_validate({**self.model_dump(), **update})
+        except ValidationError as err:
+            reason = "; ".join(e["msg"].removeprefix("Value error, ") for e in err.errors())
+            raise ConfigError(
+                f"data_params: the rolling windows resolved against the data (last event day {last_event_day}) "
+                f"are not usable: {reason}; shorten the offsets or wait for more data"
+            ) from None
 
     @model_validator(mode="after")
     def _ordered(self) -> DataParams:
+        if self.rolling:
+            return self
         order = [
             ("data_start_date", self.data_start_date),
             ("training_start_date", self.first_split),
-            ("validation_start_date", self.validation_start_date),
-            ("training_end_date", self.training_end_date),
+            ("validation_start_date", self.validation_start),
+            ("training_end_date", self.test_date),
         ]
         for (a, da), (b, db) in zip(order, order[1:], strict=False):
             if not da < db:

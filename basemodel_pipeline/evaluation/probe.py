@@ -155,7 +155,7 @@ def paired_bootstrap(
     clusters: np.ndarray | None = None,
 ) -> tuple[float, float, float]:
     """Metric(a) - metric(b) on the same rows: (difference, 2.5th and 97.5th percentile over `rounds`
-    resamples of the rows with replacement). The interval says whether a gap is larger than the noise of a
+    resamples of the rows with replacement; NaN bounds when no resample has a finite metric). The interval says whether a gap is larger than the noise of a
     test set of this size. With `groups` the metric is fold_metric's mean over groups, and rows are resampled
     within their group. With `clusters` (an entity per row) whole entities are resampled, all rows of one at
     once: an entity's windows are not independent evidence, and a row bootstrap would read them as such."""
@@ -169,5 +169,7 @@ def paired_bootstrap(
         d = _mean_metric(task, Y, a, parts) - _mean_metric(task, Y, b, parts)
         if np.isfinite(d):
             draws.append(d)
+    if not draws:  # no resample had both classes (a handful of entities): the noise cannot be measured
+        return float(diff), float("nan"), float("nan")
     lo, hi = np.percentile(draws, [2.5, 97.5])
     return float(diff), float(lo), float(hi)

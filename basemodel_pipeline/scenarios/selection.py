@@ -179,4 +179,5 @@ def _gain_lower_bound(
     thousands of per-class AUROCs."""
     rounds = bootstrap_rounds(task, best, BOOTSTRAP_ROUNDS, floor=20)
     _, lo, hi = paired_bootstrap(task, y, best, blend, rounds=rounds, groups=fold, clusters=entity)
-    return lo if metrics.higher_is_better(metrics.PRIMARY_METRIC[task]) else -hi
+    bound = lo if metrics.higher_is_better(metrics.PRIMARY_METRIC[task]) else -hi
+    return bound if np.isfinite(bound) else float("-inf")  # unmeasurable noise: no proven gain

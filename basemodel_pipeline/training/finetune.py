@@ -21,7 +21,9 @@ from torch import nn
 
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache.build import cache_dir
+from basemodel_pipeline.cache.build import data_version as cache_data_version
 from basemodel_pipeline.cache.store import EventCache
+from basemodel_pipeline.cache.windows import windows_metadata
 from basemodel_pipeline.config import PipelineConfig, Scenario
 from basemodel_pipeline.config.models import PythonTarget
 from basemodel_pipeline.errors import DataError
@@ -484,6 +486,9 @@ def _finish(
         "candidates_fit_s": fit_s,
         "timing_s": {k: round(v, 2) for k, v in timing.items()},
         "test_date": cfg.data_params.test_date.isoformat(),
+        "windows": windows_metadata(cfg),
+        "foundation_version": shared.fmeta["version"],
+        "cache_data_version": cache_data_version(shared.cache.manifest),
     }
     big = {k: spec.extra[k] for k in ("items", "popularity") if k in spec.extra}
     small_spec = {k: v for k, v in spec.to_dict().items() if k not in big}
@@ -533,6 +538,9 @@ def _finish(
         "train_examples": len(ex["train"]),
         "classes": result["classes"],
         **{k: round(v, 2) for k, v in timing.items()},
+        **{f"windows.{k}": v for k, v in result["windows"].items()},
+        "foundation_version": result["foundation_version"],
+        "cache_data_version": result["cache_data_version"],
     }
 
 

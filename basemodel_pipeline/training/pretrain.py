@@ -24,7 +24,9 @@ from torch import nn
 
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache.build import cache_dir
+from basemodel_pipeline.cache.build import data_version as cache_data_version
 from basemodel_pipeline.cache.store import DAY, EventCache, expand_ranges_t
+from basemodel_pipeline.cache.windows import windows_metadata
 from basemodel_pipeline.config import PipelineConfig
 from basemodel_pipeline.errors import ConfigError
 from basemodel_pipeline.features.kernels import new_day, source_tensors
@@ -183,16 +185,16 @@ def _windows(cfg: PipelineConfig) -> tuple[int, int, np.ndarray]:
     """Training split-time range [lo, hi] and the validation split times; errors name the field to fix."""
     p, dp = cfg.training_params.foundation, cfg.data_params
     horizon = p.horizon_days * DAY
-    lo, hi = epoch_seconds(dp.first_split), epoch_seconds(dp.validation_start_date) - horizon
+    lo, hi = epoch_seconds(dp.first_split), epoch_seconds(dp.validation_start) - horizon
     if hi < lo:
         raise ConfigError(
             f"{FIELD}.horizon_days: {p.horizon_days} days do not fit between training_start_date "
-            f"({dp.first_split}) and validation_start_date ({dp.validation_start_date}); shorten it"
+            f"({dp.first_split}) and validation_start_date ({dp.validation_start}); shorten it"
         )
-    val_end = epoch_seconds(dp.training_end_date) - horizon
-    if val_end < epoch_seconds(dp.validation_start_date):
+    val_end = epoch_seconds(dp.test_date) - horizon
+    if val_end < epoch_seconds(dp.validation_start):
         raise ConfigError(f"{FIELD}.horizon_days: {p.horizon_days} days do not fit in the validation period")
-    return lo, hi, np.arange(epoch_seconds(dp.validation_start_date), val_end + 1, 7 * DAY)
+    return lo, hi, np.arange(epoch_seconds(dp.validation_start), val_end + 1, 7 * DAY)
 
 
 def epoch_chunks(
@@ -414,6 +416,8 @@ def _pretrain(
         "dataset_events": events,
         "world_size": world.size,
         **{f"sizes.{k}": v for k, v in sizes.to_dict().items()},
+        **{f"windows.{k}": v for k, v in windows_metadata(cfg).items()},
+        "cache_data_version": cache_data_version(cache.manifest),
     }
 
 

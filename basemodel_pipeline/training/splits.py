@@ -28,18 +28,18 @@ def scenario_split_times(dp: DataParams, horizon_days: int, field: str) -> dict[
             t += step
         return out
 
-    train = points(dp.first_split, dp.validation_start_date)
-    val = points(dp.validation_start_date, dp.training_end_date)
+    train = points(dp.first_split, dp.validation_start)
+    val = points(dp.validation_start, dp.test_date)
     if not train:
         raise ConfigError(
             f"{field}: a {horizon_days}-day target window does not fit between training_start_date "
-            f"({dp.first_split}) and validation_start_date ({dp.validation_start_date}); shorten the horizon "
+            f"({dp.first_split}) and validation_start_date ({dp.validation_start}); shorten the horizon "
             "or move the dates"
         )
     if not val:
         raise ConfigError(
             f"{field}: a {horizon_days}-day target window does not fit between validation_start_date "
-            f"({dp.validation_start_date}) and training_end_date ({dp.training_end_date})"
+            f"({dp.validation_start}) and training_end_date ({dp.test_date})"
         )
     return {
         "train": np.array(train, np.int64),
