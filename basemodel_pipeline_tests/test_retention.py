@@ -217,3 +217,45 @@ def test_real_pipeline_outputs_record_provenance_and_survive_pruning(tiny_config
     assert names(ws.foundation_root(cfg)) == {first, third}
     assert pipeline.run_predict(cfg, "churn", None)["model_version"] == tuned
     assert pipeline.run_embed(cfg, None)["foundation_version"] == third
+
+
+def test_dagster_retention_asset_and_daily_schedule_in_a_real_instance(
+    workspace: dict[str, Any], tiny_config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dagster as dg
+
+    from basemodel_pipeline.defs import build_definitions
+    from basemodel_pipeline.defs.resources import BasemodelConfigResource
+
+    cfg, F = workspace["cfg"], workspace["F"]
+    monkeypatch.setenv("BASEMODEL_AUTOMATION", "stopped")
+    defs = build_definitions(str(tiny_config), env="ci")
+    schedule = defs.resolve_schedule_def("workspace_retention_daily")
+    job = defs.resolve_job_def("prune_workspace")
+    before = listing(Path(cfg.workspace))
+    with dg.instance_for_test() as instance:
+        context = dg.build_schedule_context(
+            instance=instance,
+            scheduled_execution_time=dt.datetime(2024, 3, 2, 5, tzinfo=dt.UTC),
+            resources={"basemodel_config": BasemodelConfigResource(config_path=str(tiny_config))},
+        )
+        (request,) = schedule.evaluate_tick(context).run_requests
+        assert request.run_key == "retention-2024-03-02"
+
+        dry = job.execute_in_process(
+            instance=instance, run_config={"ops": {"workspace_retention": {"config": {"dry_run": True}}}}
+        )
+        (mat,) = dry.asset_materializations_for_node("workspace_retention")
+        assert mat.metadata["dry_run"].value is True and mat.metadata["deleted_predictions"].value == 37
+        assert listing(Path(cfg.workspace)) == before
+
+        result = job.execute_in_process(instance=instance, tags=request.tags)
+        (mat,) = result.asset_materializations_for_node("workspace_retention")
+        meta = {k: v.value for k, v in mat.metadata.items()}
+        assert meta["dry_run"] is False and meta["bytes_freed"] > 0
+        assert (meta["deleted_foundation"], meta["kept_foundation"]) == (1, 5)
+        assert (meta["deleted_scenario"], meta["deleted_embeddings"]) == (1, 2)
+        assert f"foundation {F[1]}" in meta["deleted"]
+        assert F[1] not in names(ws.foundation_root(cfg)) and F[0] in names(ws.foundation_root(cfg))
+        records = instance.fetch_materializations(dg.AssetKey("workspace_retention"), limit=5).records
+        assert len(records) == 2
