@@ -25,7 +25,8 @@ EXPECTED = {
 }
 # run by their own schedule (workspace_retention_daily), not by declarative automation
 SCHEDULED = {"workspace_retention"}
-NON_BLOCKING_CHECKS: set[tuple[str, str]] = set()
+# freshness checks warn about stale outputs (and alert); they never block
+NON_BLOCKING_CHECKS = {("predictions", "freshness_check"), ("entity_embeddings", "freshness_check")}
 
 
 def _graph(defs: dg.Definitions) -> dict[str, dg.AssetsDefinition]:
@@ -107,6 +108,9 @@ def test_checks_sensors_schedule_jobs(tiny_dataset: Path, monkeypatch: pytest.Mo
         "scenario_registry_sensor",
         "new_data_sensor",
         "basemodel_automation",
+        "alert_on_run_failure",
+        "alert_on_check_failure",
+        "freshness_checks_sensor",
     }
     assert all(s.default_status == dg.DefaultSensorStatus.RUNNING for s in sensors.values())
     schedule = defs.resolve_schedule_def("nightly_refresh")
@@ -133,6 +137,8 @@ def test_docker_backend_adds_cleanup_sensors(tiny_dataset: Path, monkeypatch: py
         "remove_containers_on_canceled",
     } <= set(sensors)
     assert sensors["new_data_sensor"].default_status == dg.DefaultSensorStatus.STOPPED
+    for name in ("alert_on_run_failure", "alert_on_check_failure", "freshness_checks_sensor"):
+        assert sensors[name].default_status == dg.DefaultSensorStatus.STOPPED
     retention = defs.resolve_schedule_def("workspace_retention_daily")
     assert retention.default_status == dg.DefaultScheduleStatus.STOPPED
 

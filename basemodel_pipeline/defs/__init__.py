@@ -8,6 +8,7 @@ predictions/  predictions (per scenario), entity_embeddings (Pipes)
 reports/      metrics_summary (in-process)
 publish/      published_artifacts: finished artifacts to s3:// (when BASEMODEL_PUBLISH_URL is set)
 maintenance/  workspace_retention (the config's retention policy) and its daily schedule
+alerts/       alert sensors (failed runs, failed checks) with their sinks; freshness checks of the outputs
 automation.py declarative automation conditions and the automation sensor
 schedules.py  jobs and the nightly schedule
 launcher.py   the launcher resource (subprocess | docker | k8s | ecs); cleanup.py: docker run-status sensors
@@ -20,6 +21,7 @@ import os
 
 import dagster as dg
 
+from basemodel_pipeline.defs.alerts import build_alert_definitions
 from basemodel_pipeline.defs.automation import automation_sensor
 from basemodel_pipeline.defs.cache.assets import build_cache_asset
 from basemodel_pipeline.defs.cache.checks import build_cache_check
@@ -93,4 +95,5 @@ def build_definitions(config_path: str | None = None, env: str | None = None) ->
         sensors=sensors,
         resources=resources,
     )
-    return dg.Definitions.merge(pipeline, build_maintenance_definitions(schedule_status))
+    extra = [build_maintenance_definitions(schedule_status), build_alert_definitions(sensor_status)]
+    return dg.Definitions.merge(pipeline, *extra)
