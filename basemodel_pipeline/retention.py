@@ -35,7 +35,6 @@ import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.config import PipelineConfig
@@ -260,12 +259,3 @@ def prune(cfg: PipelineConfig, dry_run: bool = False) -> Plan:
             except OSError as err:
                 raise UserError(f"prune: cannot delete {entry.path}: {err.strerror or err}") from None
     return plan
-
-
-def plan_metadata(plan: Plan, dry_run: bool) -> dict[str, Any]:
-    """The plan as flat metadata: counts per kind, bytes freed, and the labels of what went."""
-    return {
-        "dry_run": dry_run,
-        **plan.summary(),
-        "deleted": [e.label for e in plan.delete],
-    }
