@@ -11,6 +11,7 @@
     basemodel embed CONFIG [--as-of YYYY-MM-DD]   float16 foundation embeddings per entity
     basemodel explain CONFIG --scenario NAME [--entity ID] [--population N] [--class LABEL]
     basemodel demo [--workspace demo_workspace]   The Complete Journey end to end through Dagster
+    basemodel prune --config CONFIG [--dry-run]  delete old checkpoints/predictions/embeddings (retention)
 
 A mistake the user can fix prints one red line `error: ...` on stderr and exits with code 2.
 """
@@ -404,6 +405,42 @@ def explanation_table(result: Mapping[str, Any], seconds: float, top: int = 15) 
                 f"{row[key]:+.4f}" if single else f"{row[key]:.4f}",
             )
     return table
+
+
+@app.command()
+def prune(
+    config_arg: Annotated[
+        Path | None, typer.Argument(help="Path to the YAML config.", show_default=False)
+    ] = None,
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="Path to the YAML config.")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only list what would be deleted.")] = False,
+) -> None:
+    """Delete checkpoints, predictions and embeddings beyond the config's `retention` policy (docs/orchestration.md).
+
+    Keeps the newest versions of each and everything still in use (LATEST, a version being published, the
+    checkpoints kept scenarios and outputs were made from)."""
+    from basemodel_pipeline.retention import prune as prune_workspace
+
+    path = config or config_arg
+    if path is None:
+        fail("name the config: basemodel prune --config PATH [--dry-run]")
+    with user_errors():
+        cfg = load_config(path)  # type: ignore[arg-type]
+        plan = prune_workspace(cfg, dry_run=dry_run)
+    verb = "would delete" if dry_run else "deleted"
+    for e in plan.entries:  # what goes, and what stays beyond the newest N because it is in use
+        if not e.keep or not e.reason.startswith(("one of the newest", "retention keeps all")):
+            action = f"[red]{verb}[/red]" if not e.keep else "[green]keep[/green]"
+            out.print(
+                f"{action}  {escape(e.label)}  {e.bytes / 2**20:.2f} MiB  ({escape(e.reason)})",
+                soft_wrap=True,
+                highlight=False,
+            )
+    prefix = "dry run: " if dry_run else ""
+    out.print(
+        f"{prefix}{verb} {len(plan.delete)} directories, {plan.bytes_freed / 2**20:.2f} MiB "
+        f"({plan.bytes_freed:,} bytes); kept {len(plan.keep)}"
+    )
 
 
 def _as_of(as_of: str | None) -> dt.date | None:

@@ -4,14 +4,18 @@
 <workspace>/cache/<fingerprint>/
 <workspace>/checkpoints/foundation/<version>/        LATEST names the newest version
 <workspace>/checkpoints/scenarios/<name>/<version>/  LATEST likewise
-<workspace>/predictions/<scenario>/<as_of>/predictions.parquet
+<workspace>/predictions/<scenario>/<as_of>/predictions.parquet   + provenance.json
+<workspace>/embeddings/<as_of>/embeddings.parquet                 + provenance.json
 <workspace>/reports/summary.json
+
+provenance.json names the checkpoint versions an output was made from (retention keeps those).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -120,6 +124,25 @@ def publish_dir(tmp: Path, final: Path) -> None:
     else:
         os.replace(tmp, final)
     fsync_dir(final.parent)
+
+
+PROVENANCE = "provenance.json"
+
+
+def write_provenance(directory: Path, **versions: str | None) -> None:
+    """Record in an output's (staging) directory which checkpoint versions made it, e.g.
+    ``scenario="churn", model_version=..., foundation_version=...``; None values are left out."""
+    record = {k: v for k, v in versions.items() if v is not None}
+    (directory / PROVENANCE).write_text(json.dumps(record, sort_keys=True) + "\n")
+
+
+def read_provenance(directory: Path) -> dict[str, str] | None:
+    """The provenance record of an output directory, or None when it has none (or it is unreadable)."""
+    try:
+        record = json.loads((directory / PROVENANCE).read_text())
+    except (OSError, ValueError):
+        return None
+    return {str(k): str(v) for k, v in record.items()} if isinstance(record, dict) else None
 
 
 def set_latest(parent: Path, version: str) -> None:

@@ -21,7 +21,12 @@ EXPECTED = {
     "predictions": ("predictions", {"pytorch", "parquet"}),
     "metrics_summary": ("reports", {"json"}),
     "entity_embeddings": ("predictions", {"pytorch", "parquet", "numpy"}),
+    "workspace_retention": ("maintenance", {"python"}),
 }
+# run by their own schedule (workspace_retention_daily), not by declarative automation
+SCHEDULED = {"workspace_retention"}
+# freshness checks warn about stale outputs (and alert); they never block
+NON_BLOCKING_CHECKS = {("predictions", "freshness_check"), ("entity_embeddings", "freshness_check")}
 
 
 def _graph(defs: dg.Definitions) -> dict[str, dg.AssetsDefinition]:
@@ -71,7 +76,7 @@ def test_assets_groups_kinds_partitions(tiny_dataset: Path) -> None:
     model_parents = {k.to_user_string() for k in deps.get(dg.AssetKey("scenario_model")).parent_keys}
     assert model_parents == {"foundation_model", "event_cache"}
     for name, asset in graph.items():
-        if name != "extracts/transactions" and not name.startswith("extracts/"):
+        if not name.startswith("extracts/") and name not in SCHEDULED:
             assert asset.automation_conditions_by_key[asset.key] is not None, f"{name} has no automation"
 
 
@@ -91,17 +96,33 @@ def test_checks_sensors_schedule_jobs(tiny_dataset: Path, monkeypatch: pytest.Mo
         ("scenario_model", "test_metric_above_floor"),
         ("scenario_model", "beats_popularity"),
     } <= checks
+    assert checks >= NON_BLOCKING_CHECKS
     graph = defs.resolve_asset_graph()
-    for key in checks - {
+    volume = {
         (f"extracts/{s}", "volume_within_guidelines") for s in ("transactions", "products", "demographics")
-    }:
+    }
+    for key in checks - volume - NON_BLOCKING_CHECKS:
         assert graph.get(dg.AssetCheckKey(dg.AssetKey.from_user_string(key[0]), key[1])).blocking, key
     sensors = {s.name: s for s in defs.sensors or []}
-    assert set(sensors) == {"scenario_registry_sensor", "new_data_sensor", "basemodel_automation"}
+    assert set(sensors) == {
+        "scenario_registry_sensor",
+        "new_data_sensor",
+        "basemodel_automation",
+        "alert_on_run_failure",
+        "alert_on_check_failure",
+        "freshness_checks_sensor",
+    }
     assert all(s.default_status == dg.DefaultSensorStatus.RUNNING for s in sensors.values())
     schedule = defs.resolve_schedule_def("nightly_refresh")
     assert schedule.cron_schedule == "0 2 * * *" and schedule.job_name == "refresh"
-    assert {j.name for j in defs.resolve_all_job_defs()} >= {"refresh", "refresh_and_train"}
+    retention = defs.resolve_schedule_def("workspace_retention_daily")
+    assert retention.cron_schedule == "0 5 * * *" and retention.job_name == "prune_workspace"
+    assert retention.default_status == dg.DefaultScheduleStatus.RUNNING
+    assert {j.name for j in defs.resolve_all_job_defs()} >= {
+        "refresh",
+        "refresh_and_train",
+        "prune_workspace",
+    }
     assert defs.resolve_job_def("refresh_and_train").tags["dagster/max_runtime"] == str(24 * 3600)
 
 
@@ -116,6 +137,10 @@ def test_docker_backend_adds_cleanup_sensors(tiny_dataset: Path, monkeypatch: py
         "remove_containers_on_canceled",
     } <= set(sensors)
     assert sensors["new_data_sensor"].default_status == dg.DefaultSensorStatus.STOPPED
+    for name in ("alert_on_run_failure", "alert_on_check_failure", "freshness_checks_sensor"):
+        assert sensors[name].default_status == dg.DefaultSensorStatus.STOPPED
+    retention = defs.resolve_schedule_def("workspace_retention_daily")
+    assert retention.default_status == dg.DefaultScheduleStatus.STOPPED
 
 
 @pytest.mark.parametrize("env", ["local", "ci", "prod"])

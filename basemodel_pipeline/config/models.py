@@ -16,6 +16,7 @@ from basemodel_pipeline.config.params import (
     FoundationParams,
     TrainingParams,
 )
+from basemodel_pipeline.config.retention import RetentionParams
 from basemodel_pipeline.config.scenarios import (
     BinaryTarget,
     Condition,
@@ -54,6 +55,7 @@ __all__ = [
     "PythonTarget",
     "RecommendationTarget",
     "RegressionTarget",
+    "RetentionParams",
     "Scenario",
     "Strict",
     "Target",
@@ -71,6 +73,7 @@ class PipelineConfig(Strict):
     cache: CacheParams = Field(default_factory=CacheParams)
     scenarios: list[Scenario] = Field(default_factory=list)
     outputs: OutputsConfig = Field(default_factory=OutputsConfig)
+    retention: RetentionParams = Field(default_factory=RetentionParams)
 
     @property
     def longest_horizon_days(self) -> int:

@@ -7,6 +7,8 @@ models/       foundation_model, scenario_model (Pipes; dynamic partitions "scena
 predictions/  predictions (per scenario), entity_embeddings (Pipes)
 reports/      metrics_summary (in-process)
 publish/      published_artifacts: finished artifacts to s3:// (when BASEMODEL_PUBLISH_URL is set)
+maintenance/  workspace_retention (the config's retention policy) and its daily schedule
+alerts/       alert sensors (failed runs, failed checks) with their sinks; freshness checks of the outputs
 automation.py declarative automation conditions and the automation sensor
 schedules.py  jobs and the nightly schedule
 launcher.py   the launcher resource (subprocess | docker | k8s | ecs); cleanup.py: docker run-status sensors
@@ -19,6 +21,7 @@ import os
 
 import dagster as dg
 
+from basemodel_pipeline.defs.alerts import build_alert_definitions
 from basemodel_pipeline.defs.automation import automation_sensor
 from basemodel_pipeline.defs.cache.assets import build_cache_asset
 from basemodel_pipeline.defs.cache.checks import build_cache_check
@@ -26,6 +29,7 @@ from basemodel_pipeline.defs.cleanup import build_cleanup_sensors
 from basemodel_pipeline.defs.extracts.assets import build_extract_assets, days_partitions, extract_key
 from basemodel_pipeline.defs.extracts.checks import build_extract_checks
 from basemodel_pipeline.defs.extracts.sensors import build_new_data_sensor
+from basemodel_pipeline.defs.maintenance import build_maintenance_definitions
 from basemodel_pipeline.defs.models.assets import foundation_model, scenario_model
 from basemodel_pipeline.defs.models.checks import model_checks
 from basemodel_pipeline.defs.models.partitions import scenarios_partitions
@@ -83,7 +87,7 @@ def build_definitions(config_path: str | None = None, env: str | None = None) ->
     ]
     if resources["launcher"].backend == "docker":
         sensors += build_cleanup_sensors()
-    return dg.Definitions(
+    pipeline = dg.Definitions(
         assets=build_assets(shape_path, publish="publisher" in resources),
         asset_checks=build_checks(shape_path),
         jobs=build_jobs([extract_key(s.name) for s in cfg.data_sources]),
@@ -91,3 +95,5 @@ def build_definitions(config_path: str | None = None, env: str | None = None) ->
         sensors=sensors,
         resources=resources,
     )
+    extra = [build_maintenance_definitions(schedule_status), build_alert_definitions(sensor_status)]
+    return dg.Definitions.merge(pipeline, *extra)

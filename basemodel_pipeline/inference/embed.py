@@ -92,6 +92,8 @@ def export_embeddings(
     ids = cache.entity_ids
     writer = open_writer(cfg, "embeddings", None, as_of, destination)
     directory = getattr(writer, "directory", None)  # file destinations: add the RecSys-2025 arrays
+    if directory is not None:  # file destinations: what retention must keep
+        ws.write_provenance(directory, foundation_version=foundation.name)
     dim = None
     progress.start("embed", len(entity))
     with writer:

@@ -369,6 +369,13 @@ def predict(
         writer: Any = PartWriter(part, scorer.meta["version"])
     else:
         writer = open_writer(cfg, "predictions", scenario.name, as_of, destination)
+        if getattr(writer, "directory", None) is not None:  # file destinations: what retention must keep
+            ws.write_provenance(
+                writer.directory,
+                scenario=scenario.name,
+                model_version=scorer.meta["version"],
+                foundation_version=scorer.meta.get("foundation_version"),
+            )
     scoring_started = time.perf_counter()
     progress.start("predict", len(entity))
     with writer:

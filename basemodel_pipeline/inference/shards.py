@@ -125,7 +125,10 @@ def merge_shards(
             f"shards in {d} come from different model versions ({', '.join(sorted(versions))}); "
             "re-run the stale ones"
         )
+    version = versions.pop()
     writer = open_writer(cfg, "predictions", scenario, as_of, destination)
+    if getattr(writer, "directory", None) is not None:  # file destinations: what retention must keep
+        ws.write_provenance(writer.directory, scenario=scenario, model_version=version)
     with writer:
         for f in files:
             pf = pq.ParquetFile(f)
@@ -135,7 +138,7 @@ def merge_shards(
         if writer.rows == 0:  # every shard empty: still the table's columns
             writer.write(pq.read_table(files[0]).replace_schema_metadata(None))
         info = writer.close()
-    return {**info, "as_of": as_of.isoformat(), "shards": k, "model_version": versions.pop()}
+    return {**info, "as_of": as_of.isoformat(), "shards": k, "model_version": version}
 
 
 def predict_with_workers(
