@@ -5,7 +5,7 @@ Every model forbids unknown keys, so a typo is reported with its YAML path inste
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from basemodel_pipeline.config.base import IDENTIFIER, Strict
 from basemodel_pipeline.config.outputs import OutputsConfig
@@ -71,6 +71,13 @@ class PipelineConfig(Strict):
     cache: CacheParams = Field(default_factory=CacheParams)
     scenarios: list[Scenario] = Field(default_factory=list)
     outputs: OutputsConfig = Field(default_factory=OutputsConfig)
+    # the config file's directory (set by the loader; not a YAML key): relative paths were resolved against it
+    _config_dir: str | None = PrivateAttr(default=None)
+
+    @property
+    def config_dir(self) -> str | None:
+        """Absolute directory of the config file the paths were resolved against (None when unknown)."""
+        return self._config_dir
 
     @field_validator("data_sources")
     @classmethod
