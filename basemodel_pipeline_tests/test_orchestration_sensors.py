@@ -45,14 +45,23 @@ def _add_day(config: Path, day: dt.date) -> None:
     pq.write_table(pa.concat_tables([table, last]), path)
 
 
-def _extract(config: Path, instance: dg.DagsterInstance, tags: dict[str, str]) -> dg.ExecuteInProcessResult:
+def _extract(
+    config: Path, instance: dg.DagsterInstance, tags: dict[str, str], raise_on_error: bool = True
+) -> dg.ExecuteInProcessResult:
     return dg.materialize(
         [*build_assets(str(config)), *build_checks(str(config))],
         instance=instance,
         selection=[TX],
         resources=build_definitions(str(config), env="ci").resources,
         tags=tags,
+        raise_on_error=raise_on_error,
     )
+
+
+def _launch(config: Path, instance: dg.DagsterInstance, request: dg.RunRequest) -> dg.ExecuteInProcessResult:
+    """What the sensor daemon does with a request: a run tagged with its run key."""
+    tags = {**request.tags, "dagster/run_key": request.run_key}
+    return _extract(config, instance, tags, raise_on_error=False)
 
 
 def test_new_data_sensor_cursor_run_keys_and_no_repeats(defs: dg.Definitions, tiny_config: Path) -> None:
@@ -92,6 +101,33 @@ def test_new_data_sensor_cursor_run_keys_and_no_repeats(defs: dg.Definitions, ti
         assert (tiny_config.parent / "extracts" / "transactions" / "2023-05-02.parquet").exists()
         # a sensor that lost its cursor starts from the newest extracted day: nothing to request
         assert _tick(defs, "new_data_sensor", instance, tiny_config, None).run_requests == []
+
+
+def test_new_data_sensor_retries_a_failed_range_until_it_succeeds(
+    defs: dg.Definitions, tiny_config: Path
+) -> None:
+    source = tiny_config.parent / "data" / "transactions.parquet"
+    with dg.instance_for_test() as instance:
+        first = _tick(defs, "new_data_sensor", instance, tiny_config, None)
+        (request,) = first.run_requests
+        hidden = source.rename(source.with_name("away.parquet"))  # the source breaks during the run
+        assert not _launch(tiny_config, instance, request).success
+        hidden.rename(source)
+
+        retry = _tick(defs, "new_data_sensor", instance, tiny_config, first.cursor)
+        (again,) = retry.run_requests
+        assert again.run_key == f"{request.run_key}#2"  # a new key: Dagster would skip the old one
+        assert again.tags["dagster/asset_partition_range_start"] == "2023-01-01"
+        assert again.tags["dagster/asset_partition_range_end"] == "2023-04-30"
+        waiting = _tick(defs, "new_data_sensor", instance, tiny_config, retry.cursor)
+        assert waiting.run_requests == []  # its run has not finished yet: no second retry
+
+        assert _launch(tiny_config, instance, again).success
+        done = _tick(defs, "new_data_sensor", instance, tiny_config, retry.cursor)
+        assert done.run_requests == [] and "pending" not in done.cursor
+        _add_day(tiny_config, dt.date(2023, 5, 2))
+        (new,) = _tick(defs, "new_data_sensor", instance, tiny_config, done.cursor).run_requests
+        assert new.run_key == "transactions:2023-04-30..2023-05-02"
 
 
 def test_scenario_registry_adds_and_removes_partitions(defs: dg.Definitions, tiny_config: Path) -> None:
