@@ -200,6 +200,36 @@ def test_extract_rows_per_day_match_the_source(tiny_config: Path) -> None:
             ),
             pc.greater(source.column("quantity"), 0),
         )
-        assert mats[0].metadata["rows"].value == pc.sum(in_range).as_py()
+        assert mats[0].metadata["range_rows"].value == pc.sum(in_range).as_py()
         assert mats[0].metadata["days"].value == 7
         assert isinstance(mats[0].metadata["dagster/column_schema"].value, dg.TableSchema)
+
+
+def _source_rows(config: Path, day: dt.date) -> int:
+    """Rows of `day` in the source after the config's where_condition (quantity > 0)."""
+    source = pq.read_table(config.parent / "data" / "transactions.parquet")
+    ts = source.column("transaction_timestamp")
+    start = pa.scalar(dt.datetime.combine(day, dt.time()), ts.type)
+    end = pa.scalar(dt.datetime.combine(day + dt.timedelta(days=1), dt.time()), ts.type)
+    keep = pc.and_(pc.and_(pc.greater_equal(ts, start), pc.less(ts, end)), pc.greater(source["quantity"], 0))
+    return pc.sum(keep).as_py()
+
+
+def test_a_range_run_records_each_days_own_row_count(tiny_config: Path) -> None:
+    days = [dt.date(2023, 3, 1) + dt.timedelta(days=i) for i in range(3)]
+    with dg.instance_for_test() as instance:
+        tags = {
+            "dagster/asset_partition_range_start": days[0].isoformat(),
+            "dagster/asset_partition_range_end": days[-1].isoformat(),
+        }
+        assert _extract(tiny_config, instance, tags).success
+        counts = [_source_rows(tiny_config, day) for day in days]
+        assert len(set(counts)) > 1  # the days differ, so a shared total would show
+        for day, expected in zip(days, counts, strict=True):
+            (record,) = instance.fetch_materializations(
+                dg.AssetRecordsFilter(asset_key=TX, asset_partitions=[day.isoformat()]), limit=1
+            ).records
+            metadata = record.asset_materialization.metadata
+            assert metadata["dagster/row_count"].value == expected, day
+            assert metadata["rows"].value == expected, day
+            assert metadata["range_rows"].value == sum(counts)
