@@ -165,20 +165,39 @@ def test_sensors_skip_until_the_config_exists(defs: dg.Definitions, tmp_path: Pa
             assert "does not exist yet" in (result.skip_message or "")
 
 
+def _nightly(defs: dg.Definitions, instance: dg.DagsterInstance, config: Path, night: dt.date):
+    context = dg.build_schedule_context(
+        instance=instance,
+        scheduled_execution_time=dt.datetime.combine(night, dt.time(2), tzinfo=dt.UTC),
+        resources={"basemodel_config": BasemodelConfigResource(config_path=str(config))},
+    )
+    return defs.resolve_schedule_def("nightly_refresh").evaluate_tick(context)
+
+
 def test_nightly_schedule_requests_the_new_days_once_per_night(
     defs: dg.Definitions, tiny_config: Path
 ) -> None:
-    schedule = defs.resolve_schedule_def("nightly_refresh")
     with dg.instance_for_test() as instance:
-        context = dg.build_schedule_context(
-            instance=instance,
-            scheduled_execution_time=dt.datetime(2023, 5, 3, 2, tzinfo=dt.UTC),
-            resources={"basemodel_config": BasemodelConfigResource(config_path=str(tiny_config))},
-        )
-        (request,) = schedule.evaluate_tick(context).run_requests
+        (request,) = _nightly(defs, instance, tiny_config, dt.date(2023, 5, 3)).run_requests
         assert request.run_key == "nightly-2023-05-03"
         assert request.tags["dagster/asset_partition_range_start"] == "2023-01-01"  # nothing extracted yet
-        assert request.tags["dagster/asset_partition_range_end"] == "2023-05-03"
+        assert request.tags["dagster/asset_partition_range_end"] == "2023-04-30"  # the source's last day
+
+
+def test_nightly_schedule_on_historical_data_asks_only_for_days_that_exist(
+    defs: dg.Definitions, tiny_config: Path
+) -> None:
+    from basemodel_pipeline.config import load_config
+    from basemodel_pipeline.pipeline import run_extract
+
+    run_extract(load_config(tiny_config))
+    with dg.instance_for_test() as instance:
+        years_later = _nightly(defs, instance, tiny_config, dt.date(2026, 6, 1))
+        assert not years_later.run_requests and "no new event day" in (years_later.skip_message or "")
+        _add_day(tiny_config, dt.date(2023, 5, 2))
+        (request,) = _nightly(defs, instance, tiny_config, dt.date(2026, 6, 2)).run_requests
+        assert request.tags["dagster/asset_partition_range_start"] == "2023-04-30"
+        assert request.tags["dagster/asset_partition_range_end"] == "2023-05-02"
 
 
 def test_extract_rows_per_day_match_the_source(tiny_config: Path) -> None:
