@@ -111,3 +111,59 @@ def test_max_date_is_last_event_day(built) -> None:
     cache = EventCache(meta["path"])
     last = max(int(s.ts.max()) for s in cache.sources.values())
     assert cache.max_date == dt.datetime.fromtimestamp(last, dt.UTC).date()
+
+
+def test_a_moved_workspace_keeps_its_cache_and_models(tmp_path: Path) -> None:
+    """Config, data and workspace built in A, copied to B and A deleted: nothing is rebuilt or retrained."""
+    import shutil
+
+    from basemodel_pipeline.config import data_fingerprint
+    from basemodel_pipeline.pipeline import run_finetune, run_predict, run_pretrain
+    from basemodel_pipeline.synthetic import write_tiny_dataset
+
+    a, b = tmp_path / "laptop" / "project", tmp_path / "server" / "volume"
+    cfg = load_config(write_tiny_dataset(a))
+    run_extract(cfg)
+    built = run_cache(cfg)
+    run_pretrain(cfg)
+    run_finetune(cfg, "churn")
+
+    shutil.copytree(a, b)
+    shutil.rmtree(a)
+    moved = load_config(b / "config.yaml")
+    assert data_fingerprint(moved) == data_fingerprint(cfg)
+    again = run_cache(moved)
+    assert again["reused"] and again["data_version"] == built["data_version"]
+    assert again["path"] == str(b / "cache" / built["fingerprint"])
+    assert EventCache(again["path"]).n_entities == built["entities"]
+    scored = run_predict(moved, "churn")
+    assert scored["rows"] == built["entities"]
+    for f in b.rglob("*"):  # no file the pipeline wrote names the old location
+        if f.is_file() and f.suffix in (".json", ".yaml", ".txt", ""):
+            assert str(a) not in f.read_text(errors="ignore"), f
+
+
+def test_fingerprint_hashes_paths_relative_to_the_workspace_or_config(tmp_path: Path) -> None:
+    from basemodel_pipeline.config import data_fingerprint, parse_config
+    from basemodel_pipeline.synthetic import tiny_config_text
+
+    text = tiny_config_text(dt.date(2023, 1, 1), 120).replace("workspace: .", "workspace: work")
+
+    def fingerprint(where: Path, edit: str = "") -> str:
+        return data_fingerprint(
+            parse_config(
+                text.replace("data/products.parquet", edit or "data/products.parquet"), where / "c.yaml"
+            )
+        )
+
+    here, there = fingerprint(tmp_path / "a"), fingerprint(tmp_path / "b" / "deeper")
+    assert here == there  # data beside the config, workspace in a subdirectory: both moved together
+    assert fingerprint(tmp_path / "a", "work/products.parquet") == fingerprint(
+        tmp_path / "b", "work/products.parquet"
+    )
+    outside = str(tmp_path / "shared" / "products.parquet")  # outside both: the absolute path counts
+    other = str(tmp_path / "other" / "products.parquet")
+    assert fingerprint(tmp_path / "a", outside) == fingerprint(tmp_path / "b", outside)
+    assert fingerprint(tmp_path / "a", outside) != fingerprint(tmp_path / "a", other)
+    s3 = "s3://bucket/products/*.parquet"
+    assert fingerprint(tmp_path / "a", s3) == fingerprint(tmp_path / "b", s3) != here

@@ -47,14 +47,23 @@ def _add_day(config: Path, day: dt.date) -> None:
     pq.write_table(pa.concat_tables([table, last]), path)
 
 
-def _extract(config: Path, instance: dg.DagsterInstance, tags: dict[str, str]) -> dg.ExecuteInProcessResult:
+def _extract(
+    config: Path, instance: dg.DagsterInstance, tags: dict[str, str], raise_on_error: bool = True
+) -> dg.ExecuteInProcessResult:
     return dg.materialize(
         [*build_assets(str(config)), *build_checks(str(config))],
         instance=instance,
         selection=[TX],
         resources=build_definitions(str(config), env="ci").resources,
         tags=tags,
+        raise_on_error=raise_on_error,
     )
+
+
+def _launch(config: Path, instance: dg.DagsterInstance, request: dg.RunRequest) -> dg.ExecuteInProcessResult:
+    """What the sensor daemon does with a request: a run tagged with its run key."""
+    tags = {**request.tags, "dagster/run_key": request.run_key}
+    return _extract(config, instance, tags, raise_on_error=False)
 
 
 def test_new_data_sensor_cursor_run_keys_and_no_repeats(defs: dg.Definitions, tiny_config: Path) -> None:
@@ -94,6 +103,33 @@ def test_new_data_sensor_cursor_run_keys_and_no_repeats(defs: dg.Definitions, ti
         assert (tiny_config.parent / "extracts" / "transactions" / "2023-05-02.parquet").exists()
         # a sensor that lost its cursor starts from the newest extracted day: nothing to request
         assert _tick(defs, "new_data_sensor", instance, tiny_config, None).run_requests == []
+
+
+def test_new_data_sensor_retries_a_failed_range_until_it_succeeds(
+    defs: dg.Definitions, tiny_config: Path
+) -> None:
+    source = tiny_config.parent / "data" / "transactions.parquet"
+    with dg.instance_for_test() as instance:
+        first = _tick(defs, "new_data_sensor", instance, tiny_config, None)
+        (request,) = first.run_requests
+        hidden = source.rename(source.with_name("away.parquet"))  # the source breaks during the run
+        assert not _launch(tiny_config, instance, request).success
+        hidden.rename(source)
+
+        retry = _tick(defs, "new_data_sensor", instance, tiny_config, first.cursor)
+        (again,) = retry.run_requests
+        assert again.run_key == f"{request.run_key}#2"  # a new key: Dagster would skip the old one
+        assert again.tags["dagster/asset_partition_range_start"] == "2023-01-01"
+        assert again.tags["dagster/asset_partition_range_end"] == "2023-04-30"
+        waiting = _tick(defs, "new_data_sensor", instance, tiny_config, retry.cursor)
+        assert waiting.run_requests == []  # its run has not finished yet: no second retry
+
+        assert _launch(tiny_config, instance, again).success
+        done = _tick(defs, "new_data_sensor", instance, tiny_config, retry.cursor)
+        assert done.run_requests == [] and "pending" not in done.cursor
+        _add_day(tiny_config, dt.date(2023, 5, 2))
+        (new,) = _tick(defs, "new_data_sensor", instance, tiny_config, done.cursor).run_requests
+        assert new.run_key == "transactions:2023-04-30..2023-05-02"
 
 
 def test_scenario_registry_adds_and_removes_partitions(defs: dg.Definitions, tiny_config: Path) -> None:
@@ -159,20 +195,39 @@ def test_sensors_skip_until_the_config_exists(defs: dg.Definitions, tmp_path: Pa
             assert "does not exist yet" in (result.skip_message or "")
 
 
+def _nightly(defs: dg.Definitions, instance: dg.DagsterInstance, config: Path, night: dt.date):
+    context = dg.build_schedule_context(
+        instance=instance,
+        scheduled_execution_time=dt.datetime.combine(night, dt.time(2), tzinfo=dt.UTC),
+        resources={"basemodel_config": BasemodelConfigResource(config_path=str(config))},
+    )
+    return defs.resolve_schedule_def("nightly_refresh").evaluate_tick(context)
+
+
 def test_nightly_schedule_requests_the_new_days_once_per_night(
     defs: dg.Definitions, tiny_config: Path
 ) -> None:
-    schedule = defs.resolve_schedule_def("nightly_refresh")
     with dg.instance_for_test() as instance:
-        context = dg.build_schedule_context(
-            instance=instance,
-            scheduled_execution_time=dt.datetime(2023, 5, 3, 2, tzinfo=dt.UTC),
-            resources={"basemodel_config": BasemodelConfigResource(config_path=str(tiny_config))},
-        )
-        (request,) = schedule.evaluate_tick(context).run_requests
+        (request,) = _nightly(defs, instance, tiny_config, dt.date(2023, 5, 3)).run_requests
         assert request.run_key == "nightly-2023-05-03"
         assert request.tags["dagster/asset_partition_range_start"] == "2023-01-01"  # nothing extracted yet
-        assert request.tags["dagster/asset_partition_range_end"] == "2023-05-03"
+        assert request.tags["dagster/asset_partition_range_end"] == "2023-04-30"  # the source's last day
+
+
+def test_nightly_schedule_on_historical_data_asks_only_for_days_that_exist(
+    defs: dg.Definitions, tiny_config: Path
+) -> None:
+    from basemodel_pipeline.config import load_config
+    from basemodel_pipeline.pipeline import run_extract
+
+    run_extract(load_config(tiny_config))
+    with dg.instance_for_test() as instance:
+        years_later = _nightly(defs, instance, tiny_config, dt.date(2026, 6, 1))
+        assert not years_later.run_requests and "no new event day" in (years_later.skip_message or "")
+        _add_day(tiny_config, dt.date(2023, 5, 2))
+        (request,) = _nightly(defs, instance, tiny_config, dt.date(2026, 6, 2)).run_requests
+        assert request.tags["dagster/asset_partition_range_start"] == "2023-04-30"
+        assert request.tags["dagster/asset_partition_range_end"] == "2023-05-02"
 
 
 def test_extract_rows_per_day_match_the_source(tiny_config: Path) -> None:
@@ -194,6 +249,59 @@ def test_extract_rows_per_day_match_the_source(tiny_config: Path) -> None:
             ),
             pc.greater(source.column("quantity"), 0),
         )
-        assert mats[0].metadata["rows"].value == pc.sum(in_range).as_py()
+        assert mats[0].metadata["range_rows"].value == pc.sum(in_range).as_py()
         assert mats[0].metadata["days"].value == 7
         assert isinstance(mats[0].metadata["dagster/column_schema"].value, dg.TableSchema)
+
+
+def _source_rows(config: Path, day: dt.date) -> int:
+    """Rows of `day` in the source after the config's where_condition (quantity > 0)."""
+    source = pq.read_table(config.parent / "data" / "transactions.parquet")
+    ts = source.column("transaction_timestamp")
+    start = pa.scalar(dt.datetime.combine(day, dt.time()), ts.type)
+    end = pa.scalar(dt.datetime.combine(day + dt.timedelta(days=1), dt.time()), ts.type)
+    keep = pc.and_(pc.and_(pc.greater_equal(ts, start), pc.less(ts, end)), pc.greater(source["quantity"], 0))
+    return pc.sum(keep).as_py()
+
+
+def test_a_range_run_records_each_days_own_row_count(tiny_config: Path) -> None:
+    days = [dt.date(2023, 3, 1) + dt.timedelta(days=i) for i in range(3)]
+    with dg.instance_for_test() as instance:
+        tags = {
+            "dagster/asset_partition_range_start": days[0].isoformat(),
+            "dagster/asset_partition_range_end": days[-1].isoformat(),
+        }
+        assert _extract(tiny_config, instance, tags).success
+        counts = [_source_rows(tiny_config, day) for day in days]
+        assert len(set(counts)) > 1  # the days differ, so a shared total would show
+        for day, expected in zip(days, counts, strict=True):
+            (record,) = instance.fetch_materializations(
+                dg.AssetRecordsFilter(asset_key=TX, asset_partitions=[day.isoformat()]), limit=1
+            ).records
+            metadata = record.asset_materialization.metadata
+            assert metadata["dagster/row_count"].value == expected, day
+            assert metadata["rows"].value == expected, day
+            assert metadata["range_rows"].value == sum(counts)
+
+
+def test_re_extracting_unchanged_days_keeps_the_data_version(tiny_config: Path) -> None:
+    """The extract's data version is its content: an unchanged re-extraction triggers nothing downstream."""
+    tags = {
+        "dagster/asset_partition_range_start": "2023-03-01",
+        "dagster/asset_partition_range_end": "2023-03-03",
+    }
+
+    def version(instance: dg.DagsterInstance) -> str:
+        (record,) = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=TX, asset_partitions=["2023-03-02"]), limit=1
+        ).records
+        return record.asset_materialization.tags["dagster/data_version"]
+
+    with dg.instance_for_test() as instance:
+        assert _extract(tiny_config, instance, tags).success
+        first = version(instance)
+        assert _extract(tiny_config, instance, tags).success
+        assert version(instance) == first
+        _add_day(tiny_config, dt.date(2023, 3, 2))  # a late event lands on that day
+        assert _extract(tiny_config, instance, tags).success
+        assert version(instance) != first

@@ -153,3 +153,92 @@ def test_remote_sources_extract_in_contiguous_chunks(tiny_config: Path) -> None:
     assert len(parts) == 3 and parts[0][0] == days[0] and parts[-1][1] == days[1]
     assert all(a[1] == b[0] for a, b in zip(parts, parts[1:], strict=False))
     assert all(b - a <= CHUNK_DAYS * DAY for a, b in parts)
+
+
+def day_hashes(cfg) -> dict[str, str]:
+    """Day file name -> sha256 of the transactions extract."""
+    from basemodel_pipeline.workspace import sha256_file
+
+    d = Path(cfg.workspace) / "extracts" / "transactions"
+    return {p.name: sha256_file(p) for p in sorted(d.glob("*.parquet"))}
+
+
+def shuffled(table: pa.Table, seed: int) -> pa.Table:
+    """The same rows in another order (rows of one timestamp too); the same few rows have NULLs to order."""
+    import numpy as np
+
+    col = table.schema.get_field_index("coupon_disc")
+    values = table.column(col).to_pylist()
+    nulls = pa.array([None if i % 50 == 0 else v for i, v in enumerate(values)], table.schema.field(col).type)
+    table = table.set_column(col, "coupon_disc", nulls)
+    return table.take(pa.array(np.random.default_rng(seed).permutation(table.num_rows)))
+
+
+def test_extracts_are_byte_identical_whatever_the_source_row_order(tiny_config: Path) -> None:
+    from basemodel_pipeline.pipeline import run_cache
+
+    cfg = load_config(tiny_config)
+    path = Path(cfg.source("transactions").data_location.path)
+    original = pq.read_table(path)
+    last = pc.max(original["transaction_timestamp"]).as_py().date()
+    before_last = pc.less(original["transaction_timestamp"], pa.scalar(dt.datetime.combine(last, dt.time())))
+    pq.write_table(shuffled(original.filter(before_last), 0), path)
+    run_extract(cfg)
+    first = day_hashes(cfg)
+    built = run_cache(cfg)
+
+    pq.write_table(shuffled(original.filter(before_last), 1), path, row_group_size=1000)
+    run_extract(cfg, "transactions")
+    assert day_hashes(cfg) == first  # every day, whole extract
+    mid = cfg.data_params.data_start_date + 20 * DAY
+    run_extract(cfg, "transactions", days=(mid, mid + 10 * DAY))
+    assert day_hashes(cfg) == first  # a range
+    again = run_cache(cfg)
+    assert again["reused"] and again["data_version"] == built["data_version"]
+
+    pq.write_table(shuffled(original, 2), path)  # the last day arrives, the rest reshuffled
+    run_extract(cfg, "transactions")
+    now = day_hashes(cfg)
+    assert {k: v for k, v in now.items() if k in first} == first
+    appended = run_cache(cfg)
+    assert not appended["reused"] and appended["appends"] == 1  # the append path, not a rebuild
+    assert appended["max_date"] == last.isoformat()
+
+
+def test_day_files_are_deterministic_with_many_threads_and_row_groups(tmp_path: Path) -> None:
+    import numpy as np
+
+    from basemodel_pipeline.sources.extract import write_days, write_table
+    from basemodel_pipeline.workspace import sha256_file
+
+    n = 300_000  # more than two of DuckDB's row groups in one day
+    rng = np.random.default_rng(0)
+    ts = np.datetime64("2024-03-01T00:00:00", "us") + rng.integers(0, 2 * 86400, n // 10).repeat(10) * 10**6
+    events = pa.table(
+        {
+            "entity": pa.array(rng.integers(0, 50, n)),
+            "item": pa.array(np.where(rng.random(n) < 0.1, None, rng.integers(0, 9, n).astype(str))),
+            "value": pa.array(rng.integers(0, 3, n).astype(float)),
+            "ts": pa.array(ts, pa.timestamp("us")),
+        }
+    )
+    digests = []
+    for seed in range(3):
+        out = tmp_path / str(seed)
+        out.mkdir()
+        rows = events.take(pa.array(np.random.default_rng(seed).permutation(n)))
+        reader = pa.RecordBatchReader.from_batches(rows.schema, rows.to_batches(max_chunksize=7_000))
+        assert write_days(reader, out, "ts", "1GB", entity="entity", threads=8) == [
+            "2024-03-01.parquet",
+            "2024-03-02.parquet",
+        ]
+        table = rows.filter(pc.less(rows["entity"], 5))  # an attribute table: the same rows, reordered
+        write_table(
+            pa.RecordBatchReader.from_batches(table.schema, table.to_batches(1_000)), out, "entity", 8
+        )
+        digests.append({p.name: sha256_file(p) for p in sorted(out.glob("*.parquet"))})
+    assert digests[0] == digests[1] == digests[2]
+    day = pq.read_table(tmp_path / "0" / "2024-03-01.parquet")
+    assert pq.read_metadata(tmp_path / "0" / "2024-03-01.parquet").num_row_groups > 1
+    keys = day.select(["ts", "entity"]).to_pylist()
+    assert keys == sorted(keys, key=lambda r: (r["ts"], r["entity"]))

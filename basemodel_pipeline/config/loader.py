@@ -7,7 +7,7 @@ import json
 import os
 import re
 import sys
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import yaml
@@ -138,7 +138,9 @@ def resolve_paths(cfg: PipelineConfig, base_dir: Path) -> PipelineConfig:
         here = str(base_dir.resolve())
         if here not in sys.path:
             sys.path.append(here)
-    return cfg.model_copy(update={"workspace": absolute(cfg.workspace), "data_sources": sources})
+    resolved = cfg.model_copy(update={"workspace": absolute(cfg.workspace), "data_sources": sources})
+    resolved._config_dir = str(base_dir.resolve())
+    return resolved
 
 
 def load_config(path: str | os.PathLike[str]) -> PipelineConfig:
@@ -148,10 +150,37 @@ def load_config(path: str | os.PathLike[str]) -> PipelineConfig:
     return parse_config(file.read_text(), file.resolve())
 
 
+def portable_path(path: str, roots: dict[str, str]) -> str:
+    """A local absolute path as '<root name>/relative/path' when it lies inside one of `roots` (first match
+    wins), else unchanged; URLs (s3://...) and relative paths are returned as they are."""
+    if "://" in path or not os.path.isabs(path):
+        return path
+    p = PurePosixPath(os.path.normpath(path))
+    for name, root in roots.items():
+        if p.is_relative_to(root):
+            return f"<{name}>/{p.relative_to(root)}"
+    return path
+
+
 def data_fingerprint(cfg: PipelineConfig) -> str:
-    """Hash of the data part of the config: a changed source definition gets a new cache directory."""
+    """Hash of the data part of the config: a changed source definition gets a new cache directory.
+
+    Local paths inside the workspace or the config file's directory are hashed relative to it, so a workspace
+    copied or re-mounted elsewhere (with its config and data) keeps its cache; other paths, s3:// URLs and
+    warehouse tables are hashed as written."""
+    roots = {"workspace": os.path.normpath(cfg.workspace)}
+    if cfg.config_dir:
+        roots["config"] = os.path.normpath(cfg.config_dir)
+    sources = []
+    for src in cfg.data_sources:
+        dumped = src.model_dump(mode="json")
+        location = dumped["data_location"]
+        for key in ("path", "cache_path"):
+            if isinstance(location.get(key), str):
+                location[key] = portable_path(location[key], roots)
+        sources.append(dumped)
     payload = {
-        "data_sources": [s.model_dump(mode="json") for s in cfg.data_sources],
+        "data_sources": sources,
         "data_start_date": cfg.data_params.data_start_date.isoformat(),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]

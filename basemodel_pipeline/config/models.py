@@ -5,7 +5,7 @@ Every model forbids unknown keys, so a typo is reported with its YAML path inste
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from basemodel_pipeline.config.base import IDENTIFIER, Strict
 from basemodel_pipeline.config.outputs import OutputsConfig
@@ -81,6 +81,14 @@ class PipelineConfig(Strict):
         before the data's end `training_end_date: auto` puts the test split point."""
         horizons = [sc.target.horizon_days for sc in self.scenarios]
         return max(horizons, default=self.training_params.foundation.horizon_days)
+
+    # the config file's directory (set by the loader; not a YAML key): relative paths were resolved against it
+    _config_dir: str | None = PrivateAttr(default=None)
+
+    @property
+    def config_dir(self) -> str | None:
+        """Absolute directory of the config file the paths were resolved against (None when unknown)."""
+        return self._config_dir
 
     @field_validator("data_sources")
     @classmethod

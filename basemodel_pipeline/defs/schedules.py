@@ -26,13 +26,23 @@ def build_jobs(extract_keys: list[dg.AssetKey]) -> list:
     ]
 
 
-def nightly_range(config_path: str, today: dt.date) -> tuple[dt.date, dt.date]:
-    """Days to extract tonight: from the newest extracted day (re-read: it may have been partial) to today."""
+def nightly_range(config_path: str, today: dt.date) -> tuple[dt.date, dt.date] | None:
+    """Days to extract tonight: from the newest extracted day (re-read: it may have been partial) to the
+    newest day the sources have (their watermark, at most today); None when no event source has a day after
+    its newest extracted day."""
+    from basemodel_pipeline.sources import watermark
+
     cfg = load_config(config_path)
-    days = [last_extracted_day(cfg, s) for s in cfg.data_sources if s.type == "event"]
-    if not days or None in days:  # a source never extracted: from the first day
-        return cfg.data_params.data_start_date, today
-    return min(d for d in days if d is not None), today
+    starts, ends = [], []
+    for src in cfg.sources("event"):
+        last = last_extracted_day(cfg, src)
+        mark = watermark(cfg, src)
+        starts.append(last or cfg.data_params.data_start_date)
+        if mark is not None and (last is None or min(mark, today) > last):
+            ends.append(min(mark, today))
+    if not ends:
+        return None
+    return min(starts), max(ends)
 
 
 def build_nightly_schedule(default_status: dg.DefaultScheduleStatus) -> dg.ScheduleDefinition:
@@ -46,12 +56,16 @@ def build_nightly_schedule(default_status: dg.DefaultScheduleStatus) -> dg.Sched
     def nightly_refresh(
         context: dg.ScheduleEvaluationContext, basemodel_config: BasemodelConfigResource
     ) -> dg.RunRequest | dg.SkipReason:
-        """Each night: extract the new days and attribute tables, rebuild the cache. The automation sensor
-        then retrains the scenarios on the new cache and rewrites their predictions."""
+        """Each night: extract the new days (up to the sources' newest day) and attribute tables, update the
+        cache; skipped when the sources have no new day. The automation sensor then retrains the scenarios
+        on the new cache and rewrites their predictions."""
         if not Path(basemodel_config.config_path).is_file():
             return dg.SkipReason(f"config {basemodel_config.config_path} does not exist yet")
         tick = context.scheduled_execution_time or dt.datetime.now(dt.UTC)
-        start, end = nightly_range(basemodel_config.config_path, tick.date())
+        days = nightly_range(basemodel_config.config_path, tick.date())
+        if days is None:
+            return dg.SkipReason("no new event day in any source since the newest extracted day")
+        start, end = days
         return dg.RunRequest(
             run_key=f"nightly-{tick.date().isoformat()}",
             tags={**range_tags(start, end), "basemodel/trigger": "nightly"},

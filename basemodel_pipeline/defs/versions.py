@@ -28,6 +28,7 @@ DEPENDS_ON: dict[str, tuple[str, ...]] = {
     "entity_embeddings": (*_GROUND, "cache", "features", "model", "inference"),
     "metrics_summary": (*_GROUND, "reports"),
     "published_artifacts": (*_GROUND, "publish.py"),
+    "workspace_retention": (*_GROUND, "retention.py"),
 }
 
 

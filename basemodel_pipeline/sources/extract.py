@@ -2,9 +2,13 @@
 
 Rows come from the source's backend as Arrow record batches (sources.read_source's query: column
 selection, where_condition, sql_lambdas, the date column as TIMESTAMP, events from data_start_date on).
-DuckDB partitions them by day into a staging directory; each day file is then renamed into place, so a
-killed run leaves either the old file or the new one, and re-running rewrites the same content. With a
-day range only the days in [start, end) are rewritten. Transient source failures retry the whole range.
+DuckDB partitions them by day into a staging directory; each day is then sorted into its file and renamed
+into place, so a killed run leaves either the old file or the new one. With a day range only the days in
+[start, end) are rewritten. Transient source failures retry the whole range.
+
+Extracts are deterministic: rows have a total order (the timestamp, then the entity id, then every other
+column, NULLs last) and files are written by one ordered COPY, so re-extracting an unchanged day gives a
+byte-identical file whatever order the source returned its rows in, and the cache sees nothing changed.
 """
 
 from __future__ import annotations
@@ -46,8 +50,15 @@ def extract_source(
         def run(backend: Backend) -> list[str]:
             reader = backend.execute(query_for(cfg, src, backend, chunk))
             if src.date_column is not None:
-                return write_days(reader, out, src.date_column.name, cfg.cache.duckdb_memory_limit)
-            return write_table(reader, out)
+                return write_days(
+                    reader,
+                    out,
+                    src.date_column.name,
+                    cfg.cache.duckdb_memory_limit,
+                    entity=src.main_entity_column,
+                    threads=cfg.cache.threads,
+                )
+            return write_table(reader, out, entity=src.main_entity_column, threads=cfg.cache.threads)
 
         return run
 
@@ -108,9 +119,15 @@ def in_range(name: str, days: DayRange | None) -> bool:
     return days[0] <= day < days[1]
 
 
-def _duckdb(memory_limit: str | None = None, spill: Path | None = None) -> duckdb.DuckDBPyConnection:
+def _duckdb(
+    memory_limit: str | None = None, spill: Path | None = None, threads: int | None = None
+) -> duckdb.DuckDBPyConnection:
     """DuckDB for writing extracts; with a memory limit, the day sort spills to `spill` instead of growing."""
-    config = {"memory_limit": memory_limit, "temp_directory": str(spill)} if memory_limit and spill else {}
+    config: dict[str, Any] = (
+        {"memory_limit": memory_limit, "temp_directory": str(spill)} if memory_limit and spill else {}
+    )
+    if threads:
+        config["threads"] = threads
     con = duckdb.connect(config=config)
     con.execute("SET TimeZone = 'UTC'")
     con.execute("SET preserve_insertion_order = false")
@@ -125,15 +142,34 @@ def _normalised(reader: pa.RecordBatchReader, ts: str | None) -> str:
     return f"SELECT * REPLACE (CAST({col} AS TIMESTAMP) AS {col}) FROM {STREAM_VIEW}"
 
 
-def write_table(reader: pa.RecordBatchReader, out: Path) -> list[str]:
+def row_order(columns: list[str], first: list[str | None]) -> str:
+    """ORDER BY list of a total row order: the `first` columns present (matched case-insensitively), then
+    every other column in schema order; ascending, NULLs last whatever DuckDB's default null order."""
+    lower = {c.lower(): c for c in columns}
+    lead = [lower[f.lower()] for f in first if f is not None and f.lower() in lower]
+    keys = list(dict.fromkeys([*lead, *columns]))
+    return ", ".join(f"{quote_ident(c)} ASC NULLS LAST" for c in keys)
+
+
+def write_sorted(con: duckdb.DuckDBPyConnection, select: str, order: str, target: Path) -> None:
+    """COPY `select` in the total row `order` into one Parquet file, row order preserved across threads
+    (DuckDB then cuts fixed-size row groups), so equal rows give equal bytes."""
+    con.execute("SET preserve_insertion_order = true")
+    con.execute(
+        f"COPY ({select} ORDER BY {order}) TO {quote_literal(str(target))} (FORMAT parquet, COMPRESSION zstd)"
+    )
+
+
+def write_table(
+    reader: pa.RecordBatchReader, out: Path, entity: str | None = None, threads: int | None = None
+) -> list[str]:
+    """Write an attribute table to table.parquet in a total row order (entity column first when given)."""
     target = out / "table.parquet"
     tmp = out / ".table.parquet.tmp"
-    con = _duckdb()
+    con = _duckdb(threads=threads)
     try:
         con.register(STREAM_VIEW, reader)
-        con.execute(
-            f"COPY ({_normalised(reader, None)}) TO {quote_literal(str(tmp))} (FORMAT parquet, COMPRESSION zstd)"
-        )
+        write_sorted(con, _normalised(reader, None), row_order(reader.schema.names, [entity]), tmp)
     finally:
         con.close()
     os.replace(tmp, target)
@@ -142,37 +178,38 @@ def write_table(reader: pa.RecordBatchReader, out: Path) -> list[str]:
 
 
 def write_days(
-    reader: pa.RecordBatchReader, out: Path, ts: str, memory_limit: str | None = None
+    reader: pa.RecordBatchReader,
+    out: Path,
+    ts: str,
+    memory_limit: str | None = None,
+    entity: str | None = None,
+    threads: int | None = None,
 ) -> list[str]:
-    """Partition the stream by day of the date column `ts`; rename each day file into place. Returns names.
-    With `memory_limit` (cache.duckdb_memory_limit) the sort spills to disk beside the output."""
+    """Partition the stream by day of the date column `ts`, then write each day in the total row order
+    (`ts`, `entity`, every other column) and rename it into place. Returns the names written.
+    With `memory_limit` (cache.duckdb_memory_limit) the sorts spill to disk beside the output."""
     staging = out / ".staging.tmp"
     spill = out / ".spill.tmp"
     shutil.rmtree(staging, ignore_errors=True)
-    con = _duckdb(memory_limit, spill)
+    staging.mkdir()
+    con = _duckdb(memory_limit, spill, threads)
     col = quote_ident(ts)
+    order = row_order(reader.schema.names, [ts, entity])
     written = []
     try:
         con.register(STREAM_VIEW, reader)
         con.execute(
-            f"COPY (SELECT *, strftime({col}, '%Y-%m-%d') AS {DAY_COLUMN} FROM ({_normalised(reader, ts)}) "
-            f"ORDER BY {col}) TO {quote_literal(str(staging))} "
-            f"(FORMAT parquet, PARTITION_BY ({DAY_COLUMN}), COMPRESSION zstd)"
+            f"COPY (SELECT *, strftime({col}, '%Y-%m-%d') AS {DAY_COLUMN} FROM ({_normalised(reader, ts)})) "
+            f"TO {quote_literal(str(staging / 'days'))} (FORMAT parquet, PARTITION_BY ({DAY_COLUMN}))"
         )
-        for part in sorted(staging.glob(f"{DAY_COLUMN}=*")):
+        for part in sorted((staging / "days").glob(f"{DAY_COLUMN}=*")):
             day = part.name.split("=", 1)[1]
-            files = sorted(part.glob("*.parquet"))
             target = out / f"{day}.parquet"
-            if len(files) != 1:  # DuckDB split the day into several files: merge them into one
-                merged = part / "merged.parquet"
-                con.execute(
-                    f"COPY (SELECT * FROM read_parquet({quote_literal(str(part / '*.parquet'))}, hive_partitioning = false) "
-                    f"ORDER BY {col}) "
-                    f"TO {quote_literal(str(merged))} (FORMAT parquet, COMPRESSION zstd)"
-                )
-                files = [merged]
-            _fsync(files[0])
-            os.replace(files[0], target)
+            tmp = staging / f"{day}.parquet"
+            select = f"SELECT * FROM read_parquet({quote_literal(str(part / '*.parquet'))}, hive_partitioning = false)"
+            write_sorted(con, select, order, tmp)
+            _fsync(tmp)
+            os.replace(tmp, target)
             written.append(target.name)
     finally:
         con.close()

@@ -1,7 +1,8 @@
 """One asset per data source: its rows copied from the source into <workspace>/extracts/<source>/.
 
 Event sources are daily-partitioned (one partition = one ``<yyyy-mm-dd>.parquet`` file; a partition range
-runs as one `run_extract(days=(start, end))` call, so a UI backfill of a year is one run). Attribute tables
+runs as one `run_extract(days=(start, end))` call, so a UI backfill of a year is one run, and each day's
+materialization carries that day's own rows and bytes, the range's totals beside them). Attribute tables
 are unpartitioned and extracted whole. Extracts run in-process (DuckDB reads the source and writes Parquet;
 no GPU).
 """
@@ -16,7 +17,13 @@ import dagster as dg
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.config import DataSource
 from basemodel_pipeline.defs._run import materialize_in_process
-from basemodel_pipeline.defs.extracts.files import day_files, extract_files, rows_of, schema_of
+from basemodel_pipeline.defs.extracts.files import (
+    content_version,
+    day_files,
+    extract_files,
+    rows_of,
+    schema_of,
+)
 from basemodel_pipeline.defs.resources import BasemodelConfigResource
 from basemodel_pipeline.defs.versions import code_version
 from basemodel_pipeline.pipeline import run_extract
@@ -46,19 +53,27 @@ def _column_schema(schema: dict[str, str]) -> dg.TableSchema:
 
 
 def _range_metadata(src: str, meta: dict, files: list, days: tuple[dt.date, dt.date]) -> dict:
-    rows = sum(rows_of(f) for f in files)
+    """Metadata shared by every day of a range run: the range's and the whole extract's totals."""
     return {
-        "rows": rows,
+        "range_rows": sum(rows_of(f) for f in files),
         "days": (days[1] - days[0]).days,
         "day_files": len(files),
         "first_day": days[0].isoformat(),
         "last_day": (days[1] - dt.timedelta(days=1)).isoformat(),
-        "bytes": sum(f.stat().st_size for f in files),
+        "range_bytes": sum(f.stat().st_size for f in files),
+        "data_version": f"{days[0].isoformat()}..{content_version(files)}",
         "total_rows": meta["rows"],
         "total_files": meta["files"],
         "path": meta["path"],
         "source": src,
     }
+
+
+def _day_metadata(directory: Path, day: str) -> dict[str, Any]:
+    """One day partition's own rows and bytes (0 when the source has no event that day)."""
+    file = directory / f"{day}.parquet"
+    rows = rows_of(file) if file.is_file() else 0
+    return {"rows": rows, "dagster/row_count": rows, "bytes": file.stat().st_size if rows else 0}
 
 
 def build_extract_asset(src: DataSource, partitions: dg.PartitionsDefinition | None) -> dg.AssetsDefinition:
@@ -81,29 +96,37 @@ def build_extract_asset(src: DataSource, partitions: dg.PartitionsDefinition | N
     ) -> dg.MaterializeResult:
         progress = LogProgress(context.log.info)
         if not is_event:
-            return materialize_in_process(
-                lambda: run_extract(basemodel_config.load(), name, progress)[name],
-                extra=_files_extra,
-            )
+
+            def whole() -> dict:
+                meta = run_extract(basemodel_config.load(), name, progress)[name]
+                return {**meta, "data_version": content_version(extract_files(Path(meta["path"])))}
+
+            return materialize_in_process(whole, extra=_files_extra)
         window = context.partition_time_window
         days = (window.start.date(), window.end.date())
 
         def stage() -> dict:
             cfg = basemodel_config.load()
             meta = run_extract(cfg, name, progress, days=days)[name]
-            return _range_metadata(name, meta, day_files(ws.extracts_dir(cfg, name), *days), days)
+            directory = ws.extracts_dir(cfg, name)
+            for day in context.partition_keys:  # each day's materialization gets its own counts
+                context.add_asset_metadata(_day_metadata(directory, day), partition_key=day)
+            return _range_metadata(name, meta, day_files(directory, *days), days)
 
-        return materialize_in_process(stage, extra=_files_extra)
+        return materialize_in_process(stage, extra=_schema_extra)
 
     return _extract
 
 
 def _files_extra(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """Row count and column schema of a whole (attribute) extract."""
+    return {"dagster/row_count": meta["rows"], **_schema_extra(meta)}
+
+
+def _schema_extra(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """Column schema of an extract, from its newest file's footer."""
     files = extract_files(Path(meta["path"]))
-    extra: dict = {"dagster/row_count": meta["rows"]}
-    if files:
-        extra["dagster/column_schema"] = _column_schema(schema_of(files[-1]))
-    return extra
+    return {"dagster/column_schema": _column_schema(schema_of(files[-1]))} if files else {}
 
 
 def build_extract_assets(

@@ -4,6 +4,7 @@ import dagster as dg
 
 from basemodel_pipeline.defs._run import materialize_in_process
 from basemodel_pipeline.defs.resources import BasemodelConfigResource
+from basemodel_pipeline.defs.versions import code_version
 from basemodel_pipeline.retention import prune
 
 
@@ -13,7 +14,7 @@ class RetentionRunConfig(dg.Config):
     dry_run: bool = False  # only report what would be deleted
 
 
-@dg.asset(group_name="maintenance", kinds={"python"})
+@dg.asset(group_name="maintenance", kinds={"python"}, code_version=code_version("workspace_retention"))
 def workspace_retention(
     context: dg.AssetExecutionContext, config: RetentionRunConfig, basemodel_config: BasemodelConfigResource
 ) -> dg.MaterializeResult:
