@@ -49,6 +49,11 @@ def predictions_dir(cfg: PipelineConfig, scenario: str, as_of: dt.date) -> Path:
     return root(cfg) / "predictions" / scenario / as_of.isoformat()
 
 
+def drift_reference(cfg: PipelineConfig, scenario: str, model_version: str) -> Path:
+    """Feature deciles of the population a scenario model version was first scored on (evaluation/drift.py)."""
+    return root(cfg) / "predictions" / scenario / ".drift" / f"{model_version}.json"
+
+
 def new_version() -> str:
     """Sortable, unique version name: UTC time to the microsecond."""
     return dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")

@@ -11,6 +11,9 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+    AssetCheckEvaluationTargetMaterializationData,
+)
 
 from basemodel_pipeline.defs import build_definitions
 from basemodel_pipeline.defs.extracts.assets import extract_key
@@ -47,9 +50,21 @@ def _materialized(
     instance.report_runless_asset_event(
         dg.AssetMaterialization(asset_key=key, partition=partition, tags=tags)
     )
+    (record,) = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition] if partition else None), limit=1
+    ).records
+    target = AssetCheckEvaluationTargetMaterializationData(
+        storage_id=record.storage_id, run_id=record.run_id, timestamp=record.timestamp
+    )
     for name in CHECKS.get(key.to_user_string(), []) if checks else []:
         instance.report_runless_asset_event(
-            dg.AssetCheckEvaluation(asset_key=key, check_name=name, passed=checks, partition=partition)
+            dg.AssetCheckEvaluation(
+                asset_key=key,
+                check_name=name,
+                passed=checks,
+                partition=partition,
+                target_materialization_data=target,  # evaluated against this materialization, as in a run
+            )
         )
 
 
@@ -100,7 +115,7 @@ def test_new_scenario_partition_requests_exactly_one_run(defs: dg.Definitions) -
         assert again.total_requested == 0
 
 
-def test_new_cache_retrains_scenarios_after_the_cache_settles(defs: dg.Definitions) -> None:
+def test_new_cache_rescores_and_leaves_retraining_to_the_policy(defs: dg.Definitions) -> None:
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("scenarios", ["churn"])
         _everything_materialized(instance, ["churn"])
@@ -109,11 +124,12 @@ def test_new_cache_retrains_scenarios_after_the_cache_settles(defs: dg.Definitio
         _materialized(instance, extract_key("transactions"), "2023-01-03")  # a new day landed
         tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=first.cursor)
         assert tick.get_num_requested(dg.AssetKey("event_cache")) == 1
-        assert tick.get_num_requested(MODEL) == 0  # waits for the cache requested on this tick
+        assert tick.get_num_requested(PREDICTIONS) == 0  # waits for the cache requested on this tick
 
         _materialized(instance, "event_cache")
         after = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor)
-        assert after.get_requested_partitions(MODEL) == {"churn"}
+        assert after.get_requested_partitions(PREDICTIONS) == {"churn"}  # today's scores on the new data
+        assert after.get_num_requested(MODEL) == 0  # retraining is scenario_retrain_sensor's, per policy
         assert after.get_num_requested(dg.AssetKey("foundation_model")) == 0  # weekly, not per cache
 
 
@@ -151,9 +167,9 @@ def test_an_unchanged_data_version_triggers_nothing(defs: dg.Definitions) -> Non
         tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=first.cursor)
         assert tick.total_requested == 0
 
-        _materialized(instance, "event_cache", version="cache-v2")  # new content
+        _materialized(instance, "event_cache", version="cache-v2")  # new content: rescored
         tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor)
-        assert tick.get_requested_partitions(MODEL) == {"churn"}
+        assert tick.get_requested_partitions(PREDICTIONS) == {"churn"}
 
 
 def _with_code_version(defs: dg.Definitions, key: dg.AssetKey, version: str) -> dg.Definitions:
@@ -189,7 +205,7 @@ def test_every_asset_has_a_code_version_and_a_new_one_retrains(defs: dg.Definiti
 
 
 def test_inputs_that_change_during_a_run_retrain_once_more(defs: dg.Definitions) -> None:
-    """The cache changes while churn trains: when that run ends, churn is retrained once on the new cache."""
+    """A new foundation lands while churn trains: when that run ends, churn is retrained once on it."""
     started, release = threading.Event(), threading.Event()
 
     @dg.asset(
@@ -206,7 +222,7 @@ def test_inputs_that_change_during_a_run_retrain_once_more(defs: dg.Definitions)
         instance.add_dynamic_partitions("scenarios", ["churn"])
         _everything_materialized(instance, ["churn"])
         first = dg.evaluate_automation_conditions(defs=defs, instance=instance)
-        _materialized(instance, "event_cache")
+        _materialized(instance, "foundation_model")
         tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=first.cursor)
         assert tick.get_requested_partitions(MODEL) == {"churn"}
 
@@ -216,13 +232,13 @@ def test_inputs_that_change_during_a_run_retrain_once_more(defs: dg.Definitions)
         run.start()
         assert started.wait(60)
         tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor)
-        _materialized(instance, "event_cache")  # new data lands while churn trains
+        _materialized(instance, "foundation_model")  # a new foundation lands while churn trains
         tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor)
         assert tick.get_num_requested(MODEL) == 0  # not beside the running step
         release.set()
         run.join(60)
 
         tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor)
-        assert tick.get_requested_partitions(MODEL) == {"churn"}  # once more, on the new cache
+        assert tick.get_requested_partitions(MODEL) == {"churn"}  # once more, on the new foundation
         tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor)
         assert tick.get_num_requested(MODEL) == 0

@@ -173,6 +173,21 @@ Target = Annotated[
 ]
 
 
+class RetrainPolicy(Strict):
+    """When the automation retrains a scenario after the cache changed (a new foundation, a code release or an
+    edit of the scenario retrains it whatever this says)."""
+
+    when: Literal["every_cache", "weekly", "drift"] = Field(
+        default="every_cache",
+        description="every_cache: after each new cache; weekly: after a new cache, at most once in "
+        "min_days days; drift: when the population scored on the new cache drifted past drift_threshold.",
+    )
+    min_days: int = Field(default=7, gt=0, description="weekly: days since the last training.")
+    drift_threshold: float = Field(
+        default=0.1, gt=0, description="drift: mean PSI of the model's input features (evaluation/drift.py)."
+    )
+
+
 class Scenario(Strict):
     name: Annotated[str, Field(pattern=IDENTIFIER)]
     task: Task
@@ -182,6 +197,7 @@ class Scenario(Strict):
         description="Fine-tuning mode for this scenario (default: training_params.finetune.mode).",
     )
     lora_rank: int = Field(default=8, gt=0, description="Rank of the LoRA adapters (mode: lora).")
+    retrain: RetrainPolicy = Field(default_factory=RetrainPolicy, description="When new data retrains it.")
     learning_rate: float | None = Field(default=None, gt=0, description="Overrides training_params.finetune.")
     epochs: int | None = Field(default=None, gt=0, description="Overrides training_params.finetune.")
     lightgbm_top_labels: int = Field(

@@ -27,5 +27,5 @@ def model_config_versions(cfg: PipelineConfig) -> dict[str, str]:
     out = {FOUNDATION: _digest([dates, cfg.training_params.foundation.model_dump(mode="json")])}
     finetune = cfg.training_params.finetune.model_dump(mode="json")
     for sc in cfg.scenarios:
-        out[sc.name] = _digest([dates, finetune, sc.model_dump(mode="json")])
+        out[sc.name] = _digest([dates, finetune, sc.model_dump(mode="json", exclude={"retrain"})])
     return out

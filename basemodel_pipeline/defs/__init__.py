@@ -33,6 +33,7 @@ from basemodel_pipeline.defs.maintenance import build_maintenance_definitions
 from basemodel_pipeline.defs.models.assets import foundation_model, scenario_model
 from basemodel_pipeline.defs.models.checks import model_checks
 from basemodel_pipeline.defs.models.partitions import scenarios_partitions
+from basemodel_pipeline.defs.models.retrain import build_retrain_sensor
 from basemodel_pipeline.defs.models.sensors import build_scenario_registry_sensor
 from basemodel_pipeline.defs.predictions.assets import entity_embeddings, predictions
 from basemodel_pipeline.defs.publish.assets import published_artifacts
@@ -82,6 +83,7 @@ def build_definitions(config_path: str | None = None, env: str | None = None) ->
     event_keys = [extract_key(s.name) for s in cfg.data_sources if s.type == "event"]
     sensors = [
         build_scenario_registry_sensor(sensor_status),
+        build_retrain_sensor(sensor_status),
         build_new_data_sensor(event_keys, sensor_status),
         automation_sensor(sensor_status),
     ]

@@ -7,8 +7,9 @@ that touches its code). A change seen while the asset was running is kept: the a
     event_cache       after an extract (any day partition) changed and its blocking checks passed
     foundation_model  once when it is missing, then at each FOUNDATION_CRON tick (default weekly, Sunday
                       03:00 UTC) after which the cache or its code changed
-    scenario_model    a new scenario partition runs once; a changed cache or foundation (or code) retrains
-                      every scenario once (waits while a dependency is requested or running)
+    scenario_model    a new scenario partition runs once; a new foundation (or code) retrains every scenario
+                      once (waits while a dependency is requested or running); a new cache retrains it as its
+                      `retrain` policy says (models/retrain.py, scenario_retrain_sensor)
     predictions       with its scenario_model, in the same run (after its blocking checks) or while they pass
     entity_embeddings after a changed foundation or cache, gated by their blocking checks
     published_artifacts  after predictions (when publishing is on)
@@ -36,13 +37,16 @@ _quiet = ~AC.any_deps_in_progress() & ~AC.in_progress()
 _requested = AC.newly_requested() | AC.initial_evaluation()
 
 
-def changed_inputs(label: str = "inputs changed") -> dg.AutomationCondition:
+def changed_inputs(label: str = "inputs changed", only: tuple[str, ...] = ()) -> dg.AutomationCondition:
     """True from the tick a dependency's data version (or the asset's code version) changes until the asset is
     next handled. A change that lands while the asset runs is kept past that run's end, so the asset runs
     once more on the new inputs instead of being marked up to date by a run that read the old ones. A
     dependency requested on this tick counts as changed (an asset may join its dependency's run)."""
     new_input = AC.data_version_changed() | AC.will_be_requested()
-    changed = AC.any_deps_match(new_input) | AC.code_version_changed()
+    deps = AC.any_deps_match(new_input)
+    if only:  # only these dependencies count
+        deps = deps.allow(dg.AssetSelection.assets(*only))
+    changed = deps | AC.code_version_changed()
     return (
         changed.since(_requested | AC.newly_updated()) | (changed & AC.in_progress()).since(_requested)
     ).with_label(label)
@@ -68,17 +72,21 @@ FOUNDATION = (
 ).with_label(f"missing, or at a tick of {FOUNDATION_CRON} after its inputs changed")
 
 
-def eager_on_versions(label: str) -> dg.AutomationCondition:
+def eager_on_versions(label: str, only: tuple[str, ...] = ()) -> dg.AutomationCondition:
     """eager() keyed on data and code versions: a new partition runs once, changed inputs rerun it once."""
     return (
-        (AC.newly_missing().since_last_handled() | changed_inputs()) & ~AC.any_deps_missing() & _quiet
+        (AC.newly_missing().since_last_handled() | changed_inputs(only=only))
+        & ~AC.any_deps_missing()
+        & _quiet
     ).with_label(label)
 
 
-# A dependency requested on this tick (a new cache or foundation) runs first; the scenario follows after it.
+# A new cache retrains a scenario through its retrain policy (models/retrain.py: scenario_retrain_sensor); a
+# new foundation or code release retrains every scenario here. A dependency requested on this tick runs first.
 SCENARIO = (
-    eager_on_versions("new, or inputs changed") & ~AC.any_deps_match(AC.will_be_requested())
-).with_label("new, or after the cache and foundation settle on new versions")
+    eager_on_versions("new, or a new foundation", only=("foundation_model",))
+    & ~AC.any_deps_match(AC.will_be_requested())
+).with_label("new, or after a new foundation settles")
 
 
 def gated_eager(*same_run: str) -> dg.AutomationCondition:

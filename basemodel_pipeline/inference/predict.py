@@ -29,6 +29,8 @@ from basemodel_pipeline.cache.build import cache_dir
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import PipelineConfig, Scenario
 from basemodel_pipeline.errors import UserError
+from basemodel_pipeline.evaluation import drift
+from basemodel_pipeline.evaluation.drift import RowSample
 from basemodel_pipeline.features.sketch import FeatureEncoder
 from basemodel_pipeline.inference.precision import prepare_model, resolve_device
 from basemodel_pipeline.inference.shards import PartWriter, parts_dir, shard_range
@@ -378,9 +380,11 @@ def predict(
             )
     scoring_started = time.perf_counter()
     progress.start("predict", len(entity))
+    sample = RowSample(len(entity))
     with writer:
         for a, X in zip(range(0, len(entity), CHUNK), chunks, strict=True):
             e = entity[a : a + CHUNK]
+            sample.add(X)
             out = scorer.outputs(cache, X, e, as_of, model_top_k)
             writer.write(output_table(scorer.head, ids[e], as_of, out, top_k, threshold))
             progress.advance("predict", len(e))
@@ -406,4 +410,21 @@ def predict(
     )
     if unknown:
         meta["unknown_examples"] = ", ".join(unknown[:UNKNOWN_EXAMPLES])
+    if shard is None and entities is None and len(entity):  # the whole population: how far it moved
+        meta.update(population_drift(cfg, scenario.name, scorer.meta["version"], as_of, sample.rows()))
     return meta
+
+
+def population_drift(
+    cfg: PipelineConfig, scenario: str, model_version: str, as_of: dt.date, X: np.ndarray
+) -> dict[str, Any]:
+    """PSI of the features scored now against the first full scoring of this model version (which becomes
+    the reference: drift 0). Recorded as `drift_psi` in the predictions' metadata."""
+    path = ws.drift_reference(cfg, scenario, model_version)
+    try:
+        ref = json.loads(path.read_text())
+    except (OSError, ValueError):
+        ref = {**drift.reference(X), "as_of": as_of.isoformat()}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        ws.atomic_write_text(path, json.dumps(ref))
+    return {"drift_psi": round(drift.psi(ref, X), 4), "drift_reference_as_of": ref["as_of"]}

@@ -1,0 +1,136 @@
+"""Retrain policy: which scenarios a new cache retrains, per the scenario's `retrain` section.
+
+Every tick compares, per scenario, the cache data version its latest model was trained on (recorded in the
+materialization as `cache_data_version`) with the cache's current one. When they differ the policy decides:
+
+    every_cache  retrain now
+    weekly       retrain once the latest model is `min_days` old
+    drift        retrain once the predictions scored on the new cache report `drift_psi` >= drift_threshold
+                 (the mean PSI of the input features against the population the model was first scored on)
+
+Because the comparison is between versions, not events, a cache that changed while the scenario trained
+retrains it once more, an unchanged cache retrains nothing, and the run key
+`retrain:<scenario>:<trained on>-><current>` never asks twice for the same pair.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import dagster as dg
+
+from basemodel_pipeline.config import load_config
+from basemodel_pipeline.config.scenarios import RetrainPolicy
+from basemodel_pipeline.defs.models.partitions import scenarios_partitions
+from basemodel_pipeline.defs.resources import BasemodelConfigResource
+
+CACHE, MODEL, PREDICTIONS = (
+    dg.AssetKey("event_cache"),
+    dg.AssetKey("scenario_model"),
+    dg.AssetKey("predictions"),
+)
+DATA_VERSION_TAG = "dagster/data_version"
+DAY_S = 86_400
+
+
+@dataclass(frozen=True)
+class Latest:
+    """What the instance knows of one scenario and the cache."""
+
+    trained_on: str | None  # cache data version of the latest model (None: never trained, or before versions)
+    trained_at: float  # its materialization time (epoch seconds)
+    cache_now: str | None  # the cache's current data version
+    cache_at: float  # when the cache was materialized
+    drift: float | None = None  # drift_psi of the latest predictions
+    scored_at: float = 0.0  # when those predictions were materialized
+
+
+def retrain_reason(policy: RetrainPolicy, latest: Latest, now: float) -> str | None:
+    """Why the scenario should be retrained now, or None."""
+    if latest.cache_now is None or latest.trained_on is None or latest.trained_on == latest.cache_now:
+        return None  # nothing trained yet (the automation trains new scenarios), or up to date
+    changed = f"cache {latest.trained_on} -> {latest.cache_now}"
+    if policy.when == "every_cache":
+        return changed
+    if policy.when == "weekly":
+        age = (now - latest.trained_at) / DAY_S
+        return f"{changed}; model {age:.1f} days old" if age >= policy.min_days else None
+    if latest.drift is None or latest.scored_at < latest.cache_at:
+        return None  # waiting for the predictions on the new cache to measure the drift
+    if latest.drift >= policy.drift_threshold:
+        return f"{changed}; drift_psi {latest.drift:.3f} >= {policy.drift_threshold}"
+    return None
+
+
+def _record(
+    instance: dg.DagsterInstance, key: dg.AssetKey, partition: str | None
+) -> dg.EventLogRecord | None:
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition] if partition else None), limit=1
+    ).records
+    return records[0] if records else None
+
+
+def _value(record: dg.EventLogRecord | None, name: str) -> object:
+    mat = record.asset_materialization if record else None
+    entry = mat.metadata.get(name) if mat else None
+    return entry.value if entry is not None else None
+
+
+def latest_state(instance: dg.DagsterInstance, scenario: str) -> Latest:
+    cache, model = _record(instance, CACHE, None), _record(instance, MODEL, scenario)
+    scored = _record(instance, PREDICTIONS, scenario)
+    cache_mat = cache.asset_materialization if cache else None
+    drift = _value(scored, "drift_psi")
+    trained_on = _value(model, "cache_data_version")
+    return Latest(
+        trained_on=str(trained_on) if trained_on else None,
+        trained_at=model.timestamp if model else 0.0,
+        cache_now=cache_mat.tags.get(DATA_VERSION_TAG) if cache_mat and cache_mat.tags else None,
+        cache_at=cache.timestamp if cache else 0.0,
+        drift=float(drift) if isinstance(drift, int | float) else None,
+        scored_at=scored.timestamp if scored else 0.0,
+    )
+
+
+def build_retrain_sensor(default_status: dg.DefaultSensorStatus) -> dg.SensorDefinition:
+    @dg.sensor(
+        name="scenario_retrain_sensor",
+        minimum_interval_seconds=60,
+        default_status=default_status,
+        asset_selection=[MODEL, PREDICTIONS],
+    )
+    def scenario_retrain_sensor(
+        context: dg.SensorEvaluationContext, basemodel_config: BasemodelConfigResource
+    ) -> dg.SensorResult | dg.SkipReason:
+        """Retrain the scenarios whose model predates the cache, as each scenario's `retrain` policy says."""
+        if not Path(basemodel_config.config_path).is_file():
+            return dg.SkipReason(f"config {basemodel_config.config_path} does not exist yet")
+        existing = set(context.instance.get_dynamic_partitions(scenarios_partitions.name))
+        requests, waiting = [], []
+        for sc in load_config(basemodel_config.config_path).scenarios:
+            if sc.name not in existing:
+                continue
+            latest = latest_state(context.instance, sc.name)
+            reason = retrain_reason(sc.retrain, latest, time.time())
+            if reason is None:
+                if latest.trained_on and latest.cache_now and latest.trained_on != latest.cache_now:
+                    waiting.append(f"{sc.name} ({sc.retrain.when})")
+                continue
+            context.log.info(f"retraining {sc.name}: {reason}")
+            requests.append(
+                dg.RunRequest(
+                    run_key=f"retrain:{sc.name}:{latest.trained_on}->{latest.cache_now}",
+                    asset_selection=[MODEL, PREDICTIONS],
+                    partition_key=sc.name,
+                    tags={"basemodel/trigger": f"retrain_{sc.retrain.when}"},
+                )
+            )
+        if not requests:
+            detail = f"; older than the cache, held by their policy: {', '.join(waiting)}" if waiting else ""
+            return dg.SkipReason(f"no scenario to retrain{detail}")
+        return dg.SensorResult(run_requests=requests)
+
+    return scenario_retrain_sensor

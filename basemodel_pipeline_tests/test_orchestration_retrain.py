@@ -1,0 +1,89 @@
+"""Retrain policy per scenario (defs/models/retrain.py): a new cache retrains every_cache scenarios, weekly ones
+once their model is old enough, drift ones when the population scored on the new cache drifted."""
+
+import time
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import yaml
+
+from basemodel_pipeline.config.scenarios import RetrainPolicy
+from basemodel_pipeline.defs import build_definitions
+from basemodel_pipeline.defs.models.retrain import DAY_S, Latest, retrain_reason
+from basemodel_pipeline.defs.resources import BasemodelConfigResource
+
+NOW = 1_800_000_000.0
+
+
+def _latest(**kw: object) -> Latest:
+    base = {"trained_on": "c1", "trained_at": NOW - 2 * DAY_S, "cache_now": "c2", "cache_at": NOW - 60}
+    return Latest(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def test_retrain_reasons_follow_the_policy() -> None:
+    every, weekly = RetrainPolicy(), RetrainPolicy(when="weekly", min_days=7)
+    drift = RetrainPolicy(when="drift", drift_threshold=0.2)
+    assert retrain_reason(every, _latest(), NOW) == "cache c1 -> c2"
+    assert retrain_reason(every, _latest(cache_now="c1"), NOW) is None  # up to date
+    assert retrain_reason(every, _latest(trained_on=None), NOW) is None  # never trained: the automation's
+    assert retrain_reason(weekly, _latest(), NOW) is None  # 2 days old
+    assert "8.0 days old" in (retrain_reason(weekly, _latest(trained_at=NOW - 8 * DAY_S), NOW) or "")
+    assert retrain_reason(drift, _latest(), NOW) is None  # not scored on the new cache yet
+    stale = _latest(drift=0.5, scored_at=NOW - 3600)  # scored before the new cache
+    assert retrain_reason(drift, stale, NOW) is None
+    assert retrain_reason(drift, _latest(drift=0.05, scored_at=NOW), NOW) is None
+    assert "drift_psi 0.300 >= 0.2" in (retrain_reason(drift, _latest(drift=0.3, scored_at=NOW), NOW) or "")
+
+
+def _materialize(
+    instance: dg.DagsterInstance, key: str, partition: str | None = None, **meta: object
+) -> None:
+    tags = {"dagster/data_version": str(meta.pop("version"))} if "version" in meta else None
+    instance.report_runless_asset_event(
+        dg.AssetMaterialization(asset_key=key, partition=partition, metadata=meta, tags=tags)
+    )
+
+
+def _tick(defs: dg.Definitions, instance: dg.DagsterInstance, config: Path):
+    sensor = defs.resolve_sensor_def("scenario_retrain_sensor")
+    context = dg.build_sensor_context(
+        instance=instance,
+        definitions=defs,
+        resources={"basemodel_config": BasemodelConfigResource(config_path=str(config))},
+    )
+    with dg.partition_loading_context(dynamic_partitions_store=instance):
+        return sensor.evaluate_tick(context)
+
+
+def test_the_sensor_retrains_what_the_policy_says(tiny_config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("BASEMODEL_PUBLISH_URL", raising=False)
+    cfg = yaml.safe_load(tiny_config.read_text())
+    for sc in cfg["scenarios"]:
+        if sc["name"] == "department_propensity":
+            sc["retrain"] = {"when": "drift", "drift_threshold": 0.2}
+    tiny_config.write_text(yaml.safe_dump(cfg))
+    defs = build_definitions(str(tiny_config), env="ci")
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("scenarios", ["churn", "department_propensity"])
+        _materialize(instance, "event_cache", version="c1")
+        for name in ("churn", "department_propensity"):
+            _materialize(instance, "scenario_model", name, cache_data_version="c1")
+        assert not _tick(defs, instance, tiny_config).run_requests  # trained on the current cache
+
+        time.sleep(0.01)
+        _materialize(instance, "event_cache", version="c2")  # new data
+        tick = _tick(defs, instance, tiny_config)
+        (request,) = tick.run_requests
+        assert request.partition_key == "churn" and request.run_key == "retrain:churn:c1->c2"
+        assert request.tags["basemodel/trigger"] == "retrain_every_cache"
+
+        _materialize(instance, "predictions", "department_propensity", drift_psi=0.05)  # scored: stable
+        assert [r.partition_key for r in _tick(defs, instance, tiny_config).run_requests] == ["churn"]
+        _materialize(instance, "predictions", "department_propensity", drift_psi=0.31)  # drifted
+        keys = {r.partition_key for r in _tick(defs, instance, tiny_config).run_requests}
+        assert keys == {"churn", "department_propensity"}
+
+        _materialize(instance, "scenario_model", "churn", cache_data_version="c2")  # the retrain ran
+        keys = {r.partition_key for r in _tick(defs, instance, tiny_config).run_requests}
+        assert keys == {"department_propensity"}
