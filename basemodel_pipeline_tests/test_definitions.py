@@ -106,6 +106,7 @@ def test_checks_sensors_schedule_jobs(tiny_dataset: Path, monkeypatch: pytest.Mo
     sensors = {s.name: s for s in defs.sensors or []}
     assert set(sensors) == {
         "scenario_registry_sensor",
+        "scenario_retrain_sensor",
         "new_data_sensor",
         "basemodel_automation",
         "alert_on_run_failure",
