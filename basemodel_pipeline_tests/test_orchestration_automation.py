@@ -242,3 +242,30 @@ def test_inputs_that_change_during_a_run_retrain_once_more(defs: dg.Definitions)
         assert tick.get_requested_partitions(MODEL) == {"churn"}  # once more, on the new foundation
         tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor)
         assert tick.get_num_requested(MODEL) == 0
+
+
+def test_foundation_retrains_at_the_weekly_tick_only_after_its_inputs_changed(defs: dg.Definitions) -> None:
+    import datetime as dt
+
+    saturday = dt.datetime(2030, 1, 5, 12, tzinfo=dt.UTC)  # the default cron: Sunday 03:00 UTC
+    monday = saturday + dt.timedelta(days=2)
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("scenarios", ["churn"])
+        _everything_materialized(instance, ["churn"])
+        tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, evaluation_time=saturday)
+        tick = dg.evaluate_automation_conditions(
+            defs=defs, instance=instance, cursor=tick.cursor, evaluation_time=monday
+        )
+        assert (
+            tick.get_num_requested(dg.AssetKey("foundation_model")) == 0
+        )  # the tick passed, nothing changed
+
+        _materialized(instance, "event_cache")  # new content on Monday
+        week = [monday + dt.timedelta(hours=h) for h in (6, 100, 136, 142)]  # ..., Sunday 04:00, 10:00
+        requested = []
+        for when in week:
+            tick = dg.evaluate_automation_conditions(
+                defs=defs, instance=instance, cursor=tick.cursor, evaluation_time=when
+            )
+            requested += [when] * tick.get_num_requested(dg.AssetKey("foundation_model"))
+        assert len(requested) == 1 and requested[0].weekday() == 6  # once, at the Sunday tick
