@@ -189,3 +189,65 @@ def test_killed_reader_never_blocks_writers(tiny_config: Path, tmp_path: Path) -
     assert run_cache(cfg)["appends"] == 2
     assert time.monotonic() - started < 60
     assert not held_version.exists() and version_dirs(cfg) == [final.resolve()]
+
+
+# Opens the cache over and over until told to stop, checking each version is whole.
+OPENER = r"""
+import json, sys
+from pathlib import Path
+
+from basemodel_pipeline.cache.store import EventCache
+
+path, box = Path(sys.argv[1]), Path(sys.argv[2])
+opened, problems = 0, []
+while not (box / "stop").exists():
+    try:
+        with EventCache(path) as cache:
+            src = cache.source("transactions")
+            if not (len(cache.entity_ids) == cache.n_entities == len(src.offsets) - 1):
+                problems.append(f"{len(cache.entity_ids)} ids for {cache.n_entities} entities")
+            if src.offsets[-1] != src.n_events or len(src.vocab("product_id")) != src.info["product_id"].vocab_size:
+                problems.append("arrays or vocabulary of another version")
+    except Exception as exc:
+        problems.append(repr(exc))
+    opened += 1
+    (box / "ready").touch()
+(box / "result.json").write_text(json.dumps({"opened": opened, "problems": problems[:5]}))
+"""
+
+
+def test_readers_opening_while_writers_publish_always_get_a_whole_version(
+    tiny_config: Path, tmp_path: Path
+) -> None:
+    cfg, held = with_held_back_days(tiny_config)
+    box = tmp_path / "opener"
+    box.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", OPENER, str(cache_dir(cfg)), str(box)])
+    try:
+        wait_for(lambda: (box / "ready").exists() or proc.poll() is not None, "the reader to open")
+        for change in (change_old_day, add_day, change_old_day):  # rebuild, append (compacting), rebuild
+            change(cfg, held)
+            assert not run_cache(cfg)["reused"]
+    finally:
+        (box / "stop").touch()
+        proc.wait(timeout=120)
+    result = json.loads((box / "result.json").read_text())
+    assert result["problems"] == [] and result["opened"] > 1
+
+
+def test_a_cache_written_before_versions_becomes_one(tiny_config: Path) -> None:
+    cfg = load_config(tiny_config)
+    run_extract(cfg)
+    built = run_cache(cfg)
+    final = cache_dir(cfg)
+    version = final.resolve()
+    final.unlink()  # the layout of earlier releases: the cache is the directory itself
+    version.rename(final)
+    versions.versions_dir(final).rmdir()
+    with EventCache(final) as legacy:
+        assert legacy.path == final
+        again = run_cache(cfg)  # reused: the directory becomes the first version, the reader keeps it
+        assert again["reused"] and again["data_version"] == built["data_version"]
+        assert final.is_symlink() and legacy.path.resolve() == final.resolve()
+        assert legacy.source("transactions").n_events == built["events"]
+    assert EventCache(final).path == final.resolve() and manifest_problems(final)[0] == []
