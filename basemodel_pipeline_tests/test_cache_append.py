@@ -214,6 +214,8 @@ def test_shards_are_contiguous_entity_ranges(tiny_config: Path) -> None:
     assert (sharded.entity_index(ids) == np.arange(len(ids))).all()
     assert (sharded.entity_index(np.array([-5])) == -1).all()
     delete_cache(cfg)
+    with pytest.raises(UserError, match="no event cache"):
+        EventCache(cache_dir(cfg))
     tiny_config.write_text(raw.replace("shards: 4", "shards: 1"))
     one = EventCache(run_cache(load_config(tiny_config))["path"])
     assert_same_events(sharded, one)

@@ -60,11 +60,11 @@ def _same_file(fd: int, path: Path) -> bool:
 def open_version(path: Path) -> tuple[Path, int | None]:
     """The version directory `path` names now and a descriptor holding a shared lock on it (None when no
     lock can be taken: a read-only cache, or no cache at all; the caller checks for the manifest)."""
-    for _ in range(OPEN_ATTEMPTS):
+    for attempt in range(OPEN_ATTEMPTS):
         version = path.resolve()
         if not (version / "manifest.json").is_file():
-            if versions_dir(path).is_dir() and not path.is_symlink():
-                time.sleep(0.01)  # a cache written before versions is being turned into one
+            if attempt < OPEN_ATTEMPTS - 1 and versions_dir(path).is_dir() and not path.is_symlink():
+                time.sleep(0.01)  # maybe a cache written before versions being turned into one
                 continue
             return version, None
         try:
