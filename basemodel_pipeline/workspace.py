@@ -167,7 +167,7 @@ def clean_stale_tmp(parent: Path) -> None:
     if not parent.exists():
         return
     for p in parent.glob(".*.tmp"):
-        if p.is_dir():
+        if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p, ignore_errors=True)
         else:
             p.unlink(missing_ok=True)

@@ -20,6 +20,7 @@ import pytest
 
 from basemodel_pipeline.cache.build import cache_dir
 from basemodel_pipeline.cache.store import EventCache
+from basemodel_pipeline.cache.versions import versions_dir
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.errors import UserError
 from basemodel_pipeline.pipeline import run_cache, run_extract
@@ -81,6 +82,14 @@ def clean_build(cfg) -> EventCache:
     return EventCache(
         run_cache(load_config(shutil.copy(work / "config.yaml", clean / "config.yaml")))["path"]
     )
+
+
+def delete_cache(cfg) -> None:
+    """Remove the cache pointer, so the next build numbers entities afresh (its versions are deleted by the
+    next build once no reader holds them)."""
+    final = cache_dir(cfg)
+    final.unlink()
+    assert versions_dir(final).is_dir()
 
 
 Days = namedtuple("Days", "cfg dir held")
@@ -204,7 +213,9 @@ def test_shards_are_contiguous_entity_ranges(tiny_config: Path) -> None:
         assert (np.diff(ids[a:b]) > 0).all()
     assert (sharded.entity_index(ids) == np.arange(len(ids))).all()
     assert (sharded.entity_index(np.array([-5])) == -1).all()
-    shutil.rmtree(cache_dir(cfg))
+    delete_cache(cfg)
+    with pytest.raises(UserError, match="no event cache"):
+        EventCache(cache_dir(cfg))
     tiny_config.write_text(raw.replace("shards: 4", "shards: 1"))
     one = EventCache(run_cache(load_config(tiny_config))["path"])
     assert_same_events(sharded, one)
@@ -302,10 +313,10 @@ def test_sigkill_during_append_keeps_the_previous_cache(scale_dataset: Path, tmp
     manifest = (cache_dir(cfg) / "manifest.json").read_text()
     for f in aside:
         shutil.copy(f, d)
-    staged = cache_dir(cfg) / "appends"
+    final = cache_dir(cfg)
 
-    def append_started() -> bool:
-        return any(p.suffix == ".npy" for p in staged.glob(".*.tmp/events/*/*"))
+    def append_started() -> bool:  # the new version is staged beside the cache, its segment being written
+        return any(p.suffix == ".npy" for p in final.parent.glob(f".{final.name}.*.tmp/appends/*/events/*/*"))
 
     assert _kill_when(_cli(config), append_started), "the append finished before it could be killed"
     assert (cache_dir(cfg) / "manifest.json").read_text() == manifest
@@ -314,6 +325,7 @@ def test_sigkill_during_append_keeps_the_previous_cache(scale_dataset: Path, tmp
     subprocess.run(_cli(config), check=True, capture_output=True)
     appended = EventCache(cache_dir(cfg))
     assert len(appended.manifest["appends"]) == 1
+    assert not list(final.parent.glob(".*.tmp"))  # the killed append's staging was cleaned
     clean_cfg = _copy_workspace(scale_dataset, tmp_path / "clean")
     assert_same_events(appended, EventCache(run_cache(load_config(clean_cfg))["path"]))
 
@@ -346,7 +358,7 @@ def test_text_entity_ids_build_append_and_index(tiny_config: Path) -> None:
     held = shutil.move(last, tiny_config.parent / last.name)
     shutil.move(held, last)
     by_text = decoded(EventCache(run_cache(cfg)["path"]))["transactions"]
-    shutil.rmtree(cache_dir(cfg))
+    delete_cache(cfg)
     shutil.move(last, held)
     as_text = np.array([f"H-{e}" for e in by_int["entity"]], dtype=object)
     order = np.argsort(as_text, kind="stable")

@@ -7,8 +7,9 @@ offsets over the grown entity index, the new entities (indices after the existin
 vocabulary values (codes after the existing ones). Existing entities keep their index and values their
 code. The work reads only the new day files plus the entity ids and vocabularies (no event of the history).
 
-The segment is staged, renamed into place, then manifest.json is replaced atomically: a killed append
-leaves the previous cache as it was. Anything else (a changed, removed or late old day, a new attribute
+The new version is staged beside the cache (the current version's files hard-linked, the segment and the
+manifest written) and published by one pointer switch (cache/versions.py): a killed append leaves the
+previous cache as it was, and readers of the previous version keep it. Anything else (a changed, removed or late old day, a new attribute
 table, events not after the cache's last time) returns None and the caller rebuilds.
 """
 
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import re
 import shutil
 from pathlib import Path
@@ -27,7 +27,7 @@ import duckdb
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache import build as B
 from basemodel_pipeline.cache import plan as P
-from basemodel_pipeline.cache.view import active_segments
+from basemodel_pipeline.cache import versions
 from basemodel_pipeline.config import PipelineConfig
 from basemodel_pipeline.progress import Progress
 
@@ -66,16 +66,14 @@ def append_days(
     signature: dict[str, list[list[Any]]],
     progress: Progress,
 ) -> dict[str, Any] | None:
-    """Write and publish the append segment; None when the new data cannot be appended (rebuild instead)."""
-    appends_dir = final / "appends"
-    appends_dir.mkdir(exist_ok=True)
-    known = set(active_segments(manifest))
-    for leftover in appends_dir.iterdir():  # a killed append: staged or renamed but never in the manifest
-        if leftover.name not in known:
-            shutil.rmtree(leftover, ignore_errors=True)
+    """Write the append segment into a new version (the current one's files hard-linked, the segment and the
+    manifest new) and publish it; None when the new data cannot be appended (rebuild instead)."""
+    ws.clean_stale_tmp(final.parent)  # a killed writer's staging
+    tmp = ws.staging_dir(final)
+    versions.link_files(final, manifest["files"], tmp)
     name = f"{len(manifest.get('appends', [])) + 1:04d}"
-    tmp = appends_dir / f".{name}.tmp"
-    tmp.mkdir()
+    out = tmp / "appends" / name
+    out.mkdir(parents=True)
     spill = (
         Path(cfg.cache.spill_directory) / f".{final.name}.{name}.tmp"
         if cfg.cache.spill_directory
@@ -83,7 +81,7 @@ def append_days(
     )
     con = B.connect(cfg, spill / "duckdb")
     try:
-        result = _write(cfg, con, final, manifest, new_days, tmp, name, spill, progress)
+        result = _write(cfg, con, final, manifest, new_days, out, name, spill, progress)
     except duckdb.Error as exc:  # e.g. a column whose type changed: rebuild, which reports real problems
         progress.log(f"cannot append ({exc}); rebuilding the cache")
         result = None
@@ -95,18 +93,9 @@ def append_days(
         return None
     new_manifest, hashes = result
     new_manifest["inputs"] = signature
-    files = B.file_records(tmp, hashes)
-    new_manifest["files"] = {
-        **manifest["files"],
-        **{f"appends/{name}/{rel}": rec for rel, rec in files.items()},
-    }
-    for f in tmp.rglob("*"):
-        if f.is_file():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
-    tmp.rename(appends_dir / name)
-    ws.fsync_dir(appends_dir)
-    ws.atomic_write_text(final / "manifest.json", json.dumps(new_manifest, indent=2))
+    new_manifest["files"] = {**manifest["files"], **B.file_records(tmp, hashes, under=out)}
+    (tmp / "manifest.json").write_text(json.dumps(new_manifest, indent=2))
+    versions.publish(tmp, final)
     return {**B.summary(final, new_manifest, reused=False), "appended": new_manifest["appends"][-1]}
 
 

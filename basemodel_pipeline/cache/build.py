@@ -1,6 +1,7 @@
 """Build, reuse or append to the event cache from the extracts.
 
-Layout of <workspace>/cache/<fingerprint>/ (all arrays are .npy, read back through memory maps):
+Layout of one version of <workspace>/cache/<fingerprint>/ (a symlink to the current version, see
+cache/versions.py; all arrays are .npy, read back through memory maps):
     manifest.json                  sizes, column types, inputs, shards, appends, sha256 of every file
     entities.parquet               entity_id in entity-index order (entity-hash shards, each sorted by id)
     events/<source>/offsets.npy    int64 [n_entities + 1]: events of entity i are rows offsets[i]:offsets[i+1]
@@ -32,6 +33,7 @@ import pyarrow.parquet as pq
 
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache import plan as P
+from basemodel_pipeline.cache import versions
 from basemodel_pipeline.cache.preflight import DiskUsage, preflight
 from basemodel_pipeline.cache.segment import write_segment
 from basemodel_pipeline.cache.view import active_segments, compact, existing_vocab, segment_dirs
@@ -100,13 +102,16 @@ def read_manifest(path: Path) -> dict[str, Any] | None:
 
 @contextlib.contextmanager
 def cache_lock(final: Path) -> Iterator[None]:
-    """One writer per cache directory (across processes); released when the process dies."""
+    """One writer per cache directory (across processes); released when the process dies. On the way out
+    the versions no reader holds any more are deleted (cache/versions.py)."""
     final.parent.mkdir(parents=True, exist_ok=True)
-    with open(final.parent / f"{final.name}.lock", "a") as fh:
+    with open(versions.writer_lock_path(final), "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
+            versions.migrate(final)
             yield
         finally:
+            versions.sweep(final)
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
@@ -114,7 +119,8 @@ def build_cache(
     cfg: PipelineConfig, progress: Progress, disk_usage: DiskUsage = shutil.disk_usage
 ) -> dict[str, Any]:
     """Reuse the cache when the extracts are unchanged, append when only new days were added after its last
-    day, else build it afresh (after a free-space preflight). Every outcome is published atomically."""
+    day, else build it afresh (after a free-space preflight). Every outcome is published atomically as a
+    new version; readers of older versions keep theirs (cache/versions.py)."""
     from basemodel_pipeline.cache.append import append_days, plan_append
 
     final = cache_dir(cfg)
@@ -147,19 +153,20 @@ def build_cache(
         manifest["inputs"] = signature
         manifest["files"] = file_records(tmp, hashes)
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
-        ws.publish_dir(tmp, final)
+        versions.publish(tmp, final)
     return summary(final, manifest, reused=False)
 
 
 def compact_cache(final: Path, manifest: dict[str, Any], progress: Progress) -> dict[str, Any]:
-    """Fold the appended segments into a new base (same entity indices and codes), published atomically."""
+    """Fold the appended segments into a new base (same entity indices and codes), published as a new
+    version."""
     progress.log(f"compacting {len(active_segments(manifest))} appended segments of {final}")
     ws.clean_stale_tmp(final.parent)
     tmp = ws.staging_dir(final)
     new, hashes = compact(final, manifest, tmp)
     new["files"] = file_records(tmp, hashes)
     (tmp / "manifest.json").write_text(json.dumps(new, indent=2))
-    ws.publish_dir(tmp, final)
+    versions.publish(tmp, final)
     return new
 
 

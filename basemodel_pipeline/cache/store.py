@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -116,15 +118,23 @@ def _stem(col: str) -> str:
 
 class EventCache:
     """The cache as one CSR view: the base and its appended segments (a view merged once per version, see
-    cache/view.py), entity ids in index order, vocabularies and main-entity attributes."""
+    cache/view.py), entity ids in index order, vocabularies and main-entity attributes.
+
+    Opening resolves `path` (the cache pointer, cache/<fingerprint>) to the version it names now and holds
+    that version until close() (or the object is collected, or the process ends): a writer publishing a
+    new version meanwhile changes nothing this object reads (cache/versions.py). `path` is then that
+    version's directory."""
 
     def __init__(self, path: str | Path) -> None:
+        from basemodel_pipeline.cache import versions
         from basemodel_pipeline.cache.view import events_root, segment_dirs
 
-        self.path = Path(path)
+        self.path, lock = versions.open_version(Path(path))
+        self._release = weakref.finalize(self, versions.release, lock, Path(path), os.getpid())
         manifest = self.path / "manifest.json"
         if not manifest.exists():
-            raise UserError(f"no event cache at {self.path}; run the cache stage (`basemodel cache CONFIG`)")
+            self.close()
+            raise UserError(f"no event cache at {path}; run the cache stage (`basemodel cache CONFIG`)")
         self.manifest = json.loads(manifest.read_text())
         self.n_entities: int = self.manifest["n_entities"]
         self.segments = segment_dirs(self.path, self.manifest)
@@ -158,6 +168,16 @@ class EventCache:
             )
             for c, m in attrs.get("columns", {}).items()
         }
+
+    def close(self) -> None:
+        """Let go of this cache version (a writer may delete it once no reader holds it)."""
+        self._release()
+
+    def __enter__(self) -> EventCache:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @cached_property
     def entity_ids(self) -> np.ndarray:
