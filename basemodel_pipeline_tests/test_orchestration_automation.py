@@ -2,7 +2,8 @@
 
 Materializations are recorded as runless asset events (what a finished run records), so each test runs in
 about a second: a new foundation requests every scenario exactly once; a new scenario partition requests
-exactly one scenario_model (and its predictions, in the same run); a missing foundation is trained once.
+exactly one scenario_model (with its baselines and predictions, in the same run); a missing foundation is
+trained once.
 """
 
 import threading
@@ -17,6 +18,7 @@ from basemodel_pipeline.defs.extracts.assets import extract_key
 
 DATA_VERSION_TAG = "dagster/data_version"
 MODEL, PREDICTIONS = dg.AssetKey("scenario_model"), dg.AssetKey("predictions")
+BASELINES = dg.AssetKey("scenario_baselines")
 UPSTREAM = ["event_cache", "foundation_model", "entity_embeddings"]
 
 
@@ -60,6 +62,7 @@ def _everything_materialized(instance: dg.DagsterInstance, scenarios: list[str])
     for key in UPSTREAM:
         _materialized(instance, key)
     for name in scenarios:
+        _materialized(instance, BASELINES, name)
         _materialized(instance, MODEL, name)
         _materialized(instance, PREDICTIONS, name)
     _materialized(instance, "metrics_summary")
@@ -75,6 +78,7 @@ def test_new_foundation_requests_every_scenario_once(defs: dg.Definitions) -> No
         _materialized(instance, "foundation_model")
         result = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=first.cursor)
         assert result.get_requested_partitions(MODEL) == {"churn", "department_propensity"}
+        assert result.get_requested_partitions(BASELINES) == {"churn", "department_propensity"}
         assert result.get_requested_partitions(PREDICTIONS) == {"churn", "department_propensity"}
         assert result.get_num_requested(dg.AssetKey("entity_embeddings")) == 1
 
@@ -92,9 +96,10 @@ def test_new_scenario_partition_requests_exactly_one_run(defs: dg.Definitions) -
         instance.add_dynamic_partitions("scenarios", ["department_propensity"])
         result = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=first.cursor)
         assert result.get_requested_partitions(MODEL) == {"department_propensity"}
-        # predictions of the same partition join the same run; nothing else is requested
+        # its baselines (the CPU step) and predictions join the same run; nothing else is requested
+        assert result.get_requested_partitions(BASELINES) == {"department_propensity"}
         assert result.get_requested_partitions(PREDICTIONS) == {"department_propensity"}
-        assert result.total_requested == 2
+        assert result.total_requested == 3
 
         again = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=result.cursor)
         assert again.total_requested == 0

@@ -7,8 +7,11 @@ that touches its code). A change seen while the asset was running is kept: the a
     event_cache       after an extract (any day partition) changed and its blocking checks passed
     foundation_model  once when it is missing, then at each FOUNDATION_CRON tick (default weekly, Sunday
                       03:00 UTC) after which the cache or its code changed
+    scenario_baselines  a new scenario partition runs once; a changed cache or foundation (or code) reruns
+                      it once (it keeps its stage when the inputs that decide it did not change)
     scenario_model    a new scenario partition runs once; a changed cache or foundation (or code) retrains
-                      every scenario once (waits while a dependency is requested or running)
+                      every scenario once (waits while a dependency is requested or running, except its
+                      scenario_baselines, which joins the same run: the baselines step, then the model's)
     predictions       with its scenario_model, in the same run (after its blocking checks) or while they pass
     entity_embeddings after a changed foundation or cache, gated by their blocking checks
     published_artifacts  after predictions (when publishing is on)
@@ -79,6 +82,13 @@ def eager_on_versions(label: str) -> dg.AutomationCondition:
 SCENARIO = (
     eager_on_versions("new, or inputs changed") & ~AC.any_deps_match(AC.will_be_requested())
 ).with_label("new, or after the cache and foundation settle on new versions")
+
+# The model waits for the cache and foundation like SCENARIO, but runs with its baselines requested on the
+# same tick (same partition: one run, the CPU step first, then the GPU step).
+SCENARIO_MODEL = (
+    eager_on_versions("new, or inputs changed")
+    & ~AC.any_deps_match(AC.will_be_requested()).ignore(dg.AssetSelection.assets("scenario_baselines"))
+).with_label("new, or after the cache and foundation settle on new versions; with its baselines")
 
 
 def gated_eager(*same_run: str) -> dg.AutomationCondition:
