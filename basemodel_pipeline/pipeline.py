@@ -64,6 +64,15 @@ def run_finetune(cfg: PipelineConfig, scenario: str, progress: Progress | None =
     return finetune(cfg, cfg.scenario(scenario), progress or NullProgress())
 
 
+def run_baselines(cfg: PipelineConfig, scenario: str, progress: Progress | None = None) -> dict[str, Any]:
+    """A scenario's CPU phase: fit its baselines (no network) and stage them for run_finetune, which then
+    reads them instead of fitting them (training/baselines.py). Returns {data_version, path, reused, ...}."""
+    from basemodel_pipeline.training.baselines import run_baselines as fit_and_stage
+
+    cfg = resolve_windows(cfg)
+    return fit_and_stage(cfg, cfg.scenario(scenario), progress or NullProgress())
+
+
 def run_finetune_many(
     cfg: PipelineConfig, scenarios: list[str], progress: Progress | None = None
 ) -> dict[str, Any]:

@@ -17,6 +17,7 @@ EXPECTED = {
     "extracts/demographics": ("extracts", {"duckdb", "parquet"}),
     "event_cache": ("cache", {"duckdb", "parquet"}),
     "foundation_model": ("models", {"pytorch"}),
+    "scenario_baselines": ("models", {"lightgbm"}),
     "scenario_model": ("models", {"pytorch"}),
     "predictions": ("predictions", {"pytorch", "parquet"}),
     "metrics_summary": ("reports", {"json"}),
@@ -57,7 +58,7 @@ def test_assets_groups_kinds_partitions(tiny_dataset: Path) -> None:
         assert spec.group_name == group, name
         assert set(spec.kinds) == kinds, name
         assert graph[name].descriptions_by_key.get(key), f"{name} has no description"
-    for name in ("scenario_model", "predictions"):
+    for name in ("scenario_baselines", "scenario_model", "predictions"):
         partitions = graph[name].partitions_def
         assert isinstance(partitions, dg.DynamicPartitionsDefinition) and partitions.name == "scenarios"
     days = graph["extracts/transactions"].partitions_def
@@ -67,6 +68,7 @@ def test_assets_groups_kinds_partitions(tiny_dataset: Path) -> None:
     assert graph["extracts/products"].partitions_def is None  # attribute tables: whole
     for name in ("foundation_model", "scenario_model", "predictions", "entity_embeddings"):
         assert graph[name].op.pool == "gpu"
+    assert graph["scenario_baselines"].op.pool == "cpu"  # LightGBM on CPUs never holds the GPU slot
     assert graph["event_cache"].op.pool == "cache_writer"
     deps = defs.resolve_asset_graph()
     cache_parents = {k.to_user_string() for k in deps.get(dg.AssetKey("event_cache")).parent_keys}
@@ -74,7 +76,7 @@ def test_assets_groups_kinds_partitions(tiny_dataset: Path) -> None:
     summary_parents = {k.to_user_string() for k in deps.get(dg.AssetKey("metrics_summary")).parent_keys}
     assert summary_parents == {"scenario_model"}
     model_parents = {k.to_user_string() for k in deps.get(dg.AssetKey("scenario_model")).parent_keys}
-    assert model_parents == {"foundation_model", "event_cache"}
+    assert model_parents == {"foundation_model", "event_cache", "scenario_baselines"}
     for name, asset in graph.items():
         if not name.startswith("extracts/") and name not in SCHEDULED:
             assert asset.automation_conditions_by_key[asset.key] is not None, f"{name} has no automation"

@@ -23,7 +23,8 @@ def test_whole_graph_materializes(tiny_config: Path) -> None:
         for key in keys:
             if key.to_user_string() == "workspace_retention":  # maintenance: its own daily schedule
                 continue
-            partitions = scenarios if key.to_user_string() in ("scenario_model", "predictions") else [None]
+            per_scenario = ("scenario_baselines", "scenario_model", "predictions")
+            partitions = scenarios if key.to_user_string() in per_scenario else [None]
             for partition in partitions:
                 event = instance.get_latest_materialization_event(key) if partition is None else None
                 if partition is not None:

@@ -2,10 +2,10 @@
 
 Materializations are recorded as runless asset events (what a finished run records), so each test runs in
 about a second: a new foundation requests every scenario exactly once; a new scenario partition requests
-exactly one scenario_model (and its predictions, in the same run); a missing foundation is trained once.
+exactly one scenario_model (with its baselines and predictions, in the same run); a missing foundation is
+trained once.
 """
 
-import threading
 import uuid
 from pathlib import Path
 
@@ -20,6 +20,7 @@ from basemodel_pipeline.defs.extracts.assets import extract_key
 
 DATA_VERSION_TAG = "dagster/data_version"
 MODEL, PREDICTIONS = dg.AssetKey("scenario_model"), dg.AssetKey("predictions")
+BASELINES = dg.AssetKey("scenario_baselines")
 UPSTREAM = ["event_cache", "foundation_model", "entity_embeddings"]
 
 
@@ -75,12 +76,15 @@ def _everything_materialized(instance: dg.DagsterInstance, scenarios: list[str])
     for key in UPSTREAM:
         _materialized(instance, key)
     for name in scenarios:
+        _materialized(instance, BASELINES, name)
         _materialized(instance, MODEL, name)
         _materialized(instance, PREDICTIONS, name)
     _materialized(instance, "metrics_summary")
 
 
-def test_new_foundation_requests_every_scenario_once(defs: dg.Definitions) -> None:
+def test_new_foundation_rewrites_embeddings_and_leaves_scenarios_to_the_retrain_sensor(
+    defs: dg.Definitions,
+) -> None:
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("scenarios", ["churn", "department_propensity"])
         _everything_materialized(instance, ["churn", "department_propensity"])
@@ -89,12 +93,12 @@ def test_new_foundation_requests_every_scenario_once(defs: dg.Definitions) -> No
 
         _materialized(instance, "foundation_model")
         result = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=first.cursor)
-        assert result.get_requested_partitions(MODEL) == {"churn", "department_propensity"}
-        assert result.get_requested_partitions(PREDICTIONS) == {"churn", "department_propensity"}
         assert result.get_num_requested(dg.AssetKey("entity_embeddings")) == 1
+        # scenario_retrain_sensor compares the foundation version each model used (test_orchestration_retrain)
+        assert result.get_num_requested(MODEL) == result.get_num_requested(BASELINES) == 0
 
         again = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=result.cursor)
-        assert again.get_num_requested(MODEL) == 0  # requested once, not on every tick
+        assert again.total_requested == 0  # requested once, not on every tick
 
 
 def test_new_scenario_partition_requests_exactly_one_run(defs: dg.Definitions) -> None:
@@ -107,9 +111,10 @@ def test_new_scenario_partition_requests_exactly_one_run(defs: dg.Definitions) -
         instance.add_dynamic_partitions("scenarios", ["department_propensity"])
         result = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=first.cursor)
         assert result.get_requested_partitions(MODEL) == {"department_propensity"}
-        # predictions of the same partition join the same run; nothing else is requested
+        # its baselines (the CPU step) and predictions join the same run; nothing else is requested
+        assert result.get_requested_partitions(BASELINES) == {"department_propensity"}
         assert result.get_requested_partitions(PREDICTIONS) == {"department_propensity"}
-        assert result.total_requested == 2
+        assert result.total_requested == 3
 
         again = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=result.cursor)
         assert again.total_requested == 0
@@ -202,46 +207,6 @@ def test_every_asset_has_a_code_version_and_a_new_one_retrains(defs: dg.Definiti
         tick = dg.evaluate_automation_conditions(defs=released, instance=instance, cursor=first.cursor)
         assert tick.get_requested_partitions(MODEL) == {"churn", "department_propensity"}
         assert tick.get_num_requested(dg.AssetKey("foundation_model")) == 0
-
-
-def test_inputs_that_change_during_a_run_retrain_once_more(defs: dg.Definitions) -> None:
-    """A new foundation lands while churn trains: when that run ends, churn is retrained once on it."""
-    started, release = threading.Event(), threading.Event()
-
-    @dg.asset(
-        key=MODEL,
-        deps=["foundation_model", "event_cache"],
-        partitions_def=defs.resolve_assets_def(MODEL).partitions_def,
-    )
-    def training() -> dg.MaterializeResult:  # stands in for the real step: in progress until released
-        started.set()
-        assert release.wait(60)
-        return dg.MaterializeResult(data_version=dg.DataVersion(uuid.uuid4().hex))
-
-    with dg.instance_for_test() as instance:
-        instance.add_dynamic_partitions("scenarios", ["churn"])
-        _everything_materialized(instance, ["churn"])
-        first = dg.evaluate_automation_conditions(defs=defs, instance=instance)
-        _materialized(instance, "foundation_model")
-        tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=first.cursor)
-        assert tick.get_requested_partitions(MODEL) == {"churn"}
-
-        run = threading.Thread(
-            target=dg.materialize, args=([training],), kwargs={"instance": instance, "partition_key": "churn"}
-        )
-        run.start()
-        assert started.wait(60)
-        tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor)
-        _materialized(instance, "foundation_model")  # a new foundation lands while churn trains
-        tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor)
-        assert tick.get_num_requested(MODEL) == 0  # not beside the running step
-        release.set()
-        run.join(60)
-
-        tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor)
-        assert tick.get_requested_partitions(MODEL) == {"churn"}  # once more, on the new foundation
-        tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor)
-        assert tick.get_num_requested(MODEL) == 0
 
 
 def test_foundation_retrains_at_the_weekly_tick_only_after_its_inputs_changed(defs: dg.Definitions) -> None:

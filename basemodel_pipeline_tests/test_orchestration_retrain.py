@@ -7,6 +7,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 import yaml
+from dagster._core.test_utils import create_run_for_test
 
 from basemodel_pipeline.config.scenarios import RetrainPolicy
 from basemodel_pipeline.defs import build_definitions
@@ -34,6 +35,9 @@ def test_retrain_reasons_follow_the_policy() -> None:
     assert retrain_reason(drift, stale, NOW) is None
     assert retrain_reason(drift, _latest(drift=0.05, scored_at=NOW), NOW) is None
     assert "drift_psi 0.300 >= 0.2" in (retrain_reason(drift, _latest(drift=0.3, scored_at=NOW), NOW) or "")
+    # a new foundation retrains whatever the policy, also when the cache is unchanged
+    moved = _latest(cache_now="c1", foundation_used="f1", foundation_now="f2")
+    assert retrain_reason(weekly, moved, NOW) == "foundation f1 -> f2"
 
 
 def _materialize(
@@ -77,6 +81,9 @@ def test_the_sensor_retrains_what_the_policy_says(tiny_config: Path, monkeypatch
         (request,) = tick.run_requests
         assert request.partition_key == "churn" and request.run_key == "retrain:churn:c1->c2"
         assert request.tags["basemodel/trigger"] == "retrain_every_cache"
+        assert set(request.asset_selection or []) == {
+            dg.AssetKey(k) for k in ("scenario_baselines", "scenario_model", "predictions")
+        }
 
         _materialize(instance, "predictions", "department_propensity", drift_psi=0.05)  # scored: stable
         assert [r.partition_key for r in _tick(defs, instance, tiny_config).run_requests] == ["churn"]
@@ -87,3 +94,43 @@ def test_the_sensor_retrains_what_the_policy_says(tiny_config: Path, monkeypatch
         _materialize(instance, "scenario_model", "churn", cache_data_version="c2")  # the retrain ran
         keys = {r.partition_key for r in _tick(defs, instance, tiny_config).run_requests}
         assert keys == {"department_propensity"}
+
+
+def test_a_model_trained_while_the_foundation_changed_is_retrained_once_more(
+    tiny_config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """churn's run read foundation f1 while f2 was being published: its materialization records f1, so the
+    sensor retrains it once on f2; nothing is asked while a rebuild or churn's own run is in progress."""
+    monkeypatch.delenv("BASEMODEL_PUBLISH_URL", raising=False)
+    defs = build_definitions(str(tiny_config), env="ci")
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("scenarios", ["churn", "department_propensity"])
+        _materialize(instance, "event_cache", version="c1")
+        _materialize(instance, "foundation_model", version="f2")
+        _materialize(instance, "scenario_model", "churn", cache_data_version="c1", foundation_version="f1")
+        _materialize(
+            instance,
+            "scenario_model",
+            "department_propensity",
+            cache_data_version="c1",
+            foundation_version="f2",
+        )
+        (request,) = _tick(defs, instance, tiny_config).run_requests
+        assert (request.partition_key, request.run_key) == ("churn", "retrain:churn:f1->f2")
+        assert request.tags["basemodel/trigger"] == "retrain_foundation"
+
+        create_run_for_test(  # churn's run is in progress
+            instance,
+            job_name="__ASSET_JOB",
+            status=dg.DagsterRunStatus.STARTED,
+            asset_selection=frozenset({dg.AssetKey("scenario_model")}),
+            tags={"dagster/partition": "churn"},
+        )
+        assert not _tick(defs, instance, tiny_config).run_requests  # compared again after that run
+        create_run_for_test(
+            instance,
+            job_name="__ASSET_JOB",
+            status=dg.DagsterRunStatus.STARTED,
+            asset_selection=frozenset({dg.AssetKey("event_cache")}),
+        )
+        assert "waiting for event_cache" in (_tick(defs, instance, tiny_config).skip_message or "")

@@ -177,6 +177,7 @@ def test_an_edited_scenario_or_foundation_config_retrains_that_model(
         edited = _tick(defs, "scenario_registry_sensor", instance, tiny_config, same.cursor)
         (request,) = edited.run_requests
         assert request.partition_key == "churn" and set(request.asset_selection or []) == {
+            dg.AssetKey("scenario_baselines"),
             dg.AssetKey("scenario_model"),
             dg.AssetKey("predictions"),
         }

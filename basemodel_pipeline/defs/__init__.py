@@ -2,7 +2,8 @@
 
 extracts/     one asset per data source (events: daily partitions), schema and volume checks, new-data sensor
 cache/        event_cache (in-process) and its manifest check
-models/       foundation_model, scenario_model (Pipes; dynamic partitions "scenarios"), loss/metric checks,
+models/       foundation_model, scenario_baselines, scenario_model (Pipes; dynamic partitions "scenarios"),
+              loss/metric checks,
               the scenario-registry sensor
 predictions/  predictions (per scenario), entity_embeddings (Pipes)
 reports/      metrics_summary (in-process)
@@ -30,7 +31,7 @@ from basemodel_pipeline.defs.extracts.assets import build_extract_assets, days_p
 from basemodel_pipeline.defs.extracts.checks import build_extract_checks
 from basemodel_pipeline.defs.extracts.sensors import build_new_data_sensor
 from basemodel_pipeline.defs.maintenance import build_maintenance_definitions
-from basemodel_pipeline.defs.models.assets import foundation_model, scenario_model
+from basemodel_pipeline.defs.models.assets import foundation_model, scenario_baselines, scenario_model
 from basemodel_pipeline.defs.models.checks import model_checks
 from basemodel_pipeline.defs.models.partitions import scenarios_partitions
 from basemodel_pipeline.defs.models.retrain import build_retrain_sensor
@@ -57,6 +58,7 @@ def build_assets(config_path: str, publish: bool = False) -> list[dg.AssetsDefin
         *extracts,
         cache,
         foundation_model,
+        scenario_baselines,
         scenario_model,
         predictions,
         entity_embeddings,

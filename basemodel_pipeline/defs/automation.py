@@ -2,14 +2,16 @@
 
 A dependency "changed" when its new materialization carries another data version (a cache run that reused
 or re-derived the same content changes nothing), or when the asset's own code version changed (a release
-that touches its code). A change seen while the asset was running is kept: the asset runs once more after.
+that touches its code).
 
     event_cache       after an extract (any day partition) changed and its blocking checks passed
     foundation_model  once when it is missing, then at each FOUNDATION_CRON tick (default weekly, Sunday
                       03:00 UTC) after which the cache or its code changed
-    scenario_model    a new scenario partition runs once; a new foundation (or code) retrains every scenario
-                      once (waits while a dependency is requested or running); a new cache retrains it as its
-                      `retrain` policy says (models/retrain.py, scenario_retrain_sensor)
+    scenario_baselines, scenario_model
+                      a new scenario partition runs once, a release of their code reruns them once (the
+                      baselines step, then the model step, in one run); data changes retrain them through
+                      scenario_retrain_sensor (models/retrain.py): a new foundation always, a new cache per
+                      the scenario's `retrain` policy, and again when a run read inputs that changed under it
     predictions       with its scenario_model, in the same run (after its blocking checks) or while they pass
     entity_embeddings after a changed foundation or cache, gated by their blocking checks
     published_artifacts  after predictions (when publishing is on)
@@ -39,17 +41,15 @@ _requested = AC.newly_requested() | AC.initial_evaluation()
 
 def changed_inputs(label: str = "inputs changed", only: tuple[str, ...] = ()) -> dg.AutomationCondition:
     """True from the tick a dependency's data version (or the asset's code version) changes until the asset is
-    next handled. A change that lands while the asset runs is kept past that run's end, so the asset runs
-    once more on the new inputs instead of being marked up to date by a run that read the old ones. A
-    dependency requested on this tick counts as changed (an asset may join its dependency's run)."""
+    next requested or updated. A dependency requested on this tick counts as changed (an asset may join its
+    dependency's run). An update of the asset in the same run as its dependency's counts as handling it,
+    so predictions that ran with their scenario are not requested again."""
     new_input = AC.data_version_changed() | AC.will_be_requested()
     deps = AC.any_deps_match(new_input)
     if only:  # only these dependencies count
         deps = deps.allow(dg.AssetSelection.assets(*only))
     changed = deps | AC.code_version_changed()
-    return (
-        changed.since(_requested | AC.newly_updated()) | (changed & AC.in_progress()).since(_requested)
-    ).with_label(label)
+    return changed.since(_requested | AC.newly_updated()).with_label(label)
 
 
 # Unlike eager(), missing day partitions (days without data) never hold these back.
@@ -81,12 +81,21 @@ def eager_on_versions(label: str, only: tuple[str, ...] = ()) -> dg.AutomationCo
     ).with_label(label)
 
 
-# A new cache retrains a scenario through its retrain policy (models/retrain.py: scenario_retrain_sensor); a
-# new foundation or code release retrains every scenario here. A dependency requested on this tick runs first.
-SCENARIO = (
-    eager_on_versions("new, or a new foundation", only=("foundation_model",))
-    & ~AC.any_deps_match(AC.will_be_requested())
-).with_label("new, or after a new foundation settles")
+# New data retrains a scenario through scenario_retrain_sensor (models/retrain.py), which compares the
+# versions each model was trained on with the current ones. Here: a new scenario partition, or a release of
+# the scenario's code, runs the baselines step, then the model step, in one run.
+_new_or_released = (
+    (AC.newly_missing() | AC.code_version_changed()).since(_requested | AC.newly_updated())
+    & ~AC.any_deps_missing()
+    & _quiet
+)
+SCENARIO = (_new_or_released & ~AC.any_deps_match(AC.will_be_requested())).with_label(
+    "a new scenario, or a release of its code"
+)
+SCENARIO_MODEL = (
+    _new_or_released
+    & ~AC.any_deps_match(AC.will_be_requested()).ignore(dg.AssetSelection.assets("scenario_baselines"))
+).with_label("a new scenario, or a release of its code; with its baselines, in one run")
 
 
 def gated_eager(*same_run: str) -> dg.AutomationCondition:

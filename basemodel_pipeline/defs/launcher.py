@@ -39,6 +39,8 @@ K8S_CONTAINER = "dagster-pipes-execution"
 MANAGED_LABEL = "basemodel/managed"
 # Stages that train data-parallel under torchrun (training/distributed.py); the others use one process.
 DATA_PARALLEL_JOBS = frozenset({"pretrain"})
+# Stages that never use a GPU: a scenario's baselines (LightGBM, popularity) run on CPUs only.
+CPU_JOBS = frozenset({"baselines"})
 
 
 def _label_value(value: str) -> str:
@@ -84,7 +86,9 @@ class Launcher(dg.ConfigurableResource):
     # ------------------------------------------------------------------ specs (pure data)
 
     def gpus_for(self, job: str) -> int:
-        """GPUs a step gets: all `gpus` for data-parallel stages, at most one for the others."""
+        """GPUs a step gets: all `gpus` for data-parallel stages, none for CPU stages, at most one otherwise."""
+        if job in CPU_JOBS:
+            return 0
         return self.gpus if job in DATA_PARALLEL_JOBS else min(self.gpus, 1)
 
     def processes(self, job: str) -> int:

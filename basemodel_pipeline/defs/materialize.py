@@ -2,7 +2,7 @@
 
 Runs: (1) the extracts (event sources: every day partition from data_start_date to the newest event day, as
 one range run), event_cache, foundation_model and entity_embeddings; (2) one run per scenario partition for
-scenario_model + predictions; (3) metrics_summary. Asset checks run with their assets (blocking ones stop a
+scenario_baselines + scenario_model + predictions; (3) metrics_summary. Asset checks run with their assets (blocking ones stop a
 run before what depends on them). The runs land in the instance's event log, so `dagster dev` on the same
 DAGSTER_HOME shows them.
 """
@@ -33,7 +33,7 @@ concurrency:
     default_limit: 1
 """
 
-PER_SCENARIO = ("scenario_model", "predictions")
+PER_SCENARIO = ("scenario_baselines", "scenario_model", "predictions")
 LAST = ("metrics_summary",)
 
 

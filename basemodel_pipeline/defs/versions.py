@@ -23,6 +23,7 @@ DEPENDS_ON: dict[str, tuple[str, ...]] = {
     "extract": (*_GROUND, "sources"),
     "event_cache": (*_GROUND, "sources", "cache"),
     "foundation_model": (*_GROUND, "cache", "features", "model", "training"),
+    "scenario_baselines": (*_GROUND, "cache", "features", "training", "evaluation", "scenarios"),
     "scenario_model": (*_GROUND, "cache", "features", "model", "training", "evaluation", "scenarios"),
     "predictions": (*_GROUND, "cache", "features", "model", "scenarios", "inference"),
     "entity_embeddings": (*_GROUND, "cache", "features", "model", "inference"),

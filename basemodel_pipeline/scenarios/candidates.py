@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -36,6 +36,7 @@ from basemodel_pipeline.config import Scenario
 from basemodel_pipeline.config.models import BinaryTarget, PythonTarget, RegressionTarget
 from basemodel_pipeline.evaluation import baselines, metrics
 from basemodel_pipeline.evaluation.gbm import GBM, fit_gbm
+from basemodel_pipeline.progress import NullProgress, Progress
 from basemodel_pipeline.scenarios.heads import Head
 from basemodel_pipeline.scenarios.inputs import Rows
 from basemodel_pipeline.scenarios.targets import (
@@ -59,6 +60,7 @@ class Context:
     spec: TargetSpec
     head: Head
     seed: int = 0
+    progress: Progress = field(default_factory=NullProgress)  # LightGBM fits log a line per booster
 
     @property
     def task(self) -> str:
@@ -240,10 +242,17 @@ class LightGBM:
             self.top = np.sort(np.argsort(-freq, kind="stable")[: ctx.scenario.lightgbm_top_labels])
             if len(self.top):
                 y_train, y_stop = (label_columns(x, self.top) for x in (lab, stop.labels))
-                self.gbm = fit_gbm(task, F_train, y_train, F_stop, y_stop, seed=ctx.seed)
+                self.gbm = self._fit(F_train, y_train, F_stop, y_stop)
             return
         y_train, y_stop = labels_of(ctx, train), labels_of(ctx, stop)
-        self.gbm = fit_gbm(task, F_train, y_train, F_stop, y_stop, seed=ctx.seed)
+        self.gbm = self._fit(F_train, y_train, F_stop, y_stop)
+
+    def _fit(self, F_train: np.ndarray, y_train: np.ndarray, F_stop: np.ndarray, y_stop: np.ndarray) -> GBM:
+        ctx = self.ctx
+        label = f"{ctx.scenario.name} {self.name}"
+        return fit_gbm(
+            ctx.task, F_train, y_train, F_stop, y_stop, seed=ctx.seed, progress=ctx.progress, label=label
+        )
 
     def refit(self, rows: Rows) -> None:
         if self.gbm is None:

