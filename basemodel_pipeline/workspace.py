@@ -17,6 +17,7 @@ import datetime as dt
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -59,13 +60,45 @@ def new_version() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
 
 
+VERSION_NAME = re.compile(r"^\d{8}T\d{6}\d{6}Z$")  # what new_version() writes
+
+
+def _versions(parent: Path) -> list[str]:
+    """Names of the version directories under `parent`, newest first."""
+    found = [
+        p.name for p in parent.iterdir() if VERSION_NAME.match(p.name) and p.is_dir() and not p.is_symlink()
+    ]
+    return sorted(found, reverse=True)
+
+
+def _bad_pointer(pointer: Path, problem: str) -> UserError:
+    """A UserError for a LATEST that does not name a version of its own root, saying how to fix it."""
+    versions = _versions(pointer.parent)
+    fix = (
+        f"write a version name from {pointer.parent} into it (newest: {versions[0]})"
+        if versions
+        else "delete it and re-run the stage that produces it"
+    )
+    return UserError(f"{pointer}: {problem}; {fix}")
+
+
 def latest(parent: Path, what: str) -> Path:
+    """The version directory that `parent`/LATEST names. LATEST must hold one plain version name (as
+    new_version() writes) of a directory inside `parent`: never a path leading elsewhere."""
     pointer = parent / "LATEST"
     if not pointer.exists():
         raise UserError(f"no {what} found under {parent}; run the stage that produces it first")
-    path = parent / pointer.read_text().strip()
+    name = pointer.read_text().strip()
+    if not VERSION_NAME.match(name):
+        raise _bad_pointer(
+            pointer,
+            f"names {name!r}, which is not a version name like {new_version()} (one directory beside it)",
+        )
+    path = parent / name
     if not path.is_dir():
         raise UserError(f"{pointer} names {path.name}, which is missing; re-run the stage that produces it")
+    if not path.resolve().is_relative_to(parent.resolve()):
+        raise _bad_pointer(pointer, f"version {name} is a link to {path.resolve()}, outside {parent}")
     return path
 
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Callable
+import signal
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -220,6 +223,75 @@ def test_env_var_default(monkeypatch: pytest.MonkeyPatch, value: str | None, exp
         monkeypatch.setenv("BM_TEST_DATA", value)
     cfg = parse_config(with_env_path("${BM_TEST_DATA:-/srv/fallback}/products.parquet"), FAKE)
     assert cfg.source("products").data_location.path == f"{expected}/products.parquet"
+
+
+# --- YAML anchors and aliases: a few are fine, an alias bomb is refused quickly --------------------------
+
+BOMB = "\n".join(
+    [
+        'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]',
+        *(f"{c}: &{c} [{','.join([f'*{p}'] * 9)}]" for p, c in zip("abcdefgh", "bcdefghi", strict=True)),
+    ]
+)
+
+
+@contextmanager
+def deadline(seconds: float) -> Iterator[None]:
+    """Fail the test (instead of hanging) when the block runs longer than `seconds`."""
+
+    def expired(*_: Any) -> None:
+        raise TimeoutError(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.parametrize("where", ["top level", "inside a section"])
+def test_yaml_alias_bomb_is_refused_quickly(tmp_path: Path, where: str) -> None:
+    assert len(BOMB) < 500
+    indented = "".join(f"  {line}\n" for line in BOMB.splitlines())
+    text = BOMB if where == "top level" else f"{DEMO_CONFIG}\nx_bomb:\n{indented}"
+    config = tmp_path / "bomb.yaml"
+    config.write_text(text)
+    started = time.perf_counter()
+    with deadline(10), pytest.raises(ConfigError) as info:
+        load_config(config)
+    assert time.perf_counter() - started < 2
+    message = str(info.value)
+    assert "\n" not in message and str(config) in message and "alias" in message, message
+
+
+def test_a_recursive_alias_is_a_config_error(tmp_path: Path) -> None:
+    config = tmp_path / "loop.yaml"
+    config.write_text(DEMO_CONFIG + "\nx_loop: &loop [1, *loop]\n")
+    with deadline(10), pytest.raises(ConfigError) as info:
+        load_config(config)
+    assert str(config) in str(info.value) and "alias" in str(info.value)
+
+
+def test_a_few_anchors_and_aliases_still_load(tmp_path: Path) -> None:
+    text = DEMO_CONFIG.replace("horizon_days: 28\n    epochs: 4", "horizon_days: &horizon 28\n    epochs: 4")
+    text = text.replace("event: none, horizon_days: 28", "event: none, horizon_days: *horizon")
+    text = text.replace(
+        "  - type: attribute\n    name: products\n    data_location: {database_type: parquet,",
+        "  - type: attribute\n    name: products\n    data_location: &loc {database_type: parquet,",
+    )
+    text = text.replace(
+        "data_location: {database_type: parquet, path: data/demographics.parquet}",
+        "data_location: {<<: *loc, path: data/demographics.parquet}",
+    )
+    assert "*horizon" in text and "<<: *loc" in text
+    config = tmp_path / "config.yaml"
+    config.write_text(text)
+    cfg = load_config(config)
+    assert cfg.training_params.foundation.horizon_days == 28
+    assert cfg.scenarios[0].target.horizon_days == 28
+    assert cfg.source("demographics").data_location.path.endswith("data/demographics.parquet")
 
 
 # --- config does not fit the data -----------------------------------------------------------------------

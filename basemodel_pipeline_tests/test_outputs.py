@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -163,6 +164,50 @@ def test_outputs_config_destinations_and_errors(tiny_config: Path, tmp_path: Pat
 
     with pytest.raises(ConfigError, match=r"only the placeholders \{dataset\} and \{scenario\}"):
         load_config(edit_config(tiny_config, bad_table))
+
+
+def _with_table(table: str) -> Callable[[dict], None]:
+    def mutate(raw: dict) -> None:
+        raw["outputs"] = {
+            "destinations": {
+                "wh": {"kind": "clickhouse", "table": table, "connection_params": {"host": "localhost"}}
+            }
+        }
+
+    return mutate
+
+
+@pytest.mark.parametrize(
+    "table",
+    [
+        "scores_{scenario.__class__}",
+        "scores_{dataset.upper}",
+        "scores_{dataset.nope}",
+        "scores_{as_of.year}",
+        "scores_{scenario[0]}",
+        "scores_{scenario!r}",
+        "scores_{scenario:>40}",
+        "scores_{}",
+        "scores_{0}",
+        "scores_{scenario",
+        "scores_}",
+    ],
+)
+def test_table_template_with_more_than_plain_placeholders_is_a_one_line_config_error(
+    tiny_config: Path, table: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(edit_config(tiny_config, _with_table(table)))
+    message = str(info.value)
+    assert "\n" not in message
+    assert "outputs.destinations.wh.table" in message and repr(table) in message, message
+    assert "{dataset} and {scenario}" in message, message
+
+
+def test_table_template_with_plain_placeholders_and_escaped_braces_loads(tiny_config: Path) -> None:
+    cfg = load_config(edit_config(tiny_config, _with_table("db.{dataset}_{{x}}_{scenario}")))
+    _, destination = cfg.outputs.destination("wh")
+    assert destination.table_name("predictions", "churn") == "db.predictions_{x}_churn"
 
 
 def test_shard_parts_are_written_as_one_slice(tiny_config: Path, tmp_path: Path) -> None:

@@ -9,13 +9,17 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 import yaml
+from safetensors.torch import load_file
 
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.pipeline import run_cache, run_extract, run_pretrain
 from basemodel_pipeline.progress import NullProgress
+from basemodel_pipeline.training import resume
 
 OVERRIDES = {
     "epochs": 3,
@@ -99,3 +103,153 @@ def test_sigkill_then_rerun_reaches_the_same_validation_loss(tiny_config: Path) 
     val = resumed.get("val_loss", resumed.get("metadata", {}).get("val_loss"))
     assert val is not None, out.stdout[-2000:]
     assert float(val) == pytest.approx(reference["val_loss"], rel=0.01)
+
+
+# --- the resume state is saved atomically and an unreadable one means a fresh start (issue 18) ---
+
+
+def _toy() -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    return model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+
+
+def _train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any) -> None:
+    model(torch.ones(4, 3)).pow(2).sum().backward()
+    opt.step()
+    opt.zero_grad()
+    sched.step()
+
+
+def _info(step: int) -> dict[str, Any]:
+    return {**resume.new_run_info(), "step": step}
+
+
+def _save(directory: Path, model: Any, opt: Any, sched: Any, step: int) -> dict[str, torch.Tensor]:
+    resume.save_state(directory, "k", model, opt, sched, None, _info(step))
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+class Boom(Exception):
+    """The injected fault (a kill at this point of the save)."""
+
+
+def _failing_at(n: int, real: Any) -> Any:
+    """A stand-in for `real` that raises Boom on its n-th call (1-based)."""
+    calls = {"n": 0}
+
+    def fake(*args: Any, **kwargs: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == n:
+            raise Boom(f"killed at call {n}")
+        return real(*args, **kwargs)
+
+    return fake
+
+
+def _fault_points() -> list[tuple[str, Any, str, Any]]:
+    """(label, object, attribute, real function): every write and rename the save goes through."""
+    return [
+        ("tensors", resume, "save_file", resume.save_file),
+        ("json", resume.ws, "atomic_write_text", resume.ws.atomic_write_text),
+        ("rename", os, "replace", os.replace),
+    ]
+
+
+@pytest.mark.parametrize("label", ["tensors", "json", "rename"])
+def test_a_kill_at_any_point_of_the_save_leaves_a_consistent_state(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, label: str
+) -> None:
+    (_, obj, attr, real) = next(p for p in _fault_points() if p[0] == label)
+    for n in range(1, 10):
+        directory = tmp_path / f"kill{n}" / ".resume"
+        torch.manual_seed(0)
+        model, opt, sched = _toy()
+        _train_step(model, opt, sched)
+        saved = _save(directory, model, opt, sched, step=1)
+        _train_step(model, opt, sched)
+        monkeypatch.setattr(obj, attr, _failing_at(n, real))
+        try:
+            _save(directory, model, opt, sched, step=2)
+            killed = False
+        except Boom:
+            killed = True
+        monkeypatch.setattr(obj, attr, real)
+        fresh, fopt, fsched = _toy()
+        warnings: list[str] = []
+        loaded = resume.load_state(directory, "k", fresh, fopt, fsched, warn=warnings.append)
+        if not killed:
+            assert loaded is not None and loaded[0]["step"] == 2
+            break  # every call of this function was tried
+        if loaded is not None:  # resumes from the previous complete state, weights and counters together
+            assert loaded[0]["step"] == 1, f"{label} call {n}"
+            for k, v in fresh.state_dict().items():
+                assert torch.equal(v, saved[k]), f"{label} call {n}: step-1 counters with other weights"
+    else:
+        pytest.fail(f"save_state called {attr} more than 9 times")
+
+
+def test_a_corrupt_state_is_ignored_with_a_warning(tmp_path: Path) -> None:
+    directory = tmp_path / ".resume"
+    for name, garbage in [("state.json", b'{"key": "k", "info": '), ("state.safetensors", b"\x00" * 64)]:
+        model, opt, sched = _toy()
+        _save(directory, model, opt, sched, step=3)
+        _train_step(model, opt, sched)
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        (directory / name).write_bytes(garbage)
+        warnings: list[str] = []
+        assert resume.load_state(directory, "k", model, opt, sched, warn=warnings.append) is None
+        assert len(warnings) == 1 and "starting afresh" in warnings[0], warnings
+        for k, v in model.state_dict().items():
+            assert torch.equal(v, before[k])  # nothing half-loaded
+        assert not directory.exists()  # removed, so it cannot wedge the next run either
+
+
+def _weights(result: dict[str, Any]) -> dict[str, torch.Tensor]:
+    return load_file(str(Path(result["path"]) / "model.safetensors"))
+
+
+def test_kill_between_weights_and_counters_then_rerun_gives_the_uninterrupted_model(
+    tiny_config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = load_config(_prepared(tiny_config))
+    reference = run_pretrain(cfg)
+    real = resume.ws.atomic_write_text
+
+    def killed_at_step_21(path: Path, text: str) -> None:
+        if path.name == resume.META and json.loads(text)["info"]["step"] == 21:
+            raise KeyboardInterrupt("simulated kill after the weights, before state.json")
+        real(path, text)
+
+    monkeypatch.setattr(resume.ws, "atomic_write_text", killed_at_step_21)
+    with pytest.raises(KeyboardInterrupt):
+        run_pretrain(cfg)
+    monkeypatch.setattr(resume.ws, "atomic_write_text", real)
+    log: list[str] = []
+
+    class Capture(NullProgress):
+        def log(self, message: str) -> None:
+            log.append(message)
+
+    resumed = run_pretrain(cfg, Capture())
+    assert any(m.startswith("resuming from step 18") for m in log), log
+    ref, got = _weights(reference), _weights(resumed)
+    assert all(torch.equal(ref[k], got[k]) for k in ref)
+
+
+def test_a_corrupt_state_does_not_wedge_pretrain(tiny_config: Path) -> None:
+    cfg = load_config(_prepared(tiny_config))
+    state = Path(cfg.workspace) / "checkpoints" / "foundation" / ".resume"
+    state.mkdir(parents=True)
+    (state / "state.json").write_text('{"key": ')
+    (state / "state.safetensors").write_bytes(b"\x00" * 16)
+    log: list[str] = []
+
+    class Capture(NullProgress):
+        def log(self, message: str) -> None:
+            log.append(message)
+
+    result = run_pretrain(cfg, Capture())
+    assert result["epochs"] == OVERRIDES["epochs"]
+    assert any("starting afresh" in m for m in log), log
+    assert not any(m.startswith("resuming") for m in log)

@@ -104,10 +104,76 @@ def format_validation_error(err: ValidationError, file: Path, root: yaml.Node | 
     return "; ".join(lines)
 
 
+ALIAS_BUDGET = 10_000  # values that YAML aliases may add to a config (beyond those written out)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def _distinct_nodes(root: yaml.Node) -> int:
+    """Number of nodes as written (an aliased node counts once)."""
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) not in seen:
+            seen.add(id(node))
+            stack.extend(_children(node))
+    return len(seen)
+
+
+def check_alias_expansion(root: yaml.Node, file: Path) -> None:
+    """ConfigError when aliases make the config refer to itself or expand it by more than ALIAS_BUDGET
+    values (a "billion laughs" bomb), before anything expands it."""
+    limit = _distinct_nodes(root) + ALIAS_BUDGET
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        if id(node) in active:
+            raise ConfigError(
+                f"{file}:{node.start_mark.line + 1}: a YAML alias refers to the value containing it "
+                "(a recursive anchor); write the value out instead"
+            )
+        active.add(id(node))
+        total = 1
+        for child in _children(node):
+            total += size(child)
+            if total > limit:
+                raise ConfigError(
+                    f"{file}: YAML aliases expand the config by more than {ALIAS_BUDGET:,} values "
+                    "(an alias bomb?); write the repeated parts out or nest fewer aliases"
+                )
+        active.discard(id(node))
+        sizes[id(node)] = total
+        return total
+
+    size(root)
+
+
+def _parse_yaml(text: str, file: Path) -> tuple[yaml.Node | None, Any]:
+    """(node tree for line numbers, plain data) of a YAML document whose aliases stay within budget."""
+    loader = yaml.SafeLoader(text)
+    try:
+        root = loader.get_single_node()
+        if root is None:
+            return None, None
+        check_alias_expansion(root, file)
+        return root, loader.construct_document(root)
+    finally:
+        loader.dispose()
+
+
 def parse_config(text: str, file: Path, base_dir: Path | None = None) -> PipelineConfig:
     try:
-        root = yaml.compose(text)
-        raw = yaml.safe_load(text)
+        root, raw = _parse_yaml(text, file)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{file}:{mark.line + 1}" if mark else str(file)

@@ -14,9 +14,10 @@ The built-in destinations `parquet`, `csv` and `tsv` (files in the workspace) ex
 
 from __future__ import annotations
 
+from string import Formatter
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from basemodel_pipeline.config.base import IDENTIFIER, Strict
 from basemodel_pipeline.config.sources import (
@@ -43,6 +44,29 @@ class FileOutput(Strict):
     )
 
 
+TABLE_PLACEHOLDERS = ("dataset", "scenario")
+
+
+def check_table_template(template: str) -> None:
+    """ValueError unless `template` uses only the plain placeholders {dataset} and {scenario} (no attribute,
+    index, conversion or format spec: a table name template must not reach into Python objects)."""
+    allowed = " and ".join(f"{{{p}}}" for p in TABLE_PLACEHOLDERS)
+    try:
+        fields = [(f, conv, spec) for _, f, spec, conv in Formatter().parse(template) if f is not None]
+    except ValueError as exc:
+        raise ValueError(
+            f"not a valid template ({exc}): only the placeholders {allowed} may be used, and {{{{ }}}} for "
+            "literal braces"
+        ) from None
+    for field, conversion, spec in fields:
+        if field not in TABLE_PLACEHOLDERS or conversion or spec:
+            written = f"{{{field}{'!' + conversion if conversion else ''}{':' + spec if spec else ''}}}"
+            raise ValueError(
+                f"{written} is not allowed: only the placeholders {allowed} may be used, as they are "
+                "(no attributes, indexes, conversions or format specs)"
+            )
+
+
 class WarehouseOutput(Strict):
     table: str | None = Field(
         default=None,
@@ -57,17 +81,12 @@ class WarehouseOutput(Strict):
         "written in one step; other dates and scenarios are kept.",
     )
 
-    @model_validator(mode="after")
-    def _placeholders(self) -> WarehouseOutput:
-        if self.table is not None:
-            try:
-                self.table.format(dataset="x", scenario="x")
-            except (KeyError, IndexError, ValueError) as exc:
-                raise ValueError(
-                    f"table {self.table!r}: only the placeholders {{dataset}} and {{scenario}} are allowed "
-                    f"({exc})"
-                ) from None
-        return self
+    @field_validator("table")
+    @classmethod
+    def _placeholders(cls, table: str | None) -> str | None:
+        if table is not None:
+            check_table_template(table)
+        return table
 
     def table_name(self, dataset: str, scenario: str | None) -> str:
         if self.table is not None:

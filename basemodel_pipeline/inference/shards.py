@@ -141,6 +141,47 @@ def merge_shards(
     return {**info, "as_of": as_of.isoformat(), "shards": k, "model_version": version}
 
 
+WORKER_MEMORY = 400 * 2**20  # about what one scoring process holds (model, state slice, batches)
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to new processes (psutil, else /proc/meminfo), or None if unknown."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:  # pragma: no cover - psutil is in requirements.lock
+        pass
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def cap_workers(requested: int, cores: int, free: int | None) -> tuple[int, str | None]:
+    """(workers to start, one-line note when fewer than `requested`): at most one per core and one per
+    WORKER_MEMORY of free memory (when known), and at least one."""
+    by_memory = requested if free is None else free // WORKER_MEMORY
+    workers = max(1, min(requested, cores, by_memory))
+    if workers == requested:
+        return workers, None
+    memory = "free memory unknown" if free is None else f"{free / 2**30:.1f} GiB free"
+    return workers, (
+        f"--workers {requested} capped to {workers}: {cores} core{'s' * (cores != 1)}, {memory} "
+        f"at ~{WORKER_MEMORY // 2**20} MB per worker"
+    )
+
+
 def predict_with_workers(
     cfg: PipelineConfig,
     config: Path,
@@ -152,14 +193,21 @@ def predict_with_workers(
     progress: Progress,
 ) -> dict[str, Any]:
     """Build or advance the shared state once, score k shards in k local processes (`basemodel predict
-    CONFIG --shard I/K` plus worker_args), merge the parts into the destination."""
+    CONFIG --shard I/K` plus worker_args), merge the parts into the destination. k is capped by the cores
+    and free memory (cap_workers; the cap is logged and the result reports the workers actually used)."""
+    if k < 1:
+        raise UserError(f"--workers {k}: give a number of worker processes of at least 1")
+    requested, cores = k, usable_cores()
+    k, note = cap_workers(requested, cores, available_memory())
+    if note:
+        progress.log(note)
     cache = EventCache(cache_dir(cfg))
     as_of = as_of or default_as_of(cache)
     if state_serves(cache, as_of, replay="--replay" in worker_args):
         meta = json.loads((ws.latest_scenario_dir(cfg, scenario) / "model.json").read_text())
         ensure_state(Path(cfg.workspace), cache, meta["encoder"], as_of, progress)
     started = time.perf_counter()
-    threads = max(1, (os.cpu_count() or 1) // k)
+    threads = max(1, cores // k)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "BASEMODEL_TORCH_THREADS": str(threads)}
     procs = [
         subprocess.Popen(
@@ -195,4 +243,4 @@ def predict_with_workers(
         raise UserError("; ".join(errors))
     wall = time.perf_counter() - started
     out = merge_shards(cfg, scenario, as_of, k, destination)
-    return {**out, "workers": k, "workers_wall_s": round(wall, 2)}
+    return {**out, "workers": k, "workers_requested": requested, "workers_wall_s": round(wall, 2)}

@@ -321,7 +321,7 @@ def _pretrain(
     )
     run = resume.new_run_info()
     kept: dict[str, Any] = {"best_state": None}  # best weights so far (read by the step callback)
-    resumed = resume.load_state(state_dir, key, model, opt, sched)
+    resumed = resume.load_state(state_dir, key, model, opt, sched, warn=progress.log)
     if resumed is not None:
         run, kept["best_state"] = resumed
         progress.log(f"resuming from step {run['step']} (epoch {run['epoch'] + 1}, batch {run['batch']})")

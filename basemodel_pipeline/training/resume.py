@@ -1,8 +1,11 @@
 """Resumable training state without pickle: tensors in safetensors, the rest in JSON.
 
-A run writes <dir>/state.safetensors + state.json every N steps (atomically: the JSON, written last, names the
-step the tensors belong to). A run started again with the same key continues from there; a different key
-(another config or cache) ignores and replaces the state.
+A run writes <dir>/state.safetensors + state.json every N steps. Both are written into a staging directory
+beside <dir> which is then renamed into place, so a kill at any point leaves either the previous complete
+state or none (never the tensors of one step with the counters of another); state.json also records the
+sha256 of the tensors file. A run started again with the same key continues from there; a different key
+(another config or cache) ignores and replaces the state; an unreadable or inconsistent state is reported
+through `warn` and ignored (the run starts afresh).
 """
 
 from __future__ import annotations
@@ -10,10 +13,13 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+from collections.abc import Callable
+from copy import deepcopy
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from basemodel_pipeline import workspace as ws
@@ -60,41 +66,60 @@ def save_state(
     best_state: dict[str, torch.Tensor] | None,
     info: dict[str, Any],
 ) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
+    """Replace the state in `directory` by this one in a single rename (see the module docstring)."""
     tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     if best_state is not None:
         tensors.update({f"best.{k}": v.detach().cpu().contiguous() for k, v in best_state.items()})
     opt_tensors, groups = _flatten_optimizer(opt)
     tensors.update(opt_tensors)
     tensors["torch_rng"] = torch.get_rng_state()
-    tmp = directory / f".{TENSORS}.tmp"
-    save_file(tensors, str(tmp))
-    tmp.replace(directory / TENSORS)
-    meta = {
-        "key": key,
-        "info": info,
-        "param_groups": groups,
-        "sched_last_epoch": sched.last_epoch,
-        "has_best": best_state is not None,
-    }
-    ws.atomic_write_text(directory / META, json.dumps(meta))
+    staging = ws.staging_dir(directory)
+    try:
+        save_file(tensors, str(staging / TENSORS))
+        meta = {
+            "key": key,
+            "tensors_sha256": ws.sha256_file(staging / TENSORS),
+            "info": info,
+            "param_groups": groups,
+            "sched_last_epoch": sched.last_epoch,
+            "has_best": best_state is not None,
+        }
+        ws.atomic_write_text(staging / META, json.dumps(meta))
+        ws.publish_dir(staging, directory)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
 
 
-def load_state(
-    directory: Path,
-    key: str,
+class _Unusable(Exception):
+    """The saved state cannot be used (unreadable, inconsistent or not this run's shape)."""
+
+
+def _read_state(directory: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """(meta, tensors) of a saved state whose files agree with each other, else _Unusable."""
+    try:
+        meta = json.loads((directory / META).read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise _Unusable(f"{META} is unreadable ({exc})") from None
+    needed = ("key", "tensors_sha256", "info", "param_groups", "sched_last_epoch", "has_best")
+    if not isinstance(meta, dict) or any(k not in meta for k in needed):
+        raise _Unusable(f"{META} lacks {', '.join(k for k in needed if k not in (meta or {}))}")
+    try:
+        if ws.sha256_file(directory / TENSORS) != meta["tensors_sha256"]:
+            raise _Unusable(f"{TENSORS} does not match the checksum in {META}")
+        return meta, load_file(str(directory / TENSORS))
+    except (OSError, ValueError, RuntimeError, SafetensorError) as exc:
+        raise _Unusable(f"{TENSORS} is unreadable ({exc})") from None
+
+
+def _apply_state(
+    meta: dict[str, Any],
+    tensors: dict[str, torch.Tensor],
     model: torch.nn.Module,
     opt: torch.optim.Optimizer,
     sched: torch.optim.lr_scheduler.LRScheduler,
-) -> tuple[dict[str, Any], dict[str, torch.Tensor] | None] | None:
-    """Restore model/optimizer/scheduler/torch RNG; returns (info, best_state) or None."""
-    meta_file = directory / META
-    if not meta_file.exists() or not (directory / TENSORS).exists():
-        return None
-    meta = json.loads(meta_file.read_text())
-    if meta.get("key") != key:
-        return None
-    tensors = load_file(str(directory / TENSORS))
+) -> tuple[dict[str, Any], dict[str, torch.Tensor] | None]:
+    """Load a read state into model/optimizer/scheduler/torch RNG; returns (info, best_state)."""
     model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
     state: dict[int, dict[str, torch.Tensor]] = {}
     for name, v in tensors.items():
@@ -108,5 +133,45 @@ def load_state(
     return meta["info"], best
 
 
+def load_state(
+    directory: Path,
+    key: str,
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    sched: torch.optim.lr_scheduler.LRScheduler,
+    warn: Callable[[str], None] | None = None,
+) -> tuple[dict[str, Any], dict[str, torch.Tensor] | None] | None:
+    """Restore model/optimizer/scheduler/torch RNG; returns (info, best_state), or None to start afresh.
+
+    A state saved under another key is ignored silently; an unusable one is reported through `warn`,
+    removed, and leaves model/optimizer/scheduler/RNG as they were."""
+    if not (directory / META).exists() and not (directory / TENSORS).exists():
+        return None
+    before = (
+        deepcopy(model.state_dict()),
+        deepcopy(opt.state_dict()),
+        sched.last_epoch,
+        torch.get_rng_state(),
+    )
+    try:
+        meta, tensors = _read_state(directory)
+        if meta["key"] != key:
+            return None
+        try:
+            return _apply_state(meta, tensors, model, opt, sched)
+        except (KeyError, ValueError, RuntimeError, TypeError) as exc:
+            raise _Unusable(f"it does not fit this run ({type(exc).__name__}: {exc})") from None
+    except _Unusable as exc:
+        model.load_state_dict(before[0])
+        opt.load_state_dict(before[1])
+        sched.last_epoch = before[2]
+        torch.set_rng_state(before[3])
+        if warn is not None:
+            warn(f"warning: ignoring the saved training state in {directory}: {exc}; starting afresh")
+        clear_state(directory)
+        return None
+
+
 def clear_state(directory: Path) -> None:
+    """Remove a saved state (once its run has published a checkpoint, or when it is unusable)."""
     shutil.rmtree(directory, ignore_errors=True)

@@ -1,0 +1,82 @@
+"""The LATEST pointers: loading a checkpoint stays inside its checkpoint root."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from basemodel_pipeline import workspace as ws
+from basemodel_pipeline.cli import app
+from basemodel_pipeline.config import load_config
+from basemodel_pipeline.errors import UserError
+from basemodel_pipeline.pipeline import run_cache, run_extract
+
+VERSION = "20240301T120000123456Z"
+
+
+def _roots(tmp_path: Path) -> tuple[Path, Path]:
+    """(a checkpoint root with one published version, a directory outside it that looks like a version)."""
+    root = tmp_path / "workspace" / "checkpoints" / "foundation"
+    (root / VERSION).mkdir(parents=True)
+    (root / ".resume").mkdir()
+    outside = tmp_path / "elsewhere" / VERSION
+    outside.mkdir(parents=True)
+    (outside / "model.json").write_text("{}")
+    return root, outside
+
+
+def test_latest_names_a_version_beside_it(tmp_path: Path) -> None:
+    root, _ = _roots(tmp_path)
+    ws.set_latest(root, VERSION)
+    assert ws.latest(root, "foundation checkpoint") == root / VERSION
+
+
+@pytest.mark.parametrize(
+    "pointer",
+    [
+        "../../../elsewhere/" + VERSION,  # a relative path leaving the root
+        "ABSOLUTE",  # an absolute path
+        "..",
+        ".",
+        "",
+        ".resume",  # a hidden directory beside LATEST (training state, staging)
+        f"{VERSION}/../{VERSION}",
+        "not-a-version",
+    ],
+)
+def test_latest_naming_anything_but_a_plain_version_is_a_user_error(tmp_path: Path, pointer: str) -> None:
+    root, outside = _roots(tmp_path)
+    (root / "not-a-version").mkdir()
+    (root / "LATEST").write_text((str(outside) if pointer == "ABSOLUTE" else pointer) + "\n")
+    with pytest.raises(UserError) as info:
+        ws.latest(root, "foundation checkpoint")
+    message = str(info.value)
+    assert "\n" not in message
+    assert str(root / "LATEST") in message and "version" in message, message
+    assert VERSION in message  # what to write into it instead
+
+
+def test_latest_version_that_is_a_link_out_of_the_root_is_a_user_error(tmp_path: Path) -> None:
+    root, outside = _roots(tmp_path)
+    linked = "20240302T120000123456Z"
+    (root / linked).symlink_to(outside, target_is_directory=True)
+    ws.set_latest(root, linked)
+    with pytest.raises(UserError, match="outside") as info:
+        ws.latest(root, "foundation checkpoint")
+    assert f"newest: {VERSION}" in str(info.value)  # the link is not offered as the fix
+
+
+def test_cli_finetune_with_a_latest_pointing_outside_is_one_line(tiny_config: Path) -> None:
+    cfg = load_config(tiny_config)
+    run_extract(cfg)
+    run_cache(cfg)
+    root = ws.foundation_root(cfg)
+    (root / VERSION).mkdir(parents=True)
+    (root / "LATEST").write_text(str(Path(cfg.workspace).parent) + "\n")  # the directory of the config
+    result = CliRunner().invoke(app, ["finetune", str(tiny_config), "-s", "churn"])
+    assert result.exit_code == 2, (result.output, result.exception)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert str(root / "LATEST") in lines[0] and VERSION in lines[0], lines[0]
