@@ -60,3 +60,32 @@ def test_refit_on_validation_publishes_the_refit_model(refit_world, publish: str
     scores = dict(zip(table.column("entity_id").to_pylist(), table.column("score").to_pylist(), strict=True))
     got = auroc(test.labels, np.array([scores[i] for i in cache.entity_ids[test.entity]]))
     assert got == pytest.approx(m["test"]["model"], abs=1e-9)  # the saved model is the refit one
+
+
+def test_refit_on_all_learns_the_test_window_after_measuring_it(tiny_dataset: Path, tmp_path: Path) -> None:
+    """refit_on_all: the test metric is measured before the refit (identical to a run without it), and the
+    published model is then trained on every labelled window, the test window included."""
+    from safetensors.numpy import load_file
+
+    shutil.copytree(tiny_dataset.parent / "data", tmp_path / "data")
+    raw = yaml.safe_load(tiny_dataset.read_text())
+    raw["scenarios"] = [{"name": "grocery", "task": "binary", "target": GROCERY, "publish": "neural"}]
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(raw, sort_keys=False))
+    cfg = load_config(config)
+    run_extract(cfg)
+    run_cache(cfg)
+    run_pretrain(cfg)
+    plain = finetune_many(cfg, cfg.scenarios, NullProgress())["grocery"]
+    raw["training_params"]["finetune"]["refit_on_all"] = True
+    config.write_text(yaml.safe_dump(raw, sort_keys=False))
+    cfg = load_config(config)
+    refit = finetune_many(cfg, cfg.scenarios, NullProgress())["grocery"]
+
+    m = json.loads((Path(refit["path"]) / "metrics.json").read_text())
+    assert m["refit"]["refit_on_all"] and m["refit"]["windows"] == "training + validation + test"
+    assert "refit_all_s" in m["timing_s"]
+    assert refit["test_model"] == plain["test_model"]  # measured before the refit
+    before = load_file(str(Path(plain["path"]) / "model.safetensors"))
+    after = load_file(str(Path(refit["path"]) / "model.safetensors"))
+    assert any(not np.array_equal(before[k], after[k]) for k in before)  # then trained on more windows

@@ -221,6 +221,13 @@ class FinetuneParams(Strict):
         "labelled windows. Its test metric then compares a model that saw more windows with baselines that did "
         "not; the report says so.",
     )
+    refit_on_all: bool = Field(
+        default=False,
+        description="After the choice and the test measurement, train the published candidate again on every "
+        "labelled window (training, validation and test), so the published model learns from the newest weeks "
+        "(production retrains with rolling windows). The reported test metrics are those of the model before "
+        "this refit, which has seen the test window; the report says so.",
+    )
     epochs: int = Field(default=12, gt=0)
     batch_size: int = Field(default=256, gt=0)
     learning_rate: float = Field(default=1e-3, gt=0)

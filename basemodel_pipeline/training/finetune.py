@@ -525,6 +525,26 @@ def _finish(
         "foundation_version": shared.fmeta["version"],
         "cache_data_version": cache_data_version(shared.cache.manifest),
     }
+    if cfg.training_params.finetune.refit_on_all:  # after the test measurement: the newest weeks too
+        t0 = time.perf_counter()
+        model, _ = _refit(
+            shared,
+            scenario,
+            spec,
+            {**parts, "test": ex["test"]},
+            ex["test"],
+            model,
+            history,
+            published,
+            progress,
+        )
+        result["timing_s"]["refit_all_s"] = round(time.perf_counter() - t0, 2)
+        result["refit"] = {
+            **result.get("refit", {}),
+            "refit_on_all": True,
+            "windows": "training + validation + test",
+            "test_metrics": "of the model before this refit (the refitted model has seen the test window)",
+        }
     big = {k: spec.extra[k] for k in ("items", "popularity") if k in spec.extra}
     small_spec = {k: v for k, v in spec.to_dict().items() if k not in big}
     published_meta, published_files = published.save()
@@ -611,10 +631,12 @@ def _refit(
     published: Candidate,
     progress: Progress,
 ) -> tuple[TrunkWithHead, Any]:
-    """The published candidate trained again on the training and validation windows together, for the
-    epochs / rounds early stopping chose (finetune.refit_on_validation). Returns (network, its test outputs)."""
+    """The published candidate trained again on the training and validation windows together (and the test
+    window when `parts` holds "test": finetune.refit_on_all), for the epochs / rounds early stopping chose
+    (finetune.refit_on_validation). Returns (network, its test outputs)."""
     mode = scenario.mode or shared.cfg.training_params.finetune.mode
-    everything = concat_examples([parts["train"], parts["stop"], parts["select"]])
+    labelled = [parts["train"], parts["stop"], parts["select"], *([parts["test"]] if "test" in parts else [])]
+    everything = concat_examples(labelled)
     if _uses_network(published):
         sign = 1.0 if metrics.higher_is_better(metrics.PRIMARY_METRIC[scenario.task]) else -1.0
         scores = [sign * h["val_metric"] if np.isfinite(h["val_metric"]) else -np.inf for h in history]
@@ -627,9 +649,7 @@ def _refit(
         )[0]
         model.to(loop.pick_device(shared.cfg.training_params.foundation.device))
     # the re-ranker learns from validation windows only (rerank.Reranker.fit): all of them now
-    windows = (
-        concat_examples([parts["stop"], parts["select"]]) if scenario.task == "recommendation" else everything
-    )
+    windows = concat_examples(labelled[1:]) if scenario.task == "recommendation" else everything
     progress.log(f"{scenario.name}: refitting {type(published).__name__} on {len(windows):,} examples")
     published.refit(shared.rows_of(windows, model, mode))
     rows = shared.rows_of(test, model, mode)
