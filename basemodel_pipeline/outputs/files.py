@@ -103,7 +103,7 @@ class FileWriter(Writer):
             with contextlib.suppress(Exception):  # the staging directory is removed anyway
                 self._sink.close()
             self._sink = None
-        shutil.rmtree(self.directory, ignore_errors=True)
+        ws.discard_dir(self.directory)
 
 
 def keep_other_files(final: Path, staging: Path) -> None:

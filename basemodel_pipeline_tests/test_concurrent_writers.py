@@ -1,0 +1,216 @@
+"""Concurrent writers of one workspace (issue 18, "nothing lost, nothing silently wrong").
+
+Every test runs REAL processes (subprocesses running the library) and forces the dangerous interleaving with
+signal files: a child pauses at a chosen point until the test lets it go, so nothing depends on timing luck.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from basemodel_pipeline.config import load_config
+from basemodel_pipeline.pipeline import run_extract
+
+DAY = dt.timedelta(days=1)
+WAIT_S = 300  # a generous bound for a child to reach a signal; never hit when the code is right
+ROOT = Path(__file__).resolve().parents[1]
+
+# A child: pause on the first call of `module.attr` (after touching <signals>/<who>.paused, until
+# <signals>/<who>.go exists), report every progress.log line containing "waiting" by touching
+# <signals>/<who>.waiting, then run the pipeline function named on the command line.
+CHILD = r"""
+import datetime as dt, importlib, json, sys, time
+from pathlib import Path
+
+config, signals, who, pause, stage, args = sys.argv[1:7]
+signals = Path(signals)
+args = json.loads(args)
+
+
+def touch(name):
+    (signals / f"{who}.{name}").touch()
+
+
+if pause != "-":
+    module_name, attr = pause.rsplit(":", 1)
+    owner, _, name = attr.rpartition(".")
+    target = importlib.import_module(module_name)
+    if owner:
+        target = getattr(target, owner)
+    original = getattr(target, name)
+    calls = []
+
+    def paused(*a, **kw):
+        if not calls:
+            calls.append(1)
+            touch("paused")
+            while not (signals / f"{who}.go").exists():
+                time.sleep(0.05)
+        return original(*a, **kw)
+
+    setattr(target, name, paused)
+
+
+class Progress:
+    def start(self, task, total): pass
+    def advance(self, task, amount=1, **metrics): pass
+    def log(self, message):
+        print(message, flush=True)
+        if "waiting" in message:
+            touch("waiting")
+
+
+from basemodel_pipeline import pipeline
+from basemodel_pipeline.config import load_config
+
+cfg = load_config(config)
+if stage == "extract":
+    days = tuple(dt.date.fromisoformat(d) for d in args["days"]) if args.get("days") else None
+    result = pipeline.run_extract(cfg, args["source"], progress=Progress(), days=days)
+else:
+    as_of = dt.date.fromisoformat(args.pop("as_of"))
+    result = pipeline.run_predict(cfg, args.pop("scenario"), as_of, progress=Progress(), **args)
+print(json.dumps(result, default=str))
+"""
+
+
+def child(tmp: Path, config: Path, who: str, pause: str, stage: str, args: str) -> subprocess.Popen:
+    """Start a child process (see CHILD) running `stage` with JSON `args`."""
+    script = tmp / "child.py"
+    script.write_text(CHILD)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, str(script), str(config), str(tmp), who, pause, stage, args]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+
+
+def wait_for(condition: Callable[[], bool], what: str) -> None:
+    """Poll until `condition()` holds (the interleaving is forced by signals, not by this timeout)."""
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def finish(proc: subprocess.Popen) -> tuple[int, str]:
+    out, _ = proc.communicate(timeout=WAIT_S)
+    return proc.returncode, out
+
+
+def source_rows_per_day(cfg) -> dict[str, int]:
+    """Rows per day of the transactions source that the extract keeps (its where_condition: quantity > 0)."""
+    table = pq.read_table(cfg.source("transactions").data_location.path)
+    assert cfg.source("transactions").where_condition == "quantity > 0"
+    table = table.filter(pc.greater(table["quantity"], 0))
+    days = pc.strftime(table["transaction_timestamp"], format="%Y-%m-%d")
+    counts = pc.value_counts(days)
+    return {f"{v['values']}.parquet": v["counts"] for v in counts.to_pylist()}
+
+
+def extract_rows_per_day(cfg) -> dict[str, int]:
+    d = Path(cfg.workspace) / "extracts" / "transactions"
+    return {p.name: pq.read_metadata(p).num_rows for p in sorted(d.glob("*.parquet"))}
+
+
+HOLDER = r"""
+import sys, time
+from pathlib import Path
+from basemodel_pipeline import workspace as ws
+
+final, signal_file = Path(sys.argv[1]), Path(sys.argv[2])
+tmp = ws.staging_dir(final)
+(tmp / "part.bin").write_bytes(b"x")
+signal_file.write_text(str(tmp))
+time.sleep(600)
+"""
+
+
+def test_cleanup_removes_only_staging_of_dead_writers(tmp_path: Path) -> None:
+    """clean_stale_tmp leaves a live process's staging directory alone and removes it once that process is
+    killed (SIGKILL: no cleanup of its own); a staging directory of this process survives too."""
+    from basemodel_pipeline import workspace as ws
+
+    parent = tmp_path / "outputs"
+    signal_file = tmp_path / "staged"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(parent / "2024-03-01"), str(signal_file)], env=env
+    )
+    try:
+        wait_for(lambda: signal_file.exists() and signal_file.read_text(), "the holder to stage")
+        theirs = Path(signal_file.read_text())
+        mine = ws.staging_dir(parent / "2024-03-02")
+        ws.clean_stale_tmp(parent)
+        assert (theirs / "part.bin").exists() and mine.is_dir()
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    ws.clean_stale_tmp(parent)
+    assert not theirs.exists() and mine.is_dir()
+    assert sorted(p.name for p in parent.iterdir()) == sorted(
+        p.name for p in parent.iterdir() if p.name.startswith(mine.name)
+    )
+    ws.publish_dir(mine, parent / "2024-03-02")
+    assert sorted(p.name for p in parent.iterdir()) == ["2024-03-02"]
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A workspace with extracts, the cache, a foundation and the 'churn' scenario (read-only for tests)."""
+    import shutil
+
+    from basemodel_pipeline.pipeline import run_cache, run_finetune, run_pretrain
+
+    d = tmp_path_factory.mktemp("trained")
+    shutil.copytree(tiny_dataset.parent / "data", d / "data")
+    config = Path(shutil.copy(tiny_dataset, d / "config.yaml"))
+    cfg = load_config(config)
+    run_extract(cfg)
+    run_cache(cfg)
+    run_pretrain(cfg)
+    run_finetune(cfg, "churn")
+    return config
+
+
+def _predictions_root(cfg) -> Path:
+    return Path(cfg.workspace) / "predictions" / "churn"
+
+
+def test_two_predicts_of_one_scenario_at_once_both_publish(trained: Path, tmp_path: Path) -> None:
+    """Process A pauses with its staging directory open; process B (another as-of date) runs to the end,
+    cleaning stale temporaries on its way. A must still publish its table, and so must B."""
+    from basemodel_pipeline.cache.build import cache_dir
+    from basemodel_pipeline.cache.store import EventCache
+
+    cfg = load_config(trained)
+    cache = EventCache(cache_dir(cfg))
+    late = cache.max_date + DAY
+    early = cache.max_date - 10 * DAY
+    args = '{{"scenario": "churn", "as_of": "{}", "precision": "fp32"}}'
+    a = child(tmp_path, trained, "A", "basemodel_pipeline.outputs.files:FileWriter._write", "predict",
+              args.format(early))  # fmt: skip
+    wait_for(lambda: (tmp_path / "A.paused").exists() or a.poll() is not None, "A to open its writer")
+    assert a.poll() is None, finish(a)[1]
+    b = child(tmp_path, trained, "B", "-", "predict", args.format(late))
+    rc_b, out_b = finish(b)
+    (tmp_path / "A.go").touch()
+    rc_a, out_a = finish(a)
+
+    assert rc_b == 0, out_b
+    assert rc_a == 0, out_a
+    for as_of in (early, late):
+        table = pq.read_table(_predictions_root(cfg) / as_of.isoformat() / "predictions.parquet")
+        assert table.num_rows == cache.n_entities
+        assert set(pc.unique(table["as_of"]).to_pylist()) == {as_of}
+    assert not list(_predictions_root(cfg).glob(".*.tmp"))
