@@ -123,6 +123,53 @@ def extract_rows_per_day(cfg) -> dict[str, int]:
     return {p.name: pq.read_metadata(p).num_rows for p in sorted(d.glob("*.parquet"))}
 
 
+def test_a_full_extract_and_a_day_range_at_once_lose_nothing(tiny_config: Path) -> None:
+    """Process A (the whole source) pauses after staging its day partitions; process B (a day range) starts
+    meanwhile. B must not clean A's staging away: it waits for A's lock (and says so), and afterwards every
+    day file holds exactly the source's rows of that day, whatever the two reported."""
+    cfg = load_config(tiny_config)
+    tmp = tiny_config.parent
+    start = cfg.data_params.data_start_date + 10 * DAY
+    full = '{"source": "transactions"}'
+    part = f'{{"source": "transactions", "days": ["{start}", "{start + 5 * DAY}"]}}'
+    a = child(tmp, tiny_config, "A", "basemodel_pipeline.sources.extract:write_sorted", "extract", full)
+    wait_for(lambda: (tmp / "A.paused").exists() or a.poll() is not None, "A to stage its days")
+    assert a.poll() is None, finish(a)[1]
+    b = child(tmp, tiny_config, "B", "-", "extract", part)
+    wait_for(lambda: (tmp / "B.waiting").exists() or b.poll() is not None, "B to wait for A or finish")
+    (tmp / "A.go").touch()
+    (rc_a, out_a), (rc_b, out_b) = finish(a), finish(b)
+
+    assert rc_a == 0, out_a
+    assert rc_b == 0, out_b
+    assert "another extract of source transactions is running (pid " in out_b
+    assert extract_rows_per_day(cfg) == source_rows_per_day(cfg)
+    assert not [p.name for p in (Path(cfg.workspace) / "extracts" / "transactions").glob(".*.tmp")]
+
+
+def test_a_second_extract_waits_then_gives_up_with_one_line(tiny_config: Path) -> None:
+    """With a lock timeout a waiting extract fails with a one-line UserError naming the holder's pid."""
+    from basemodel_pipeline.errors import UserError
+    from basemodel_pipeline.progress import NullProgress
+    from basemodel_pipeline.sources import extract
+
+    cfg = load_config(tiny_config)
+    tmp = tiny_config.parent
+    a = child(tmp, tiny_config, "A", "basemodel_pipeline.sources.extract:write_sorted", "extract",
+              '{"source": "transactions"}')  # fmt: skip
+    try:
+        wait_for(lambda: (tmp / "A.paused").exists() or a.poll() is not None, "A to stage its days")
+        with pytest.raises(
+            UserError, match=rf"another extract of source transactions is running \(pid {a.pid}\)"
+        ):
+            extract.extract_source(cfg, cfg.source("transactions"), NullProgress(), lock_timeout_s=0.2)
+    finally:
+        (tmp / "A.go").touch()
+        rc, out = finish(a)
+    assert rc == 0, out
+    assert extract_rows_per_day(cfg) == source_rows_per_day(cfg)
+
+
 HOLDER = r"""
 import sys, time
 from pathlib import Path
