@@ -261,3 +261,84 @@ def test_two_predicts_of_one_scenario_at_once_both_publish(trained: Path, tmp_pa
         assert table.num_rows == cache.n_entities
         assert set(pc.unique(table["as_of"]).to_pylist()) == {as_of}
     assert not list(_predictions_root(cfg).glob(".*.tmp"))
+
+
+def test_a_subset_predict_keeps_the_full_table(trained: Path, tmp_path: Path) -> None:
+    """`predict --entities vip.txt` writes predictions/<scenario>/<as_of>/subsets/vip/ and leaves the full
+    table as it was; a later full run keeps the subset."""
+    from typer.testing import CliRunner
+
+    from basemodel_pipeline.cli import app
+    from basemodel_pipeline.pipeline import run_predict
+
+    cfg = load_config(trained)
+    full = run_predict(cfg, "churn", precision="fp32")
+    final = Path(full["path"]).parent
+    everyone = pq.read_table(full["path"])
+    ids = [str(v) for v in everyone["entity_id"].to_pylist()[:3]]
+    (tmp_path / "vip.txt").write_text("\n".join(ids) + "\n")
+
+    args = [
+        "predict",
+        str(trained),
+        "-s",
+        "churn",
+        "--precision",
+        "fp32",
+        "--entities",
+        str(tmp_path / "vip.txt"),
+    ]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert pq.read_table(final / "predictions.parquet").equals(everyone)  # every row survives
+    subset = pq.read_table(final / "subsets" / "vip" / "predictions.parquet")
+    assert [str(v) for v in subset["entity_id"].to_pylist()] == ids
+    full_scores = dict(zip(everyone["entity_id"].to_pylist(), everyone["score"].to_pylist(), strict=True))
+    assert all(
+        abs(full_scores[e] - s) < 1e-6
+        for e, s in zip(*subset.select(["entity_id", "score"]).to_pydict().values(), strict=True)
+    )
+    assert ws_provenance(final / "subsets" / "vip")["model_version"] == full["model_version"]
+
+    again = run_predict(cfg, "churn", precision="fp32")
+    assert Path(again["path"]).parent == final
+    assert pq.read_table(final / "subsets" / "vip" / "predictions.parquet").equals(subset)
+
+
+def ws_provenance(directory: Path) -> dict[str, str]:
+    from basemodel_pipeline import workspace as ws
+
+    record = ws.read_provenance(directory)
+    assert record is not None, directory
+    return record
+
+
+def test_a_subset_refuses_what_would_replace_the_whole_slice(trained: Path) -> None:
+    """Subsets do not mix with shards (their merge replaces the full table) nor with warehouse tables (their
+    writers replace the whole (scenario, as_of) slice); each error is one line, given before any scoring."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from basemodel_pipeline.cli import app
+    from basemodel_pipeline.errors import UserError
+    from basemodel_pipeline.pipeline import run_predict
+
+    cfg = load_config(trained)
+    with pytest.raises(UserError, match="--entities cannot be combined with --shard") as info:
+        run_predict(cfg, "churn", entities=["1"], shard=(0, 2))
+    assert "\n" not in str(info.value)
+    with pytest.raises(UserError, match="subset name 'a/b'"):
+        run_predict(cfg, "churn", entities=["1"], subset="a/b")
+    raw = yaml.safe_load(trained.read_text())
+    params = {"account": "a", "user": "u", "database": "D", "schema": "S"}
+    raw["outputs"] = {"destinations": {"wh": {"kind": "snowflake", "connection_params": params}}}
+    other = trained.with_name("warehouse_config.yaml")
+    other.write_text(yaml.safe_dump(raw, sort_keys=False))
+    with pytest.raises(UserError, match="output 'wh' is a snowflake table, where a subset would replace"):
+        run_predict(load_config(other), "churn", entities=["1"], destination="wh")
+    ids = trained.with_name("ids.txt")
+    ids.write_text("1\n")
+    result = CliRunner().invoke(
+        app, ["predict", str(trained), "-s", "churn", "--entities", str(ids), "--workers", "2"]
+    )
+    assert result.exit_code == 2 and "--entities cannot be combined" in result.output
