@@ -132,16 +132,30 @@ def claim_tmp(final: Path) -> Path:
     file is created and flocked before the temporary exists, so no cleaner can take it for a dead one."""
     while True:
         tmp = final.with_name(f".{final.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+        owner = _owner_file(tmp)
         try:
-            fd = os.open(_owner_file(tmp), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
+            fd = os.open(owner, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
         except FileExistsError:
             continue
         fcntl.flock(fd, fcntl.LOCK_EX)
-        if tmp.exists():  # a leftover of an earlier process of the same pid: not ours to reuse
-            os.close(fd)
-            continue
-        _owned[tmp] = fd
-        return tmp
+        if _same_file(owner, fd) and not tmp.exists():
+            _owned[tmp] = fd
+            return tmp
+        # a cleaner took the fresh owner file for an orphan and removed it before we locked it, or a
+        # leftover of an earlier process with the same pid has the name: try another name
+        if _same_file(owner, fd):
+            owner.unlink(missing_ok=True)
+        os.close(fd)
+
+
+def _same_file(path: Path, fd: int) -> bool:
+    """Whether `path` still names the file open as `fd`."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    own = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
 
 
 def release_tmp(tmp: Path) -> None:

@@ -342,3 +342,36 @@ def test_a_subset_refuses_what_would_replace_the_whole_slice(trained: Path) -> N
         app, ["predict", str(trained), "-s", "churn", "--entities", str(ids), "--workers", "2"]
     )
     assert result.exit_code == 2 and "--entities cannot be combined" in result.output
+
+
+def test_a_cleaner_between_creating_and_locking_an_owner_file_cannot_orphan_the_staging(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cleaner that runs after a writer created its owner file but before it locked it takes the file for
+    an orphan and removes it; the writer notices and claims another name, so its staging keeps an owner."""
+    from basemodel_pipeline import workspace as ws
+
+    parent = tmp_path / "outputs"
+    parent.mkdir()
+    real_flock = ws.fcntl.flock
+    raced = []
+
+    def flock(fd: int, op: int) -> None:
+        if op == ws.fcntl.LOCK_EX and not raced:  # the writer's first lock: a cleaner gets there first
+            raced.append(sorted(p.name for p in parent.iterdir()))
+            ws.clean_stale_tmp(parent)
+        real_flock(fd, op)
+
+    monkeypatch.setattr(ws.fcntl, "flock", flock)
+    staging = ws.staging_dir(parent / "2024-03-01")
+    monkeypatch.setattr(ws.fcntl, "flock", real_flock)
+
+    assert raced and raced[0][0].endswith(".tmp.owner")  # the race happened: an owner file, no staging yet
+    assert (parent / (staging.name + ws.OWNER_SUFFIX)).exists()
+    fd = ws._owned.pop(staging)  # seen as another process sees it: ...
+    try:
+        ws.clean_stale_tmp(parent)  # ... its owner file is locked, so it is kept
+        assert staging.is_dir()
+    finally:
+        ws._owned[staging] = fd
+    ws.publish_dir(staging, parent / "2024-03-01")
