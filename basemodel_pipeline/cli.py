@@ -262,7 +262,14 @@ def predict(
         Path | None,
         typer.Option(
             "--entities",
-            help="Score only these ids: a text file (one per line), or CSV/Parquet with an entity_id column.",
+            help="Score only these ids: a text file (one per line), or CSV/Parquet with an entity_id column. "
+            "Written as a subset beside the full table, which stays as it is.",
+        ),
+    ] = None,
+    subset: Annotated[
+        str | None,
+        typer.Option(
+            "--subset", help="Name of the --entities output (default: the file's name without suffix)."
         ),
     ] = None,
     output: Annotated[
@@ -299,10 +306,12 @@ def predict(
     }  # fmt: skip
 
     def stage(cfg: PipelineConfig, p: Progress) -> Mapping[str, Any]:
-        from basemodel_pipeline.inference.predict import read_entity_ids
+        from basemodel_pipeline.inference.predict import SUBSET_WITH_SHARDS, read_entity_ids
         from basemodel_pipeline.inference.shards import parse_shard
 
         name = _scenario(cfg, scenario)
+        if entities is not None and (workers or merge_shards):
+            raise UserError(SUBSET_WITH_SHARDS)
         if workers:
             forwarded = [a for a in sys.argv[sys.argv.index("predict") + 1 :] if a != str(config)]
             args = _drop_workers(forwarded)
@@ -311,6 +320,9 @@ def predict(
             return pipeline.run_merge_shards(cfg, name, date, merge_shards, output)
         if entities is not None:
             options["entities"] = read_entity_ids(entities)
+            options["subset"] = subset or entities.stem
+        elif subset is not None:
+            options["subset"] = subset
         if shard:
             options["shard"] = parse_shard(shard)
         return pipeline.run_predict(cfg, name, date, progress=p, **options)

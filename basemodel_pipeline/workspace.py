@@ -9,17 +9,26 @@
 <workspace>/reports/summary.json
 
 provenance.json names the checkpoint versions an output was made from (retention keeps those).
+
+Temporaries (hidden ``.<name>.<pid>-<token>.tmp`` files and directories beside what they become) are owned:
+their writer holds an flock on ``<temporary>.owner`` from before the temporary exists until it is published
+or discarded. The kernel drops the lock when the writer dies, so clean_stale_tmp removes exactly the
+temporaries of dead writers and never those of a live one (another run writing beside it right now).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import fcntl
 import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
-import tempfile
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from basemodel_pipeline.config import PipelineConfig
@@ -124,16 +133,18 @@ def fsync_dir(path: Path) -> None:
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = claim_tmp(path)
     try:
-        with os.fdopen(fd, "wb") as fh:
+        with open(tmp, "xb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
+    finally:
+        release_tmp(tmp)
     fsync_dir(path.parent)
 
 
@@ -141,10 +152,67 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
 
 
+OWNER_SUFFIX = ".owner"
+_owned: dict[Path, int] = {}  # temporary -> descriptor of its flocked owner file (this process)
+
+
+def _owner_file(tmp: Path) -> Path:
+    return tmp.with_name(tmp.name + OWNER_SUFFIX)
+
+
+def claim_tmp(final: Path) -> Path:
+    """A fresh, unused temporary name beside `final`, owned by this process until release_tmp: the owner
+    file is created and flocked before the temporary exists, so no cleaner can take it for a dead one."""
+    while True:
+        tmp = final.with_name(f".{final.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+        owner = _owner_file(tmp)
+        try:
+            fd = os.open(owner, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
+        except FileExistsError:
+            continue
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if _same_file(owner, fd) and not tmp.exists():
+            _owned[tmp] = fd
+            return tmp
+        # a cleaner took the fresh owner file for an orphan and removed it before we locked it, or a
+        # leftover of an earlier process with the same pid has the name: try another name
+        if _same_file(owner, fd):
+            owner.unlink(missing_ok=True)
+        os.close(fd)
+
+
+def _same_file(path: Path, fd: int) -> bool:
+    """Whether `path` still names the file open as `fd`."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    own = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
+
+
+def release_tmp(tmp: Path) -> None:
+    """End this process's ownership of `tmp` (published, discarded, or never made): drop its owner file."""
+    fd = _owned.pop(tmp, None)
+    if fd is None:
+        return
+    _owner_file(tmp).unlink(missing_ok=True)
+    os.close(fd)
+
+
 def staging_dir(final: Path) -> Path:
-    """A fresh temporary directory beside `final`, to be published with publish_dir."""
+    """A fresh temporary directory beside `final`, owned by this process, to be published with publish_dir
+    (or removed with discard_dir)."""
     final.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
+    tmp = claim_tmp(final)
+    tmp.mkdir()
+    return tmp
+
+
+def discard_dir(tmp: Path) -> None:
+    """Remove a staging directory that will not be published, and release it."""
+    shutil.rmtree(tmp, ignore_errors=True)
+    release_tmp(tmp)
 
 
 def publish_dir(tmp: Path, final: Path) -> None:
@@ -161,6 +229,7 @@ def publish_dir(tmp: Path, final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, final)
+    release_tmp(tmp)
     fsync_dir(final.parent)
 
 
@@ -196,11 +265,81 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
 
 
 def clean_stale_tmp(parent: Path) -> None:
-    """Remove leftovers of a killed writer (hidden *.tmp files and directories)."""
+    """Remove leftovers of dead writers in `parent`: hidden *.tmp files and directories whose owner lock
+    nobody holds (their writer was killed; a live writer's, this process's included, are kept), and owner
+    files whose temporary is gone."""
     if not parent.exists():
         return
     for p in parent.glob(".*.tmp"):
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p, ignore_errors=True)
+        if p not in _owned:
+            _remove_if_dead(p)
+    for owner in parent.glob(f".*.tmp{OWNER_SUFFIX}"):
+        tmp = owner.with_name(owner.name.removesuffix(OWNER_SUFFIX))
+        if tmp not in _owned and not tmp.exists():
+            _remove_if_dead(tmp)
+
+
+def _remove_if_dead(tmp: Path) -> None:
+    """Remove `tmp` and its owner file unless a live process holds the owner's lock. A temporary without an
+    owner file (written before temporaries had owners) counts as dead."""
+    try:
+        fd = os.open(_owner_file(tmp), os.O_RDWR)
+    except FileNotFoundError:
+        fd = None
+    try:
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return  # its writer is alive
+        if tmp.is_dir() and not tmp.is_symlink():
+            shutil.rmtree(tmp, ignore_errors=True)
         else:
-            p.unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)
+        _owner_file(tmp).unlink(missing_ok=True)
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def exclusive_lock(
+    path: Path, what: str, timeout_s: float | None, log: Callable[[str], None], poll_s: float = 0.2
+) -> Iterator[None]:
+    """Run the block holding an flock on `path` (created when missing) that excludes every other process.
+    The kernel releases it when its holder dies, so a killed run never leaves a stale lock. When another
+    process holds it: log once and wait up to `timeout_s` seconds (None: for ever), then raise a one-line
+    UserError "another <what> is running (pid N)". The holder's pid is written into the lock file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        if not _try_flock(fd):
+            busy = f"another {what} is running (pid {_holder(fd)})"
+            if timeout_s is not None and timeout_s <= 0:
+                raise UserError(f"{busy}; try again when it has finished")
+            log(f"{busy}; waiting" + (f" up to {timeout_s:g} s" if timeout_s is not None else "") + " for it")
+            deadline = None if timeout_s is None else time.monotonic() + timeout_s
+            while not _try_flock(fd):
+                if deadline is not None and time.monotonic() > deadline:
+                    raise UserError(
+                        f"{busy}; gave up after waiting {timeout_s:g} s, try again when it has finished"
+                    )
+                time.sleep(poll_s)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _try_flock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _holder(fd: int) -> str:
+    """The pid recorded in a lock file by its holder ("unknown" before it has written one)."""
+    return os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"

@@ -70,6 +70,8 @@ def test_assets_groups_kinds_partitions(tiny_dataset: Path) -> None:
         assert graph[name].op.pool == "gpu"
     assert graph["scenario_baselines"].op.pool == "cpu"  # LightGBM on CPUs never holds the GPU slot
     assert graph["event_cache"].op.pool == "cache_writer"
+    for name in ("transactions", "products", "demographics"):  # one writer per source's extract
+        assert graph[f"extracts/{name}"].op.pool == f"extract_{name}"
     deps = defs.resolve_asset_graph()
     cache_parents = {k.to_user_string() for k in deps.get(dg.AssetKey("event_cache")).parent_keys}
     assert cache_parents == {"extracts/transactions", "extracts/products", "extracts/demographics"}

@@ -72,7 +72,8 @@ def test_files_roundtrip_rerun_and_abort(tiny_config: Path, fmt: str) -> None:
     writer.write(predictions(10, seed=2))
     writer.abort()
     assert read(info["path"], fmt).equals(again)
-    assert sorted(p.name for p in expected.parent.parent.iterdir()) == ["2024-03-01"]
+    # beside the as-of directory: nothing but the lock that publishes take turns on (outputs/files.py)
+    assert sorted(p.name for p in expected.parent.parent.iterdir()) == [".publish.lock", "2024-03-01"]
 
 
 def test_default_is_parquet_in_the_workspace_and_other_formats_are_kept(tiny_config: Path) -> None:

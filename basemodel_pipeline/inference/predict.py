@@ -8,12 +8,17 @@ recommendation: entity_id, as_of, rank, item, score     (top_k items of the whol
 
 As of the cache's latest date (the default) the features come from the per-entity state (inference/state.py),
 so scoring is a forward pass; as of an earlier date they are replayed from the cache's history.
+
+A subset (`entities`) never replaces the full table: it is written beside it as its own, named output,
+predictions/<scenario>/<as_of>/subsets/<name>/ for file destinations (warehouse tables and shards refuse
+subsets, because their writers replace the whole (scenario, as_of) slice).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -54,6 +59,12 @@ MAX_LABELS_ALL = 100  # multilabel: write every class's score up to this many cl
 DEFAULT_TOP_K = 20
 CHUNK = 16384  # entities per step
 UNKNOWN_EXAMPLES = 10
+DEFAULT_SUBSET = "subset"
+SUBSET_WITH_SHARDS = (
+    "--entities cannot be combined with --shard, --workers or --merge-shards: merged shards replace the whole "
+    "table; score a subset in one process"
+)
+SUBSET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
 def feature_chunks(
@@ -339,6 +350,7 @@ def predict(
     destination: str | None = None,
     shard: tuple[int, int] | None = None,
     replay: bool = False,
+    subset: str | None = None,
 ) -> dict[str, Any]:
     """Score entities (all, or the ids in `entities`) as of a date (default: the day after the cache's last
     day) and stream the table to an output destination (default: Parquet in the workspace).
@@ -347,9 +359,15 @@ def predict(
     labels per entity; ``threshold``: multilabel, keep labels scoring at least this (both may be combined).
     Multilabel scenarios with more than MAX_LABELS_ALL classes keep the DEFAULT_TOP_K best by default.
     ``shard=(i, k)`` scores the i-th of k contiguous slices of the entities (see inference/shards.py).
-    As of the latest date the per-entity state is used unless ``replay``."""
+    As of the latest date the per-entity state is used unless ``replay``.
+    With ``entities`` the table is the subset named ``subset`` (default "subset"), written beside the full
+    table (predictions/<scenario>/<as_of>/subsets/<name>/), which it leaves untouched."""
     from basemodel_pipeline.outputs import open_writer
 
+    if entities is not None:
+        subset = check_subset(cfg, subset or DEFAULT_SUBSET, destination, shard)
+    elif subset is not None:
+        raise UserError(f"subset name '{subset}' without --entities: a subset needs the ids to score")
     started = time.perf_counter()
     cache = EventCache(cache_dir(cfg))
     checkpoint = ws.latest_scenario_dir(cfg, scenario.name)
@@ -370,7 +388,7 @@ def predict(
         part = parts_dir(cfg, scenario.name, as_of, shard[1]) / f"part-{shard[0]:05d}.parquet"
         writer: Any = PartWriter(part, scorer.meta["version"])
     else:
-        writer = open_writer(cfg, "predictions", scenario.name, as_of, destination)
+        writer = open_writer(cfg, "predictions", scenario.name, as_of, destination, subset=subset)
         if getattr(writer, "directory", None) is not None:  # file destinations: what retention must keep
             ws.write_provenance(
                 writer.directory,
@@ -408,11 +426,34 @@ def predict(
             "unknown_entities": len(unknown),
         }
     )
+    if subset is not None:
+        meta["subset"] = subset
     if unknown:
         meta["unknown_examples"] = ", ".join(unknown[:UNKNOWN_EXAMPLES])
     if shard is None and entities is None and len(entity):  # the whole population: how far it moved
         meta.update(population_drift(cfg, scenario.name, scorer.meta["version"], as_of, sample.rows()))
     return meta
+
+
+def check_subset(
+    cfg: PipelineConfig, name: str, destination: str | None, shard: tuple[int, int] | None
+) -> str:
+    """The subset's name, once it is sure the subset can be written without replacing the full table."""
+    from basemodel_pipeline.config.outputs import FileOutput
+
+    if shard is not None:
+        raise UserError(SUBSET_WITH_SHARDS)
+    if not SUBSET_NAME.fullmatch(name):
+        raise UserError(
+            f"subset name '{name}': use up to 100 letters, digits, '.', '_' or '-' (set it with --subset NAME)"
+        )
+    dest_name, dest = cfg.outputs.destination(destination)
+    if not isinstance(dest, FileOutput):
+        raise UserError(
+            f"--entities: output '{dest_name}' is a {dest.kind} table, where a subset would replace the whole "
+            "(scenario, as_of) slice; write subsets to a file destination (e.g. -o parquet)"
+        )
+    return name
 
 
 def population_drift(

@@ -36,14 +36,18 @@ def publish_checkpoint(
     ws.clean_stale_tmp(root)
     final = root / version
     tmp = ws.staging_dir(final)
-    save_checkpoint(tmp, model.cpu(), {**meta, "version": version})
-    for name, content in (extra_files or {}).items():
-        path = tmp / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(content, bytes):
-            path.write_bytes(content)
-        else:
-            path.write_text(content)
+    try:
+        save_checkpoint(tmp, model.cpu(), {**meta, "version": version})
+        for name, content in (extra_files or {}).items():
+            path = tmp / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if isinstance(content, bytes):
+                path.write_bytes(content)
+            else:
+                path.write_text(content)
+    except BaseException:
+        ws.discard_dir(tmp)
+        raise
     ws.publish_dir(tmp, final)
     ws.set_latest(root, version)
     return version, final

@@ -45,9 +45,11 @@ def open_writer(
     scenario: str | None,
     as_of: dt.date,
     destination: str | None = None,
+    subset: str | None = None,
 ) -> Writer:
     """A writer of `dataset` ("predictions" or "embeddings") for one (scenario, as_of) to a named destination
-    of the config's `outputs` section (default: outputs.default, else Parquet in the workspace)."""
+    of the config's `outputs` section (default: outputs.default, else Parquet in the workspace). With
+    `subset` (file destinations only) it writes the named subset beside the full table instead."""
     if dataset not in DATASETS:
         raise UserError(f"dataset must be one of {', '.join(DATASETS)}, not {dataset!r}")
     if dataset == "predictions" and not scenario:
@@ -56,7 +58,9 @@ def open_writer(
     if isinstance(dest, FileOutput):
         from basemodel_pipeline.outputs.files import FileWriter
 
-        return FileWriter(cfg, name, dest, dataset, scenario, as_of)
+        return FileWriter(cfg, name, dest, dataset, scenario, as_of, subset)
+    if subset is not None:
+        raise UserError(f"output '{name}' ({dest.kind}) takes whole tables; write subset '{subset}' to files")
     import importlib
 
     module, _, cls_name = WAREHOUSE_WRITERS[dest.kind].partition(":")

@@ -1,11 +1,15 @@
 """Parquet, CSV and TSV files, staged in a hidden directory and published atomically at close.
 
     <root>/predictions/<scenario>/<as_of>/predictions.<parquet|csv|tsv>
+    <root>/predictions/<scenario>/<as_of>/subsets/<name>/predictions.<parquet|csv|tsv>   (predict --entities)
     <root>/embeddings/<as_of>/embeddings.<parquet|csv|tsv>
 
 <root> is the workspace unless the destination sets `path`. The staging directory replaces the final one in
-one rename; files of other formats already there (and files the caller adds to `directory`, such as the
-embeddings' .npy arrays) are published together with the new file.
+one rename; files of other formats already there, the subsets/ directory (and files the caller adds to
+`directory`, such as the embeddings' .npy arrays) are published together with the new file. A subset is
+staged outside the (scenario, as_of) directory and renamed into its subsets/ directory, so it never touches
+the full table. Publishes into one scenario's (or the embeddings') directory take turns on an flock
+(.publish.lock beside the as-of directories), so a full table published meanwhile cannot drop a subset.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ from basemodel_pipeline.config import PipelineConfig
 from basemodel_pipeline.config.outputs import FileOutput
 from basemodel_pipeline.errors import UserError
 from basemodel_pipeline.outputs.base import Writer
+
+SUBSETS = "subsets"
+PUBLISH_LOCK = ".publish.lock"
 
 
 def output_dir(root: Path, dataset: str, scenario: str | None, as_of: dt.date) -> Path:
@@ -59,6 +66,7 @@ class FileWriter(Writer):
         dataset: str,
         scenario: str | None,
         as_of: dt.date,
+        subset: str | None = None,
     ) -> None:
         super().__init__(name, dataset, scenario, as_of)
         self.format = dest.kind
@@ -66,9 +74,12 @@ class FileWriter(Writer):
         root = ws.root(cfg)
         if dest.path:
             root = root / dest.path  # an absolute path stays as it is
-        self.final = output_dir(root, dataset, scenario, as_of)
-        ws.clean_stale_tmp(self.final.parent)
-        self.directory: Path = ws.staging_dir(self.final)  # the caller may add files here before close
+        self.slice = output_dir(root, dataset, scenario, as_of)  # the (scenario, as_of) directory
+        self.subset = subset
+        self.final = self.slice / SUBSETS / subset if subset else self.slice
+        ws.clean_stale_tmp(self.slice.parent)  # only temporaries of dead writers
+        staged_as = self.slice.with_name(f"{self.slice.name}.{SUBSETS}.{subset}") if subset else self.slice
+        self.directory: Path = ws.staging_dir(staged_as)  # the caller may add files here before close
         self.file = self.directory / f"{dataset}.{dest.kind}"
         self._sink: pq.ParquetWriter | pacsv.CSVWriter | None = None
 
@@ -94,8 +105,13 @@ class FileWriter(Writer):
             )
         self._sink.close()
         self._sink = None
-        keep_other_files(self.final, self.directory)
-        ws.publish_dir(self.directory, self.final)
+        lock = self.slice.parent / PUBLISH_LOCK
+        with ws.exclusive_lock(lock, f"publish into {self.slice.parent}", None, lambda _: None):
+            if self.subset is None:
+                keep_other_files(self.final, self.directory)
+            else:
+                self.final.parent.mkdir(parents=True, exist_ok=True)
+            ws.publish_dir(self.directory, self.final)
         return {"destination": str(self.final / self.file.name), "path": str(self.final / self.file.name)}
 
     def _abort(self) -> None:
@@ -103,17 +119,26 @@ class FileWriter(Writer):
             with contextlib.suppress(Exception):  # the staging directory is removed anyway
                 self._sink.close()
             self._sink = None
-        shutil.rmtree(self.directory, ignore_errors=True)
+        ws.discard_dir(self.directory)
 
 
 def keep_other_files(final: Path, staging: Path) -> None:
-    """Hard-link (or copy) files of `final` that the staging directory does not replace into it."""
+    """Hard-link (or copy) files and directories (subsets/) of `final` that the staging directory does not
+    replace into it."""
     if not final.is_dir():
         return
     for f in final.iterdir():
         target = staging / f.name
-        if f.is_file() and not target.exists():
-            try:
-                os.link(f, target)
-            except OSError:
-                shutil.copy2(f, target)
+        if target.exists():
+            continue
+        if f.is_dir():
+            shutil.copytree(f, target, copy_function=_link_or_copy)
+        elif f.is_file():
+            _link_or_copy(f, target)
+
+
+def _link_or_copy(source: Path | str, target: Path | str) -> None:
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)

@@ -9,13 +9,18 @@ into place, so a killed run leaves either the old file or the new one. With a da
 Extracts are deterministic: rows have a total order (the timestamp, then the entity id, then every other
 column, NULLs last) and files are written by one ordered COPY, so re-extracting an unchanged day gives a
 byte-identical file whatever order the source returned its rows in, and the cache sees nothing changed.
+
+One writer per source: an extract holds an flock on extracts/<source>/.extract.lock for its whole run (the
+kernel releases it if the process dies). A second extract of the same source (a full one and a day range,
+two Dagster runs) logs "another extract of source X is running (pid N); waiting ..." and waits up to
+LOCK_TIMEOUT_S, then fails with that line. Staging and spill directories are per run (owned temporaries,
+workspace.claim_tmp); leftovers of killed runs are removed by the next extract.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import os
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,15 +40,31 @@ from basemodel_pipeline.sources.sql import quote_ident, quote_literal
 DAY_COLUMN = "__day"
 CHUNK_DAYS = 31
 STREAM_VIEW = "__batches"
+LOCK_FILE = ".extract.lock"
+LOCK_TIMEOUT_S = 3600.0  # how long an extract waits for another extract of the same source
 
 
 def extract_source(
-    cfg: PipelineConfig, src: DataSource, progress: Progress, days: DayRange | None = None
+    cfg: PipelineConfig,
+    src: DataSource,
+    progress: Progress,
+    days: DayRange | None = None,
+    lock_timeout_s: float | None = LOCK_TIMEOUT_S,
 ) -> dict[str, Any]:
-    """Extract one source. With `days` = (start, end), only event days in [start, end) are rewritten."""
+    """Extract one source. With `days` = (start, end), only event days in [start, end) are rewritten.
+    Holds the source's writer lock throughout, waiting up to `lock_timeout_s` (None: for ever) for another
+    extract of the same source to finish."""
     out = ws.extracts_dir(cfg, src.name)
     out.mkdir(parents=True, exist_ok=True)
-    ws.clean_stale_tmp(out)
+    with ws.exclusive_lock(out / LOCK_FILE, f"extract of source {src.name}", lock_timeout_s, progress.log):
+        ws.clean_stale_tmp(out)  # nobody else writes here now: any temporary is a killed run's
+        return _extract(cfg, src, progress, days, out)
+
+
+def _extract(
+    cfg: PipelineConfig, src: DataSource, progress: Progress, days: DayRange | None, out: Path
+) -> dict[str, Any]:
+    """extract_source's work, under the source's writer lock."""
     progress.start(f"extract {src.name}", None)
 
     def attempt(chunk: DayRange | None) -> Callable[[Backend], list[str]]:
@@ -165,14 +186,16 @@ def write_table(
 ) -> list[str]:
     """Write an attribute table to table.parquet in a total row order (entity column first when given)."""
     target = out / "table.parquet"
-    tmp = out / ".table.parquet.tmp"
+    tmp = ws.claim_tmp(target)
     con = _duckdb(threads=threads)
     try:
         con.register(STREAM_VIEW, reader)
         write_sorted(con, _normalised(reader, None), row_order(reader.schema.names, [entity]), tmp)
+        os.replace(tmp, target)
     finally:
         con.close()
-    os.replace(tmp, target)
+        tmp.unlink(missing_ok=True)
+        ws.release_tmp(tmp)
     ws.fsync_dir(out)
     return [target.name]
 
@@ -188,10 +211,8 @@ def write_days(
     """Partition the stream by day of the date column `ts`, then write each day in the total row order
     (`ts`, `entity`, every other column) and rename it into place. Returns the names written.
     With `memory_limit` (cache.duckdb_memory_limit) the sorts spill to disk beside the output."""
-    staging = out / ".staging.tmp"
-    spill = out / ".spill.tmp"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
+    staging = ws.staging_dir(out / "staging")  # per run: another writer's never shares it
+    spill = ws.claim_tmp(out / "spill")
     con = _duckdb(memory_limit, spill, threads)
     col = quote_ident(ts)
     order = row_order(reader.schema.names, [ts, entity])
@@ -213,8 +234,8 @@ def write_days(
             written.append(target.name)
     finally:
         con.close()
-        shutil.rmtree(staging, ignore_errors=True)
-        shutil.rmtree(spill, ignore_errors=True)
+        ws.discard_dir(staging)
+        ws.discard_dir(spill)
     ws.fsync_dir(out)
     return written
 

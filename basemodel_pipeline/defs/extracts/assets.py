@@ -4,7 +4,8 @@ Event sources are daily-partitioned (one partition = one ``<yyyy-mm-dd>.parquet`
 runs as one `run_extract(days=(start, end))` call, so a UI backfill of a year is one run, and each day's
 materialization carries that day's own rows and bytes, the range's totals beside them). Attribute tables
 are unpartitioned and extracted whole. Extracts run in-process (DuckDB reads the source and writes Parquet;
-no GPU).
+no GPU). Each source's extract queues on its own pool `extract_<source>` (one step at a time with the
+deploy's default pool limit of 1); the library's per-source lock (sources/extract.py) is the real guard.
 """
 
 import datetime as dt
@@ -30,6 +31,7 @@ from basemodel_pipeline.pipeline import run_extract
 from basemodel_pipeline.progress import LogProgress
 
 GROUP = "extracts"
+POOL_PREFIX = "extract_"  # one pool per source: two extracts of one source never run at once
 KEY_PREFIX = "extracts"
 
 KIND_DOC = {
@@ -90,6 +92,7 @@ def build_extract_asset(src: DataSource, partitions: dg.PartitionsDefinition | N
         backfill_policy=dg.BackfillPolicy.single_run() if is_event else None,
         tags={"basemodel/stage": "extract"},
         code_version=code_version("extract"),
+        pool=f"{POOL_PREFIX}{name}",
     )
     def _extract(
         context: dg.AssetExecutionContext, basemodel_config: BasemodelConfigResource
