@@ -39,17 +39,31 @@ def _check_results(result: dg.ExecuteInProcessResult) -> dict[str, dg.AssetCheck
     return {e.asset_check_key.name: e for e in result.get_asset_check_evaluations()}
 
 
+def _retype_manufacturer_id(config: Path) -> None:
+    path = config.parent / "data" / "products.parquet"
+    table = pq.read_table(path)
+    ids = table.column("manufacturer_id").cast(pa.string())
+    pq.write_table(
+        table.set_column(table.schema.get_field_index("manufacturer_id"), "manufacturer_id", ids), path
+    )
+
+
+def _accept_new_schema(config: Path, instance: dg.DagsterInstance) -> dg.ExecuteInProcessResult:
+    """What an operator does in the UI: run the check once with accept_new_schema."""
+    return _run(
+        config,
+        instance,
+        dg.AssetSelection.checks(dg.AssetCheckKey(PRODUCTS, "schema_unchanged")),
+        run_config={"ops": {"extracts__products_schema_unchanged": {"config": {"accept_new_schema": True}}}},
+    )
+
+
 def test_schema_change_blocks_the_cache_until_accepted(tiny_config: Path) -> None:
     with dg.instance_for_test() as instance:
         first = _run(tiny_config, instance, [PRODUCTS])
         assert first.success and _check_results(first)["schema_unchanged"].passed
 
-        path = tiny_config.parent / "data" / "products.parquet"
-        table = pq.read_table(path)
-        ids = table.column("manufacturer_id").cast(pa.string())  # the feed now sends ids as text
-        pq.write_table(
-            table.set_column(table.schema.get_field_index("manufacturer_id"), "manufacturer_id", ids), path
-        )
+        _retype_manufacturer_id(tiny_config)  # the feed now sends ids as text
         changed = _run(tiny_config, instance, [PRODUCTS, dg.AssetKey("event_cache")])
         assert not changed.success  # blocking: the cache does not run on a changed schema
         verdict = _check_results(changed)["schema_unchanged"]
@@ -57,14 +71,7 @@ def test_schema_change_blocks_the_cache_until_accepted(tiny_config: Path) -> Non
         materialized = {e.asset_key for e in changed.get_asset_materialization_events()}
         assert dg.AssetKey("event_cache") not in materialized
 
-        accept = _run(
-            tiny_config,
-            instance,
-            dg.AssetSelection.checks(dg.AssetCheckKey(PRODUCTS, "schema_unchanged")),
-            run_config={
-                "ops": {"extracts__products_schema_unchanged": {"config": {"accept_new_schema": True}}}
-            },
-        )
+        accept = _accept_new_schema(tiny_config, instance)
         assert accept.success and _check_results(accept)["schema_unchanged"].passed
         again = _run(tiny_config, instance, [PRODUCTS])
         assert again.success and _check_results(again)["schema_unchanged"].passed  # the new baseline
@@ -78,26 +85,14 @@ def test_a_failed_schema_check_holds_the_cache_back_in_later_runs(tiny_config: P
         assert _run(tiny_config, instance, [PRODUCTS]).success
         tick = dg.evaluate_automation_conditions(defs=defs, instance=instance)  # records the state
 
-        path = tiny_config.parent / "data" / "products.parquet"
-        table = pq.read_table(path)
-        ids = table.column("manufacturer_id").cast(pa.string())
-        pq.write_table(
-            table.set_column(table.schema.get_field_index("manufacturer_id"), "manufacturer_id", ids), path
-        )
+        _retype_manufacturer_id(tiny_config)
         failed = _run(tiny_config, instance, [PRODUCTS])  # the extract alone: its check fails in this run
         assert not _check_results(failed)["schema_unchanged"].passed
         for _ in range(2):
             tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor)
             assert tick.get_num_requested(cache) == 0
 
-        accept = _run(
-            tiny_config,
-            instance,
-            dg.AssetSelection.checks(dg.AssetCheckKey(PRODUCTS, "schema_unchanged")),
-            run_config={
-                "ops": {"extracts__products_schema_unchanged": {"config": {"accept_new_schema": True}}}
-            },
-        )
+        accept = _accept_new_schema(tiny_config, instance)
         assert accept.success
         tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor)
         assert tick.get_num_requested(cache) == 1  # the changed extract, now accepted, flows on
