@@ -242,3 +242,42 @@ def test_day_files_are_deterministic_with_many_threads_and_row_groups(tmp_path: 
     assert pq.read_metadata(tmp_path / "0" / "2024-03-01.parquet").num_row_groups > 1
     keys = day.select(["ts", "entity"]).to_pylist()
     assert keys == sorted(keys, key=lambda r: (r["ts"], r["entity"]))
+
+
+def _stamp_future_events(config: Path, n: int = 20) -> None:
+    """n events of the source re-stamped 2100-01-01 (a broken clock upstream)."""
+    path = config.parent / "data" / "transactions.parquet"
+    table = pq.read_table(path)
+    future = table.slice(0, n)
+    column = "transaction_timestamp"
+    stamps = pa.array([dt.datetime(2100, 1, 1, 12)] * n, type=table.schema.field(column).type)
+    future = future.set_column(future.schema.get_field_index(column), column, stamps)
+    pq.write_table(pa.concat_tables([table, future]), path)
+
+
+def test_future_events_are_dropped_with_a_count_and_do_not_move_the_as_of_date(tiny_config: Path) -> None:
+    from basemodel_pipeline.cache.store import EventCache
+    from basemodel_pipeline.pipeline import run_cache
+
+    _stamp_future_events(tiny_config)
+    cfg = load_config(tiny_config)
+    meta = run_extract(cfg)["transactions"]
+    assert meta["future_events_dropped"] == 20
+    assert not (Path(meta["path"]) / "2100-01-01.parquet").exists()
+    with EventCache(run_cache(cfg)["path"]) as cache:
+        assert cache.max_date < dt.date(2024, 1, 1)  # the default "as of" stays at the data's end
+
+
+def test_future_events_policy_error_and_keep(tiny_config: Path) -> None:
+    from basemodel_pipeline.errors import DataError
+
+    _stamp_future_events(tiny_config, n=3)
+    text = tiny_config.read_text().replace(
+        "  split_interval_days: 7", "  split_interval_days: 7\n  future_events: error"
+    )
+    tiny_config.write_text(text)
+    with pytest.raises(DataError, match=r"3 events are stamped after .* \(2100-01-01\.\.2100-01-01\)"):
+        run_extract(load_config(tiny_config), "transactions")
+    tiny_config.write_text(text.replace("future_events: error", "future_events: keep"))
+    meta = run_extract(load_config(tiny_config), "transactions")["transactions"]
+    assert "future_events_dropped" not in meta and (Path(meta["path"]) / "2100-01-01.parquet").exists()

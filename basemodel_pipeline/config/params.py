@@ -37,6 +37,11 @@ class DataParams(Strict):
         "auto: the last event day in the cache minus the longest scenario horizon, at each run."
     )
     split_interval_days: int = Field(default=7, gt=0, description="Days between scenario split points.")
+    future_events: Literal["drop", "error", "keep"] = Field(
+        default="drop",
+        description="Events stamped after tomorrow (UTC) at extract time: drop them with a count in the log "
+        "and the metadata (default), fail the extract, or keep them (data that is legitimately dated ahead).",
+    )
 
     @property
     def rolling(self) -> bool:

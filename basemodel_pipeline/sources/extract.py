@@ -89,10 +89,12 @@ def _extract(
         written = []
         for chunk in chunks(cfg, src, days):  # one query and one retry unit per chunk of days
             written += run_with_backend(cfg, src, attempt(chunk))
+    future = 0
     if src.type == "event":
         for stale in out.glob("*.parquet"):  # days of the range that vanished from the source
             if stale.name not in written and in_range(stale.name, days):
                 stale.unlink()
+        future = future_events(cfg, src, out, progress)
         ws.fsync_dir(out)
     files = sorted(out.glob("*.parquet"))
     rows = sum(pq.read_metadata(f).num_rows for f in files)
@@ -105,7 +107,38 @@ def _extract(
         "days_written": len(written) if src.type == "event" else 0,
         "path": str(out),
         "bytes": sum(f.stat().st_size for f in files),
+        **({"future_events_dropped": future} if future else {}),
     }
+
+
+def future_events(cfg: PipelineConfig, src: DataSource, out: Path, progress: Progress) -> int:
+    """Apply data_params.future_events to the day files after tomorrow (UTC): a handful of events stamped
+    2100-01-01 must not move every default "as of" date to 2100. Returns the number of events dropped."""
+    policy = cfg.data_params.future_events
+    cutoff = dt.datetime.now(dt.UTC).date() + dt.timedelta(days=1)  # a day of slack for time zones
+    ahead = [f for f in sorted(out.glob("*.parquet")) if (d := day_of_file(f)) is not None and d > cutoff]
+    if not ahead or policy == "keep":
+        return 0
+    rows = sum(pq.read_metadata(f).num_rows for f in ahead)
+    first, last = ahead[0].stem, ahead[-1].stem
+    for f in ahead:
+        f.unlink()
+    message = (
+        f"{what(src)}: {rows} events are stamped after {cutoff} ({first}..{last}); fix the source's "
+        "timestamps, or set data_params.future_events: keep if they are meant to be ahead"
+    )
+    if policy == "error":
+        raise DataError(message)
+    progress.log(f"warning: {message}. They were dropped")
+    return rows
+
+
+def day_of_file(path: Path) -> dt.date | None:
+    """The day of a day file `yyyy-mm-dd.parquet` (None for other files)."""
+    try:
+        return dt.date.fromisoformat(path.stem)
+    except ValueError:
+        return None
 
 
 def chunks(cfg: PipelineConfig, src: DataSource, days: DayRange | None) -> list[DayRange | None]:
