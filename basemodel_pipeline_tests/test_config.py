@@ -515,3 +515,22 @@ def test_data_path_matching_nothing(tiny_config: Path, path: str) -> None:
     assert "data_sources[1].data_location.path: data source 'products': cannot read Parquet at" in message
     assert "No files found that match the pattern" in message
     assert "check data_location.path (relative paths are relative to the config file)" in message
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf"), 1e308])
+def test_validate_names_non_finite_amounts(tiny_config: Path, bad: float) -> None:
+    """NaN, +-inf or 1e308 amounts used to pass validate and end pretraining in a non-finite loss."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tiny_config.parent / "data" / "transactions.parquet"
+    table = pq.read_table(path)
+    values = table.column("sales_value").to_pylist()
+    values[5] = bad
+    pq.write_table(
+        table.set_column(table.schema.get_field_index("sales_value"), "sales_value", pa.array(values)), path
+    )
+    with pytest.raises(
+        ConfigError, match=r"sales_value.*1 values of column 'sales_value' .* NaN, infinite or beyond float32"
+    ):
+        check_config_against_data(load_config(tiny_config), tiny_config)

@@ -28,6 +28,7 @@ from basemodel_pipeline.sources.parquet import parquet_glob, quote_ident, read_p
 from basemodel_pipeline.sources.sql import resolve
 
 SAMPLE_ROWS = 100_000  # rows of a non-local source loaded for the date-format and join checks
+FLOAT32_MAX = 3.4e38
 KEY_ROWS = 10_000_000  # join keys of a non-local attribute source are loaded whole (one column)
 
 DATE_TYPES = ("DATE", "TIMESTAMP")  # prefixes: TIMESTAMP_NS, TIMESTAMP WITH TIME ZONE, ...
@@ -152,6 +153,7 @@ class _Checker:
                 self.check_dates(f"data_sources[{i}].date_column", src)
             if src.where_condition is not None:
                 self.check_where(f"data_sources[{i}].where_condition", src)
+            self.check_finite(f"data_sources[{i}]", src)
             if src.sql_lambdas or (src.where_condition is not None and not self.local(src)):
                 self.check_query(f"data_sources[{i}]", src)
         for i, src in enumerate(self.cfg.data_sources):
@@ -260,6 +262,33 @@ class _Checker:
                 self.require(f"{where}.{key}[{n}]", src, col)
         for col in src.column_types:
             self.require(f"{where}.column_types.{col}", src, col, self.joined_columns(src))
+
+    def check_finite(self, where: str, src: DataSource) -> None:
+        """Floating columns hold finite values that fit the cache's float32: NaN, +-inf or 1e308 would pass
+        into the cache and end training in a non-finite loss. NULL is a missing value and is fine."""
+        floats = [c for c, t in self.columns[src.name].items() if t.upper() in ("DOUBLE", "FLOAT", "REAL")]
+        if not floats:
+            return
+        bad = {c: f"NOT isfinite({quote_ident(c)}) OR abs({quote_ident(c)}) > {FLOAT32_MAX}" for c in floats}
+        counts = self.con.execute(
+            "SELECT "
+            + ", ".join(f"count(*) FILTER (WHERE {cond})" for cond in bad.values())
+            + f" FROM {self.rel(src)}"
+        ).fetchone()
+        for (column, cond), n in zip(bad.items(), counts or (), strict=False):
+            if n:
+                self.fail(
+                    f"{where}.{column}",
+                    f"{n} values of column '{column}' in data source '{src.name}' ({self.where_is(src)}) are NaN, "
+                    f"infinite or beyond float32 (e.g. {self.bad_example(src, column, cond)}); clean them in the "
+                    "source, or exclude those rows with where_condition",
+                )
+
+    def bad_example(self, src: DataSource, column: str, cond: str) -> str:
+        row = self.con.execute(
+            f"SELECT {quote_ident(column)} FROM {self.rel(src)} WHERE {cond} LIMIT 1"
+        ).fetchone()
+        return f"{column} = {row[0]}" if row else "?"
 
     def check_dates(self, where: str, src: DataSource) -> None:
         assert src.date_column is not None
