@@ -167,3 +167,28 @@ def test_fingerprint_hashes_paths_relative_to_the_workspace_or_config(tmp_path: 
     assert fingerprint(tmp_path / "a", outside) != fingerprint(tmp_path / "a", other)
     s3 = "s3://bucket/products/*.parquet"
     assert fingerprint(tmp_path / "a", s3) == fingerprint(tmp_path / "b", s3) != here
+
+
+def test_columns_whose_names_differ_only_in_punctuation_keep_their_own_values(tiny_config: Path) -> None:
+    """ "disc rate" and "disc_rate" once shared one cache file: one column's values silently replaced the other's."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from basemodel_pipeline.cache.store import EventCache
+
+    path = tiny_config.parent / "data" / "transactions.parquet"
+    table = pq.read_table(path)
+    n = table.num_rows
+    table = table.append_column("disc rate", pa.array([1.0] * n)).append_column(
+        "disc_rate", pa.array([2.0] * n)
+    )
+    pq.write_table(table, path)
+    text = tiny_config.read_text().replace(
+        "  - sales_value\n", "  - sales_value\n  - disc rate\n  - disc_rate\n", 1
+    )
+    tiny_config.write_text(text)
+    cfg = load_config(tiny_config)
+    run_extract(cfg)
+    with EventCache(run_cache(cfg)["path"]) as cache:
+        columns = cache.source("transactions").columns
+        assert float(columns["disc rate"].max()) == 1.0 and float(columns["disc_rate"].min()) == 2.0

@@ -42,7 +42,7 @@ from basemodel_pipeline.config.models import DataSource
 from basemodel_pipeline.errors import DataError
 from basemodel_pipeline.progress import Progress
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: column files of names with other characters carry a hash (no collisions)
 # re-exported for sources/suggest.py
 infer_column_type, FLOAT_PREFIXES, NUMERIC_PREFIXES = (
     P.infer_column_type,

@@ -8,6 +8,7 @@ values (appends keep every code and add new values after them)."""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,8 +56,13 @@ def infer_column_type(name: str, duck_type: str, override: str | None) -> str:
 
 
 def file_name(col: str) -> str:
-    """File stem for a column: prefixed so that no column can collide with ts/offsets."""
-    return "col_" + "".join(ch if ch.isalnum() or ch in "_-" else "_" for ch in col)
+    """File stem for a column: prefixed so that no column can collide with ts/offsets. A name with other
+    characters than letters, digits, _ and - also carries a hash of itself, so that "a b" and "a_b" get two
+    files instead of sharing one."""
+    safe = "".join(ch if ch.isalnum() or ch in "_-" else "_" for ch in col)
+    if safe != col:
+        safe += "-" + hashlib.sha256(col.encode()).hexdigest()[:8]
+    return "col_" + safe
 
 
 def describe(con: duckdb.DuckDBPyConnection, rel: str) -> dict[str, str]:
