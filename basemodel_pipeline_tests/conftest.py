@@ -20,6 +20,17 @@ except ImportError:  # pragma: no cover - fakesnow is in requirements.lock
     _fakesnow_server = None
 
 
+@pytest.fixture(autouse=True)
+def _no_leaked_definitions_state():
+    """Each test starts without a DefsStateStorage left in Dagster's context variable by an earlier test's
+    instance: one that outlived its instance made `defs.resolve_*` fail ("undefined DagsterInstance weakref")
+    depending on the order xdist gave the tests."""
+    from dagster._core.storage.defs_state.base import set_defs_state_storage
+
+    with set_defs_state_storage(None):
+        yield
+
+
 @pytest.fixture(scope="session")
 def fakesnow_start():
     """fakesnow's server() context manager (yields connection kwargs)."""
