@@ -41,7 +41,7 @@ from basemodel_pipeline.config import PipelineConfig
 from basemodel_pipeline.errors import UserError
 
 KINDS = ("foundation", "scenario", "predictions", "embeddings")
-VERSION = re.compile(r"^\d{8}T\d{6}\d{6}Z$")
+VERSION = ws.VERSION_NAME  # checkpoint version directories, as workspace.new_version() names them
 AS_OF = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 TRASH_SUFFIX = ".pruned.tmp"
 NEWER_THAN_LATEST = "newer than LATEST (a run publishing it)"

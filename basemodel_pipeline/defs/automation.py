@@ -39,16 +39,13 @@ _quiet = ~AC.any_deps_in_progress() & ~AC.in_progress()
 _requested = AC.newly_requested() | AC.initial_evaluation()
 
 
-def changed_inputs(label: str = "inputs changed", only: tuple[str, ...] = ()) -> dg.AutomationCondition:
+def changed_inputs(label: str = "inputs changed") -> dg.AutomationCondition:
     """True from the tick a dependency's data version (or the asset's code version) changes until the asset is
     next requested or updated. A dependency requested on this tick counts as changed (an asset may join its
     dependency's run). An update of the asset in the same run as its dependency's counts as handling it,
     so predictions that ran with their scenario are not requested again."""
     new_input = AC.data_version_changed() | AC.will_be_requested()
-    deps = AC.any_deps_match(new_input)
-    if only:  # only these dependencies count
-        deps = deps.allow(dg.AssetSelection.assets(*only))
-    changed = deps | AC.code_version_changed()
+    changed = AC.any_deps_match(new_input) | AC.code_version_changed()
     return changed.since(_requested | AC.newly_updated()).with_label(label)
 
 
@@ -72,12 +69,10 @@ FOUNDATION = (
 ).with_label(f"missing, or at a tick of {FOUNDATION_CRON} after its inputs changed")
 
 
-def eager_on_versions(label: str, only: tuple[str, ...] = ()) -> dg.AutomationCondition:
+def eager_on_versions(label: str) -> dg.AutomationCondition:
     """eager() keyed on data and code versions: a new partition runs once, changed inputs rerun it once."""
     return (
-        (AC.newly_missing().since_last_handled() | changed_inputs(only=only))
-        & ~AC.any_deps_missing()
-        & _quiet
+        (AC.newly_missing().since_last_handled() | changed_inputs()) & ~AC.any_deps_missing() & _quiet
     ).with_label(label)
 
 
