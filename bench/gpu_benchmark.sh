@@ -1,21 +1,37 @@
 #!/usr/bin/env bash
-# One short GPU check for a lent H200 (< 10 minutes): build, test the GPU path, benchmark, leave JSON in $OUT.
+# One short GPU check for a lent H200 (one command, < 10 minutes): test the CUDA path, then benchmark the
+# foundation on 50M synthetic events (work counted: examples/s, history events/s, coverage) and the quality
+# against the training budget (x1, x4, x16 examples per epoch, as many as fit before the deadline).
 #   bash bench/gpu_benchmark.sh            (on the GPU machine, from the repository root)
-# Needs a Python with CUDA torch and this project's requirements (pip install -r requirements.lock with the
-# CUDA torch wheel instead of the CPU one). Figures go to bench/results/foundation_synthetic_*_cuda.json.
-set -euo pipefail
+# Needs a Python with CUDA torch; the project's packages that machine lacks (pydantic, duckdb, sqlglot,
+# LightGBM) come as wheels in .whl/ (see bench/BENCHMARKS.md, "GPU"). Every step has its own time limit and
+# the steps go on when one fails; results land in $OUT (default bench/results) as soon as each step ends.
+# Not run here: a step in the trainer image (the GPU machine has no Docker engine).
+set -uo pipefail
 OUT=${OUT:-bench/results}
 PY=${PY:-python3}
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
-$PY -c "import torch; assert torch.cuda.is_available(), 'no CUDA'; print(torch.__version__, torch.cuda.get_device_name())"
-$PY -m pip install -q --no-deps -e . >/dev/null
-# 1. the GPU featuriser equals the CPU one on tiny data (same code path, event store in device memory)
-$PY - <<'PY'
-import numpy as np, tempfile, pathlib, torch
-from basemodel_pipeline.synthetic import write_tiny_dataset
-from basemodel_pipeline.config import load_config
-from basemodel_pipeline.pipeline import run_extract, run_cache
+BUDGET_S=${BUDGET_S:-560}  # the whole script's wall-clock budget
+EVENTS=${EVENTS:-50000000}
+DEVICE=${DEVICE:-cuda}  # DEVICE=cpu EVENTS=300000 BUDGET_S=300: the same script as a syntax check without a GPU
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if [ -d .whl ]; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
+left() { echo $((BUDGET_S - SECONDS)); }
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+mkdir -p "$OUT"
+uptime | tee "$OUT/gpu_load.txt"
+if [ "$DEVICE" = cuda ]; then
+$PY -c "import torch; assert torch.cuda.is_available(), 'no CUDA'; print(torch.__version__, torch.cuda.get_device_name())" || exit 1
+echo "== 1. the CUDA featuriser equals the CPU one on tiny data ($(left) s left)"
+timeout 120 $PY - <<'PY'
+import pathlib, tempfile
+import numpy as np
 from basemodel_pipeline.cache.store import EventCache
+from basemodel_pipeline.config import load_config
+from basemodel_pipeline.pipeline import run_cache, run_extract
+from basemodel_pipeline.synthetic import write_tiny_dataset
 from basemodel_pipeline.training.pretrain import fit_encoder
 d = pathlib.Path(tempfile.mkdtemp())
 cfg = load_config(write_tiny_dataset(d))
@@ -24,7 +40,20 @@ e = np.arange(cache.n_entities); t = np.full(len(e), int(cache.source("transacti
 a, b = enc.history(cache, e, t, device="cpu"), enc.history(cache, e, t, device="cuda")
 print("cpu vs cuda featurisation max abs diff", float(np.abs(a - b).max())); assert np.allclose(a, b, atol=1e-3)
 PY
-# 2. foundation training + featurisation + embeddings on 50M synthetic events, on the GPU
-timeout 480 $PY bench/bench_foundation.py --events 50000000 --customers 500000 --device cuda \
-  --workdir /tmp/bm_synthetic_50M
-cp bench/results/foundation_synthetic_*_cuda.json "$OUT"/ 2>/dev/null || true
+echo "featuriser check rc=$?"
+fi
+
+WORK=/tmp/bm_synthetic_$EVENTS
+echo "== 2. foundation, featurisation and embeddings on $EVENTS synthetic events ($(left) s left)"
+timeout $(( $(left) - 240 )) $PY bench/bench_foundation.py --events "$EVENTS" --customers $((EVENTS / 100)) \
+  --device "$DEVICE" --workdir "$WORK"
+echo "bench_foundation rc=$?"
+cp bench/results/foundation_synthetic_*_"$DEVICE"*.json "$OUT"/ 2>/dev/null
+
+echo "== 3. quality against the training budget, churn ($(left) s left)"
+timeout $(( $(left) - 10 )) $PY bench/bench_budget.py --workdir "$WORK" --name "synthetic_$((EVENTS / 1000000))M" \
+  --scales 1 4 16 --scenarios churn --device "$DEVICE" --deadline-s $(( $(left) - 30 ))
+echo "bench_budget rc=$?"
+cp bench/results/budget_synthetic_*.json "$OUT"/ 2>/dev/null
+uptime | tee -a "$OUT/gpu_load.txt"
+echo "done in $SECONDS s"

@@ -103,7 +103,13 @@ def entity_features(
         return chunks, {"features": "replay"}
     started = time.perf_counter()
     state, info = ensure_state(workspace, cache, encoder, as_of, progress)
-    info = {**info, "features": "state", "state_s": round(time.perf_counter() - started, 2)}
+    state_s = time.perf_counter() - started
+    info = {
+        **info,
+        "features": "state",
+        "state_s": round(state_s, 2),
+        "state_events_read_per_s": round(info.get("new_events", 0) / max(state_s, 1e-9), 1),
+    }
     return state_chunks(state, entity), info
 
 

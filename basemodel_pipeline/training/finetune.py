@@ -58,6 +58,7 @@ from basemodel_pipeline.scenarios.targets import (
 )
 from basemodel_pipeline.training import loop
 from basemodel_pipeline.training.splits import scenario_split_times
+from basemodel_pipeline.training.work import WorkCounter
 
 SMALL_ENTITIES = 1000  # fewer entities: the "small" data regime (data_regime)
 HURDLE_ZERO_SHARE = 0.1  # regression: a non-negative target zero in at least this share of rows -> hurdle
@@ -386,11 +387,21 @@ def finetune_many(
             f"{sc.name}: {', '.join(f'{k}={len(v)}' for k, v in prepared[sc.name][1].items())} examples"
         )
     featurise_s = shared.featurise([x for _, ex, _ in prepared.values() for x in ex.values()])
+    work = WorkCounter(shared.cache, [plan.name for plan in shared.enc.sources])
+    work.add(shared.keys[:, 0], shared.keys[:, 1])  # every distinct (entity, time) example, featurised once
+    done = work.summary(featurise_s)
+    counts = {
+        "featurise_s": featurise_s,
+        "featurise_examples": done["examples"],
+        "featurise_history_events": done["history_events"],
+        "featurise_examples_per_s": done["examples_per_s"],
+        "featurise_history_events_per_s": done["history_events_per_s"],
+    }
     out = {}
     for sc in scenarios:
         spec, ex, targets_s = prepared[sc.name]
         out[sc.name] = _finish(
-            shared, sc, spec, ex, progress, {"targets_s": targets_s, "featurise_s": featurise_s}, keep_outputs
+            shared, sc, spec, ex, progress, {"targets_s": targets_s, **counts}, keep_outputs
         )
     return out
 
@@ -420,6 +431,8 @@ def _finish(
         shared, scenario, spec, {"train": parts["train"], "val": parts["stop"]}, progress
     )
     timing["train_s"] = time.perf_counter() - t0
+    # examples the network trained on, all epochs (features come from the shared featurisation pass)
+    timing["train_examples_per_s"] = len(parts["train"]) * len(history) / max(timing["train_s"], 1e-9)
     ctx = Context(scenario, spec, head, cfg.training_params.finetune.seed, progress)
     mode = scenario.mode or cfg.training_params.finetune.mode
     model.to(loop.pick_device(cfg.training_params.foundation.device))

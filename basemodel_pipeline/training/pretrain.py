@@ -37,6 +37,7 @@ from basemodel_pipeline.training import loop, resume
 from basemodel_pipeline.training.calibrate import Sizes, calibrate
 from basemodel_pipeline.training.distributed import World, init_world, shutdown
 from basemodel_pipeline.training.splits import epoch_seconds
+from basemodel_pipeline.training.work import WorkCounter
 
 FIELD = "training_params.foundation"
 ACTIVITY_DAYS = (7, 14)  # "any event within N days" targets besides the horizon
@@ -334,11 +335,12 @@ def _pretrain(
         return X, Y, time.perf_counter() - t0
 
     prefetch = Prefetcher(make, sizes.loader_workers)
+    # counted on every rank over all ranks' examples (the epoch's chunks are the same before sharding)
+    work = WorkCounter(cache, [plan.name for plan in enc.sources])
     try:
         for epoch in range(run["epoch"], p.epochs):
-            chunks = [
-                world.shard(*c) for c in epoch_chunks(cache.n_entities, sizes, lo, hi, p.seed, epoch, ex)
-            ]
+            drawn = epoch_chunks(cache.n_entities, sizes, lo, hi, p.seed, epoch, ex)
+            chunks = [world.shard(*c) for c in drawn]
             done = 0
             for ci, (ce, _) in enumerate(chunks):
                 n_batches = -(-len(ce) // sizes.batch_size)
@@ -371,6 +373,7 @@ def _pretrain(
                 )  # fmt: skip
                 done += n_batches
                 run["n_examples"] += len(ce)
+                work.add(*drawn[ci])
                 del X, Y
             _end_epoch(run, kept, epoch, model, loss_fn, Xv, Yv, device, sizes, progress)
             if world.main and p.checkpoint_every_steps:
@@ -402,6 +405,7 @@ def _pretrain(
     world.barrier()
     events = sum(s.n_events for s in cache.sources.values())
     history = run["history"]
+    done_work = work.summary(wall, lo, hi)
     return {
         "path": str(final),
         "version": version,
@@ -412,7 +416,14 @@ def _pretrain(
         "input_dim": enc.dim,
         "wall_s": round(wall, 2),
         "featurise_s": round(timing["featurise_s"], 2),
-        "train_events_per_s": round(events / wall, 1),
+        # the work done (training/work.py), per second of the stage's wall time, featurisation included
+        "train_examples_per_s": done_work["examples_per_s"],
+        "train_history_events_per_s": done_work["history_events_per_s"],
+        "train_events_scanned_per_s": done_work["events_scanned_per_s"],
+        **{f"work.{k}": v for k, v in done_work.items() if not k.endswith("_per_s")},
+        "resumed": resumed is not None,  # work counts cover this process only
+        # the data set's size over the wall time: "time to a foundation model for N events", not throughput
+        "time_to_foundation_s": round(wall, 2),
         "dataset_events": events,
         "world_size": world.size,
         **{f"sizes.{k}": v for k, v in sizes.to_dict().items()},

@@ -1,0 +1,98 @@
+"""Throughput counts the work done (issue 20): examples, history events featurised, coverage of the data."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from basemodel_pipeline.cache.build import cache_dir
+from basemodel_pipeline.cache.store import DAY, EventCache
+from basemodel_pipeline.config import load_config
+from basemodel_pipeline.pipeline import run_cache, run_extract, run_finetune, run_pretrain
+from basemodel_pipeline.training.work import WorkCounter
+
+
+@pytest.fixture(scope="module")
+def built(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFactory):
+    d = tmp_path_factory.mktemp("work")
+    shutil.copytree(tiny_dataset.parent / "data", d / "data")
+    cfg = load_config(shutil.copy(tiny_dataset, d / "config.yaml"))
+    run_extract(cfg)
+    run_cache(cfg)
+    return cfg, EventCache(cache_dir(cfg))
+
+
+def _brute(cache: EventCache, e: np.ndarray, t: np.ndarray) -> tuple[int, int]:
+    """(history events, events scanned) by reading each entity's timestamps directly."""
+    history = scanned = 0
+    latest: dict[int, int] = {}
+    for ei, ti in zip(e.tolist(), t.tolist(), strict=True):
+        for name in cache.sources:
+            src = cache.source(name)
+            ts = np.asarray(src.ts)[src.offsets[ei] : src.offsets[ei + 1]]
+            history += int((ts < ti).sum())
+        latest[ei] = max(latest.get(ei, ti), ti)
+    for ei, ti in latest.items():
+        for name in cache.sources:
+            src = cache.source(name)
+            scanned += int((np.asarray(src.ts)[src.offsets[ei] : src.offsets[ei + 1]] < ti).sum())
+    return history, scanned
+
+
+def test_counts_match_a_direct_count(built) -> None:
+    _, cache = built
+    rng = np.random.default_rng(0)
+    ts = np.asarray(cache.source("transactions").ts)
+    lo, hi = int(ts.min()) // DAY * DAY, int(ts.max()) // DAY * DAY
+    counter = WorkCounter(cache, list(cache.sources))
+    all_e, all_t = [], []
+    for _ in range(3):  # three chunks, with repeated entities and a repeated (entity, day) pair
+        e = rng.integers(0, cache.n_entities, 40)
+        t = lo + rng.integers(0, (hi - lo) // DAY + 1, 40) * DAY
+        e[1], t[1] = e[0], t[0]
+        counter.add(e, t)
+        all_e.append(e)
+        all_t.append(t)
+    history, _ = _brute(cache, np.concatenate(all_e), np.concatenate(all_t))
+    scanned = sum(_brute(cache, a, b)[1] for a, b in zip(all_e, all_t, strict=True))
+    s = counter.summary(2.0, lo, hi)
+    assert s["examples"] == 120 and s["examples_per_s"] == 60.0
+    assert s["history_events"] == history > 0 and s["history_events_per_s"] == history / 2
+    assert s["events_scanned"] == scanned <= history
+    pairs = {
+        (int(a), int(b) // DAY) for a, b in zip(np.concatenate(all_e), np.concatenate(all_t), strict=True)
+    }
+    assert s["distinct_examples"] == len(pairs) < 120
+    assert s["entities_covered"] == len({p[0] for p in pairs})
+    # every (entity, day) pair of the range with an event before it, counted directly
+    possible = 0
+    for ei in range(cache.n_entities):
+        first = min(
+            (int(np.asarray(src.ts)[src.offsets[ei]]) for src in map(cache.source, cache.sources)
+             if src.offsets[ei + 1] > src.offsets[ei]),
+            default=None,
+        )  # fmt: skip
+        if first is not None:
+            possible += sum(1 for day in range(lo, hi + 1, DAY) if first < day)
+    assert s["possible_pairs"] == possible
+    assert s["pairs_covered_fraction"] == round(len(pairs) / possible, 6)
+
+
+def test_pretrain_and_finetune_report_the_work_done(built) -> None:
+    cfg, cache = built
+    pre = run_pretrain(cfg)
+    assert "train_events_per_s" not in pre  # the data set's size over time is not a throughput
+    assert pre["work.examples"] == pre["examples"] > 0
+    assert pre["work.history_events"] >= pre["work.events_scanned"] > 0
+    assert pre["train_examples_per_s"] == pytest.approx(
+        pre["examples"] / pre["time_to_foundation_s"], rel=0.02
+    )
+    assert 0 < pre["work.entities_covered_fraction"] <= 1
+    assert 0 < pre["work.pairs_covered_fraction"] <= 1
+    assert pre["work.distinct_examples"] <= min(pre["examples"], pre["work.possible_pairs"])
+    meta = run_finetune(cfg, "churn")
+    assert meta["featurise_examples"] > 0 and meta["featurise_history_events"] > meta["featurise_examples"]
+    assert meta["train_examples_per_s"] > 0
