@@ -96,3 +96,30 @@ def test_pretrain_and_finetune_report_the_work_done(built) -> None:
     meta = run_finetune(cfg, "churn")
     assert meta["featurise_examples"] > 0 and meta["featurise_history_events"] > meta["featurise_examples"]
     assert meta["train_examples_per_s"] > 0
+
+
+def test_finetune_caps_its_examples_and_says_how_many_there_were(built, tmp_path: Path) -> None:
+    """Without a cap the features of every (entity, week) pair sit in memory: 11.6M churn examples (about
+    100 GB) on the 50M synthetic set. The cap samples each split and the metrics and report say so."""
+    import json
+
+    import yaml
+
+    cfg, _ = built
+    if not (Path(cfg.workspace) / "checkpoints" / "foundation" / "LATEST").exists():
+        run_pretrain(cfg)
+    raw = yaml.safe_load((Path(cfg.config_dir) / "config.yaml").read_text())
+    raw.setdefault("training_params", {}).setdefault("finetune", {}).update(
+        {"max_train_examples": 30, "max_validation_examples": 20, "max_test_examples": 20}
+    )
+    capped = Path(cfg.config_dir) / "config_capped.yaml"
+    capped.write_text(yaml.safe_dump(raw, sort_keys=False))
+    meta = run_finetune(load_config(capped), "churn")
+    metrics = json.loads((Path(meta["path"]) / "metrics.json").read_text())
+    ex = metrics["examples"]
+    assert ex["train"] == 30 and ex["stop"] + ex["select"] == 20 and ex["test"] == 20
+    assert ex["available"]["train"] > 30 and ex["available"]["val"] > 20 and ex["available"]["test"] > 20
+    assert meta["featurise_examples"] <= 30 + 20 + 20
+    assert "sampled from train" in (Path(meta["path"]) / "report.html").read_text()
+    uncapped = json.loads((Path(run_finetune(cfg, "churn")["path"]) / "metrics.json").read_text())["examples"]
+    assert uncapped["train"] == ex["available"]["train"]  # the default caps do not bind on small data

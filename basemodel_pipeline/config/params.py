@@ -233,6 +233,24 @@ class FinetuneParams(Strict):
         "(production retrains with rolling windows). The reported test metrics are those of the model before "
         "this refit, which has seen the test window; the report says so.",
     )
+    max_train_examples: int = Field(
+        default=500_000,
+        gt=0,
+        description="At most this many (entity, split point) training examples, drawn at random (seeded) when "
+        "a scenario has more: the features of every example are held in memory (examples x input features x 4 "
+        "bytes), so without a cap fine-tuning grows with entities x weeks. The metrics record how many there were.",
+    )
+    max_validation_examples: int = Field(
+        default=200_000,
+        gt=0,
+        description="The same cap for the validation windows (early stopping, the choice).",
+    )
+    max_test_examples: int = Field(
+        default=200_000,
+        gt=0,
+        description="The same cap for the test window: the test metric is measured on a random sample of this "
+        "size (predict always scores every entity).",
+    )
     epochs: int = Field(default=12, gt=0)
     batch_size: int = Field(default=256, gt=0)
     learning_rate: float = Field(default=1e-3, gt=0)

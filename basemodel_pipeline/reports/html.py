@@ -234,7 +234,12 @@ def scenario_report(
         note, charts = "", _ranking_charts(truth, outputs)
     charts.append(_training_chart(result["history"], result["metric"]))
     timing = ", ".join(f"{k} {v} s" for k, v in result.get("timing_s", {}).items())
-    examples = ", ".join(f"{k} {v:,}" for k, v in result["examples"].items())
+    examples = ", ".join(f"{k} {v:,}" for k, v in result["examples"].items() if k != "available")
+    capped = {
+        k: v for k, v in result["examples"].get("available", {}).items() if v > result["examples"].get(k, v)
+    }
+    if capped:
+        examples += " (sampled from " + ", ".join(f"{k} {v:,}" for k, v in capped.items()) + ")"
     target = html.escape(scenario.target.model_dump_json(exclude_defaults=True))
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>Scenario {html.escape(scenario.name)}</title>

@@ -70,6 +70,11 @@ def stage_key(cfg: PipelineConfig, scenario: Scenario, cache_version: str, encod
         "target_source": source,
         "data_params": cfg.data_params.model_dump(mode="json"),
         "seed": cfg.training_params.finetune.seed,
+        "caps": [
+            cfg.training_params.finetune.max_train_examples,
+            cfg.training_params.finetune.max_validation_examples,
+            cfg.training_params.finetune.max_test_examples,
+        ],
         "code": code_version(),
     }
     payload = json.dumps(inputs, sort_keys=True, default=str)

@@ -28,6 +28,7 @@ from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.cache.windows import windows_metadata
 from basemodel_pipeline.config import PipelineConfig, Scenario
 from basemodel_pipeline.config.models import PythonTarget
+from basemodel_pipeline.config.params import FinetuneParams
 from basemodel_pipeline.errors import DataError
 from basemodel_pipeline.evaluation import metrics
 from basemodel_pipeline.features.sketch import FeatureEncoder
@@ -62,6 +63,7 @@ from basemodel_pipeline.training.work import WorkCounter
 
 SMALL_ENTITIES = 1000  # fewer entities: the "small" data regime (data_regime)
 HURDLE_ZERO_SHARE = 0.1  # regression: a non-negative target zero in at least this share of rows -> hurdle
+FEATURISE_BLOCK = 32768  # examples featurised (on the training device) and copied to host memory at a time
 REPEAT_TUNE_EXAMPLES = 3000  # recommendation: validation examples used to weigh the own purchase history
 
 
@@ -79,6 +81,7 @@ class Shared:
     H: np.ndarray | None = None  # frozen trunk outputs of X
     E: np.ndarray | None = None  # frozen trunk embeddings (residual stream) of X
     regime: str = "standard"
+    available: dict[str, dict[str, int]] = field(default_factory=dict)  # examples per split before the caps
 
     def rows(self, ex: Examples) -> np.ndarray:
         """Row of each example in X (keys are sorted (entity, time) pairs)."""
@@ -93,12 +96,13 @@ class Shared:
             [np.concatenate([x.entity for x in examples]), np.concatenate([x.time for x in examples])], 1
         )
         self.keys = np.unique(pairs, axis=0)
-        # rounded to float16 as the per-entity state stores features: training sees what scoring will see
-        self.X = (
-            self.enc.history(self.cache, self.keys[:, 0], self.keys[:, 1])
-            .astype(np.float16)
-            .astype(np.float32)
-        )
+        device = loop.pick_device(self.cfg.training_params.foundation.device)  # the GPU featurises too
+        self.X = np.empty((len(self.keys), self.enc.dim), np.float32)  # filled block by block: one copy
+        for a in range(0, len(self.keys), FEATURISE_BLOCK):
+            k = self.keys[a : a + FEATURISE_BLOCK]
+            block = self.enc.history_t(self.cache, k[:, 0], k[:, 1], FEATURISE_BLOCK, device)
+            # rounded to float16 as the per-entity state stores features: training sees what scoring will see
+            self.X[a : a + len(k)] = block.half().float().cpu().numpy()
         return time.perf_counter() - t0
 
     def trunk_outputs(self, device: torch.device) -> np.ndarray:
@@ -178,11 +182,27 @@ def prepare(shared: Shared, scenario: Scenario) -> tuple[TargetSpec, dict[str, E
     )
     spec = choose_classes(shared.cache, scenario, times["train"])
     ex = {k: build_examples(shared.cache, scenario, spec, v) for k, v in times.items()}
+    shared.available[scenario.name] = {k: len(v) for k, v in ex.items()}
+    ex = cap_examples(ex, shared.cfg.training_params.finetune)
     for k, v in ex.items():
         _check_split(scenario.name, k, v, scenario.task)
     if scenario.task == "regression":
         spec.extra.update(regression_extra(np.asarray(ex["train"].labels, np.float64)))
     return spec, ex
+
+
+def cap_examples(ex: dict[str, Examples], p: FinetuneParams) -> dict[str, Examples]:
+    """Each split at most its cap of examples (finetune.max_*_examples), drawn uniformly without replacement
+    from (seed, split), in their original order; splits under their cap are returned as they are."""
+    caps = {"train": p.max_train_examples, "val": p.max_validation_examples, "test": p.max_test_examples}
+    out = {}
+    for i, (k, v) in enumerate(ex.items()):
+        cap = caps.get(k, len(v))
+        if len(v) <= cap:
+            out[k] = v
+            continue
+        out[k] = v.subset(np.sort(np.random.default_rng([p.seed, 11, i]).choice(len(v), cap, replace=False)))
+    return out
 
 
 def data_regime(entities: int) -> str:
@@ -383,15 +403,19 @@ def finetune_many(
     for sc in scenarios:
         t0 = time.perf_counter()
         prepared[sc.name] = (*prepare(shared, sc), time.perf_counter() - t0)
-        progress.log(
-            f"{sc.name}: {', '.join(f'{k}={len(v)}' for k, v in prepared[sc.name][1].items())} examples"
+        sizes = ", ".join(
+            f"{k}={len(v):,}"
+            + (f" (of {shared.available[sc.name][k]:,})" if len(v) < shared.available[sc.name][k] else "")
+            for k, v in prepared[sc.name][1].items()
         )
+        progress.log(f"{sc.name}: {sizes} examples")
     featurise_s = shared.featurise([x for _, ex, _ in prepared.values() for x in ex.values()])
-    work = WorkCounter(shared.cache, [plan.name for plan in shared.enc.sources])
-    work.add(shared.keys[:, 0], shared.keys[:, 1])  # every distinct (entity, time) example, featurised once
-    done = work.summary(featurise_s)
-    counts = {
-        "featurise_s": featurise_s,
+    counter = WorkCounter(shared.cache, [plan.name for plan in shared.enc.sources])
+    counter.add(
+        shared.keys[:, 0], shared.keys[:, 1]
+    )  # every distinct (entity, time) example, featurised once
+    done = counter.summary(featurise_s)
+    work = {
         "featurise_examples": done["examples"],
         "featurise_history_events": done["history_events"],
         "featurise_examples_per_s": done["examples_per_s"],
@@ -400,9 +424,8 @@ def finetune_many(
     out = {}
     for sc in scenarios:
         spec, ex, targets_s = prepared[sc.name]
-        out[sc.name] = _finish(
-            shared, sc, spec, ex, progress, {"targets_s": targets_s, **counts}, keep_outputs
-        )
+        timing = {"targets_s": targets_s, "featurise_s": featurise_s}
+        out[sc.name] = _finish(shared, sc, spec, ex, progress, timing, dict(work), keep_outputs)
     return out
 
 
@@ -417,6 +440,7 @@ def _finish(
     ex: dict[str, Examples],
     progress: Progress,
     timing: dict,
+    work: dict,
     keep_outputs: bool = False,
 ) -> dict[str, Any]:
     """Train the network, fit the other candidates, choose on validation, score the test window once,
@@ -432,7 +456,7 @@ def _finish(
     )
     timing["train_s"] = time.perf_counter() - t0
     # examples the network trained on, all epochs (features come from the shared featurisation pass)
-    timing["train_examples_per_s"] = len(parts["train"]) * len(history) / max(timing["train_s"], 1e-9)
+    work["train_examples_per_s"] = round(len(parts["train"]) * len(history) / max(timing["train_s"], 1e-9), 1)
     ctx = Context(scenario, spec, head, cfg.training_params.finetune.seed, progress)
     mode = scenario.mode or cfg.training_params.finetune.mode
     model.to(loop.pick_device(cfg.training_params.foundation.device))
@@ -524,6 +548,7 @@ def _finish(
             "stop": len(parts["stop"]),
             "select": len(parts["select"]),
             "test": len(ex["test"]),
+            "available": shared.available.get(scenario.name, {}),  # before finetune.max_*_examples
         },
         "classes": len(spec.classes) or spec.extra.get("n_items", 1),
         "repeat_weight": spec.extra.get("repeat_weight"),
@@ -533,6 +558,7 @@ def _finish(
         "candidates_fit_s": fit_s,
         "baselines": stage_info,
         "timing_s": {k: round(v, 2) for k, v in timing.items()},
+        "work": work,  # training/work.py
         "test_date": cfg.data_params.test_date.isoformat(),
         "windows": windows_metadata(cfg),
         "foundation_version": shared.fmeta["version"],
@@ -606,6 +632,7 @@ def _finish(
         "train_examples": len(ex["train"]),
         "classes": result["classes"],
         **{k: round(v, 2) for k, v in timing.items()},
+        **work,
         **{f"windows.{k}": v for k, v in result["windows"].items()},
         "foundation_version": result["foundation_version"],
         "cache_data_version": result["cache_data_version"],
