@@ -83,7 +83,9 @@ def main() -> None:
     config, name = base_config(args)
     name = args.name or name
     names = args.scenarios.split(",")
-    device = "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
+    device = (
+        "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
+    )
     result: dict = {
         "benchmark": "budget",
         "dataset": name,
