@@ -4,8 +4,9 @@
     .venv/bin/python bench/bench_budget.py --workdir DIR --scales 1 4 16 [--device cuda] [--deadline-s 420]
 
 DIR holds a synthetic data set (python -m basemodel_pipeline.synthetic_scale --out DIR ...; bench_foundation.py
-makes one). For each scale s the foundation is trained with max_examples_per_epoch = s x the default (same
-seed, same epochs, same cache) and the same scenarios are fine-tuned on it. Recorded per scale: foundation
+makes one). For each scale s the foundation is trained with s x the default budget (same seed, same cache):
+--by examples (max_examples_per_epoch x s, the default; it binds on large data), split_points (split points per
+entity x s, for small data where the cap does not bind) or epochs and the same scenarios are fine-tuned on it. Recorded per scale: foundation
 wall time, peak anonymous memory, the work done (examples, history events featurised, coverage: see
 basemodel_pipeline/training/work.py), and per scenario the test metric of the network alone ("neural") and of
 the published model, each with a 95% bootstrap interval over the test rows, plus the paired difference to
@@ -42,6 +43,8 @@ from basemodel_pipeline.pipeline import run_cache, run_extract, run_pretrain  # 
 from basemodel_pipeline.training.finetune import finetune_many  # noqa: E402
 
 DEFAULT_CAP = FoundationParams.model_fields["max_examples_per_epoch"].default
+SPLIT_POINTS = FoundationParams.model_fields["split_points_per_entity"].default
+EPOCHS = FoundationParams.model_fields["epochs"].default
 ROUNDS = 300
 
 
@@ -76,6 +79,13 @@ def main() -> None:
     parser.add_argument("--scales", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--scenarios", default="churn", help="comma-separated scenario names")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    parser.add_argument(
+        "--by",
+        default="examples",
+        choices=["examples", "split_points", "epochs"],
+        help="examples: max_examples_per_epoch x s (binds on large data); split_points: split points per "
+        "entity x s (small data, where the cap does not bind); epochs: epochs x s",
+    )
     parser.add_argument("--deadline-s", type=float, default=0, help="skip scales that would end after it")
     parser.add_argument("--name", default=None, help="results name (default: the data set's)")
     args = parser.parse_args()
@@ -95,6 +105,7 @@ def main() -> None:
         "load_1min_at_start": round(psutil.getloadavg()[0], 2),
         "command": "python bench/bench_budget.py " + " ".join(sys.argv[1:]),
         "default_max_examples_per_epoch": DEFAULT_CAP,
+        "budget_by": args.by,
     }
     out_path = Path(__file__).parent / "results" / f"budget_{name}{'_cuda' if device == 'cuda' else ''}.json"
     runs: dict[int, dict] = {}
@@ -110,7 +121,11 @@ def main() -> None:
                 continue
         raw = yaml.safe_load(config.read_text())
         fp = raw.setdefault("training_params", {}).setdefault("foundation", {})
-        fp["max_examples_per_epoch"] = DEFAULT_CAP * scale
+        fp["max_examples_per_epoch"] = DEFAULT_CAP * (1 if args.by == "epochs" else scale)
+        if args.by == "split_points":
+            fp["split_points_per_entity"] = SPLIT_POINTS * scale
+        if args.by == "epochs":
+            fp["epochs"] = EPOCHS * scale
         fp["device"] = args.device
         raw["scenarios"] = [
             {**s, "candidates": ["neural"]} for s in raw["scenarios"] if s["name"] in names
@@ -132,7 +147,9 @@ def main() -> None:
         k = f"x{scale}"
         result.update(
             {
-                f"{k}.max_examples_per_epoch": DEFAULT_CAP * scale,
+                f"{k}.max_examples_per_epoch": fp["max_examples_per_epoch"],
+                f"{k}.split_points_per_entity": fp.get("split_points_per_entity", SPLIT_POINTS),
+                f"{k}.epochs_max": fp.get("epochs", EPOCHS),
                 f"{k}.pretrain_s": sampler.times["pretrain_s"],
                 f"{k}.epochs": pre["epochs"],
                 f"{k}.val_loss": round(pre["val_loss"], 5),
@@ -168,7 +185,7 @@ def main() -> None:
             else:
                 cells.append("-")
             rows.append(
-                f"| {name} | {device} | x{scale} ({DEFAULT_CAP * scale:,}/epoch) | {pre['examples']:,} | "
+                f"| {name} | {device} | x{scale} ({args.by}) | {pre['examples']:,} | "
                 f"{result[f'{k}.pairs_covered_fraction']} | {result[f'{k}.pretrain_s']} | "
                 f"{result[f'{k}.peak_anon_mb_pretrain']:,.0f} | {sc_name} | " + " | ".join(cells) + " |"
             )
