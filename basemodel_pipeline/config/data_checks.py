@@ -23,7 +23,8 @@ from sqlglot import exp
 
 from basemodel_pipeline.config.loader import _line_of
 from basemodel_pipeline.config.models import DataSource, PipelineConfig
-from basemodel_pipeline.errors import ConfigError, UserError
+from basemodel_pipeline.errors import ConfigError, DataError, UserError
+from basemodel_pipeline.sources import damaged
 from basemodel_pipeline.sources.parquet import parquet_glob, quote_ident, read_parquet_sql
 from basemodel_pipeline.sources.sql import resolve
 
@@ -80,6 +81,13 @@ class _Checker:
                 line = None
             prefix = f"{self.file}:{line}: " if line else f"{self.file}: "
         raise ConfigError(f"{prefix}{where}: {message}")
+
+    def fail_if_damaged(self, src: DataSource, deep: bool = True) -> None:
+        """After a failed read: fail naming the damaged Parquet file of `src` if there is one."""
+        try:
+            damaged.check_source(src, deep)
+        except DataError as err:
+            self.fail(f"data_sources[{self.cfg.data_sources.index(src)}].data_location.path", str(err))
 
     @staticmethod
     def local(src: DataSource) -> bool:
@@ -145,6 +153,7 @@ class _Checker:
                     source_columns(src, self.con) if self.local(src) else self.load_sample(src)
                 )
             except UserError as err:
+                self.fail_if_damaged(src, deep=False)
                 where = "path" if src.data_location.database_type == "parquet" else "table_name"
                 self.fail(f"data_sources[{i}].data_location.{where}", str(err))
         for i, src in enumerate(self.cfg.data_sources):
@@ -324,6 +333,7 @@ class _Checker:
         try:
             bad = self.con.execute(sql, [fmt]).fetchone()
         except duckdb.Error as err:
+            self.fail_if_damaged(src)
             self.fail(f"{where}.format", f"{fmt!r} is not a valid strptime format: {_one_line(err)}")
         if bad is not None:
             value, file, row = bad
@@ -370,6 +380,7 @@ class _Checker:
         try:
             kept = self.con.execute(sql).fetchone()
         except duckdb.Error as err:
+            self.fail_if_damaged(src)
             self.fail(where, f"DuckDB cannot run {src.where_condition!r} on '{src.name}': {_one_line(err)}")
         if kept is None:
             self.fail(where, f"{src.where_condition!r} keeps no rows of data source '{src.name}'; loosen it")
@@ -405,5 +416,9 @@ def check_config_against_data(cfg: PipelineConfig, config_file: str | Path | Non
     checker = _Checker(cfg, config_file)
     try:
         checker.run()
+    except duckdb.Error:  # a read failed where no check expected it: a damaged file is the usual cause
+        for src in cfg.data_sources:
+            checker.fail_if_damaged(src)
+        raise
     finally:
         checker.con.close()
