@@ -32,8 +32,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from basemodel_pipeline import workspace as ws
+from basemodel_pipeline.cache import integrity, versions
 from basemodel_pipeline.cache import plan as P
-from basemodel_pipeline.cache import versions
 from basemodel_pipeline.cache.preflight import DiskUsage, preflight
 from basemodel_pipeline.cache.segment import write_segment
 from basemodel_pipeline.cache.view import active_segments, compact, existing_vocab, segment_dirs
@@ -129,6 +129,8 @@ def build_cache(
     with cache_lock(final), damaged_extracts_named(cfg):
         manifest = read_manifest(final)
         if manifest and manifest.get("format_version") == FORMAT_VERSION:
+            manifest = _unless_changed(final, manifest, progress)
+        if manifest and manifest.get("format_version") == FORMAT_VERSION:
             if manifest.get("inputs") == signature:
                 return summary(final, manifest, reused=True)
             new_days = plan_append(cfg, manifest, signature)
@@ -152,6 +154,17 @@ def build_cache(
         finally:
             ws.discard_dir(tmp)  # nothing once published; a failed build's staging otherwise
     return summary(final, manifest, reused=False)
+
+
+def _unless_changed(final: Path, manifest: dict[str, Any], progress: Progress) -> dict[str, Any] | None:
+    """The manifest of the current version when its files are as written (integrity.check_for_reuse);
+    when one was changed, a warning and None (rebuild afresh) or, if only arrays changed, a manifest that
+    keeps entity indices and codes but matches no input (rebuild from it)."""
+    problems = integrity.check_for_reuse(final.resolve(), manifest)
+    if not problems:
+        return manifest
+    progress.log(f"warning: {integrity.describe(final, problems)}; rebuilding it")
+    return None if integrity.damaged_parts(problems) else {**manifest, "inputs": None}
 
 
 def _build_into(
@@ -197,13 +210,13 @@ def compact_cache(final: Path, manifest: dict[str, Any], progress: Progress) -> 
 
 
 def file_records(root: Path, known: dict[str, str], under: Path | None = None) -> dict[str, Any]:
-    """{relative path: {bytes, sha256}} of every file under `under` (default: root); `known` hashes are
+    """{relative path: {bytes, sha256, mtime_ns}} of every file under `under` (default: root); `known` hashes are
     reused (computed while writing), the rest are read."""
     records = {}
     for f in sorted((under or root).rglob("*")):
         if f.is_file() and f.name != "manifest.json":
             rel = str(f.relative_to(root))
-            records[rel] = {"bytes": f.stat().st_size, "sha256": known.get(str(f)) or ws.sha256_file(f)}
+            records[rel] = integrity.record(f, known.get(str(f)) or ws.sha256_file(f))
     return records
 
 
