@@ -9,7 +9,8 @@ time (ns) when the version is written (build.file_records).
             that the manifest does not list.
 
 Hashes confirmed for files whose time changed are remembered in VERIFIED (a hidden file of the version,
-written by the `cache` stage), so a moved workspace is hashed once, not at every open."""
+written by the `cache` stage), so a moved workspace is hashed once, not at every open. A cache written
+before times were recorded is checked by size on open; the `cache` stage hashes it once and remembers."""
 
 from __future__ import annotations
 
@@ -60,8 +61,8 @@ def file_problems(
             problems.append(f"{rel}: {st.st_size:,} bytes, the manifest says {expected['bytes']:,}")
             continue
         times = {expected.get("mtime_ns"), known.get(rel)} - {None}
-        if not full and st.st_mtime_ns in times:
-            continue
+        if not full and (st.st_mtime_ns in times or (not times and confirmed is None)):
+            continue  # unchanged since written (or a cache from before times: sizes only, on open)
         if ws.sha256_file(path) != expected["sha256"]:
             problems.append(f"{rel}: changed after the cache was written (sha256 differs from manifest.json)")
         elif confirmed is not None and st.st_mtime_ns not in times:
