@@ -55,6 +55,13 @@ def _where(exc: BaseException, workspace: Path) -> Path:
     return _shown(path if path.is_absolute() else workspace / path)
 
 
+def _in_workspace(exc: BaseException, workspace: Path) -> bool:
+    name = getattr(exc, "filename", None)
+    if not name:
+        return False
+    return Path(name).resolve().is_relative_to(workspace.resolve())
+
+
 def no_space(path: Path) -> DiskFull:
     free = shutil.disk_usage(_existing(path)).free
     return DiskFull(
@@ -77,6 +84,8 @@ def translate(exc: BaseException, workspace: Path) -> UserError | None:
     code = exc.errno if isinstance(exc, OSError) else None
     if code in NO_SPACE or (code is None and any(t in text for t in NO_SPACE_TEXT)):
         return no_space(_where(exc, workspace))
+    if code in (errno.EACCES, errno.EPERM) and not _in_workspace(exc, workspace):
+        return None  # e.g. a source file the user may not read: not a fault of the workspace
     if code in NOT_WRITABLE or (code is None and any(t in text for t in NOT_WRITABLE_TEXT)):
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "read-only file system"
         return not_writable(_where(exc, workspace), reason.lower())

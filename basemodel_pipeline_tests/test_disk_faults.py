@@ -148,3 +148,15 @@ def test_a_read_only_workspace(tiny_dataset: Path, tmp_path: Path) -> None:
         remount_read_only(vol)
         for stage in ("extract", "cache"):
             one_line(cli(config, stage), "not writable", str(vol), "workspace")
+
+
+def test_permission_denied_counts_as_a_workspace_fault_only_inside_the_workspace(tmp_path: Path) -> None:
+    from basemodel_pipeline.diskfaults import NotWritable, translate
+
+    workspace = tmp_path / "ws"
+    (workspace / "cache").mkdir(parents=True)
+    inside = PermissionError(errno.EACCES, "Permission denied", str(workspace / "cache" / ".x.1-ab.tmp"))
+    error = translate(inside, workspace)
+    assert isinstance(error, NotWritable) and str(error).startswith(f"{workspace / 'cache'} is not writable")
+    outside = PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "data" / "t.parquet"))
+    assert translate(outside, workspace) is None  # a source the user may not read: its own error
