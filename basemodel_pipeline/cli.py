@@ -12,6 +12,7 @@
     basemodel explain CONFIG --scenario NAME [--entity ID] [--population N] [--class LABEL]
     basemodel demo [--workspace demo_workspace]   The Complete Journey end to end through Dagster
     basemodel prune --config CONFIG [--dry-run]  delete old checkpoints/predictions/embeddings (retention)
+    basemodel verify CONFIG                  check the cache and checkpoints against their checksums
 
 A mistake the user can fix prints one red line `error: ...` on stderr and exits with code 2.
 """
@@ -453,6 +454,23 @@ def prune(
         f"{prefix}{verb} {len(plan.delete)} directories, {plan.bytes_freed / 2**20:.2f} MiB "
         f"({plan.bytes_freed:,} bytes); kept {len(plan.keep)}"
     )
+
+
+@app.command()
+def verify(config: ConfigArg) -> None:
+    """Check the workspace's cache and checkpoints against the checksums recorded when they were written.
+
+    One line per artifact (ok / FAILED and what to do / absent); exit code 1 when one is damaged."""
+    from basemodel_pipeline.verify import verify_workspace
+
+    with user_errors():
+        findings = verify_workspace(load_config(config))
+    colour = {"ok": "green", "FAILED": "bold red", "absent": "yellow"}
+    for f in findings:
+        line = escape(" ".join(f"{f.kind} {f.label}: {f.detail}".split()))
+        out.print(f"[{colour[f.status]}]{f.status}[/]  {line}", soft_wrap=True, highlight=False)
+    if any(f.status == "FAILED" for f in findings):
+        raise typer.Exit(RUN_FAILED)
 
 
 def _as_of(as_of: str | None) -> dt.date | None:

@@ -3,6 +3,7 @@
 Rolling split dates (`training_end_date: auto`, relative starts) are resolved against the cache here, at
 each run (cache/windows.py). Each stage reads its inputs from the workspace, writes its artifact atomically and returns a flat dict of
 metadata (numbers, strings, paths) that the caller can show: Dagster attaches it to the materialization.
+A full or read-only disk ends a stage in one line naming the path (diskfaults.py).
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from typing import Any
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache.windows import resolve_windows
 from basemodel_pipeline.config import PipelineConfig
+from basemodel_pipeline.diskfaults import guarded
 from basemodel_pipeline.progress import NullProgress, Progress
 
 
+@guarded
 def run_extract(
     cfg: PipelineConfig,
     source: str | None = None,
@@ -42,13 +45,16 @@ def run_extract(
     return {name: extract_source(cfg, cfg.source(name), progress or NullProgress(), days) for name in names}
 
 
-def run_cache(cfg: PipelineConfig, progress: Progress | None = None) -> dict[str, Any]:
-    """Build (or reuse) the event cache from the extracts. Returns {path, fingerprint, entities, events, ...}."""
+@guarded
+def run_cache(cfg: PipelineConfig, progress: Progress | None = None, **options: Any) -> dict[str, Any]:
+    """Build (or reuse) the event cache from the extracts. Returns {path, fingerprint, entities, events, ...}.
+    Options of cache.build.build_cache: disk_usage (what the free-space preflight asks)."""
     from basemodel_pipeline.cache.build import build_cache
 
-    return build_cache(cfg, progress or NullProgress())
+    return build_cache(cfg, progress or NullProgress(), **options)
 
 
+@guarded
 def run_pretrain(cfg: PipelineConfig, progress: Progress | None = None) -> dict[str, Any]:
     """Train the foundation model on the cache. Returns {path, version, train_loss, val_loss, ...}."""
     from basemodel_pipeline.training.pretrain import pretrain
@@ -56,6 +62,7 @@ def run_pretrain(cfg: PipelineConfig, progress: Progress | None = None) -> dict[
     return pretrain(resolve_windows(cfg), progress or NullProgress())
 
 
+@guarded
 def run_finetune(cfg: PipelineConfig, scenario: str, progress: Progress | None = None) -> dict[str, Any]:
     """Fine-tune one scenario from the foundation checkpoint; evaluate it and the baselines on the test window."""
     from basemodel_pipeline.training.finetune import finetune
@@ -64,6 +71,7 @@ def run_finetune(cfg: PipelineConfig, scenario: str, progress: Progress | None =
     return finetune(cfg, cfg.scenario(scenario), progress or NullProgress())
 
 
+@guarded
 def run_baselines(cfg: PipelineConfig, scenario: str, progress: Progress | None = None) -> dict[str, Any]:
     """A scenario's CPU phase: fit its baselines (no network) and stage them for run_finetune, which then
     reads them instead of fitting them (training/baselines.py). Returns {data_version, path, reused, ...}."""
@@ -73,6 +81,7 @@ def run_baselines(cfg: PipelineConfig, scenario: str, progress: Progress | None 
     return fit_and_stage(cfg, cfg.scenario(scenario), progress or NullProgress())
 
 
+@guarded
 def run_finetune_many(
     cfg: PipelineConfig, scenarios: list[str], progress: Progress | None = None
 ) -> dict[str, Any]:
@@ -85,6 +94,7 @@ def run_finetune_many(
     return out[scenarios[0]] if len(scenarios) == 1 else out
 
 
+@guarded
 def run_predict(
     cfg: PipelineConfig,
     scenario: str,
@@ -101,6 +111,7 @@ def run_predict(
     return predict(cfg, cfg.scenario(scenario), as_of, progress or NullProgress(), **options)
 
 
+@guarded
 def run_merge_shards(
     cfg: PipelineConfig,
     scenario: str,
@@ -114,6 +125,7 @@ def run_merge_shards(
     return merge_shards(cfg, cfg.scenario(scenario).name, as_of, shards, destination)
 
 
+@guarded
 def run_predict_workers(
     cfg: PipelineConfig,
     config: Path,
@@ -133,6 +145,7 @@ def run_predict_workers(
     )
 
 
+@guarded
 def run_embed(
     cfg: PipelineConfig, as_of: dt.date | None = None, progress: Progress | None = None, **options: Any
 ) -> dict[str, Any]:
@@ -144,6 +157,7 @@ def run_embed(
     return export_embeddings(resolve_windows(cfg), as_of, progress or NullProgress(), **options)
 
 
+@guarded
 def write_summary(cfg: PipelineConfig) -> dict[str, Any]:
     """Collect each scenario's test metrics into workspace/reports/summary.json."""
     scenarios: dict[str, Any] = {}

@@ -72,7 +72,7 @@ def new_version() -> str:
 VERSION_NAME = re.compile(r"^\d{8}T\d{6}\d{6}Z$")  # what new_version() writes
 
 
-def _versions(parent: Path) -> list[str]:
+def versions(parent: Path) -> list[str]:
     """Names of the version directories under `parent`, newest first."""
     found = [
         p.name for p in parent.iterdir() if VERSION_NAME.match(p.name) and p.is_dir() and not p.is_symlink()
@@ -82,10 +82,10 @@ def _versions(parent: Path) -> list[str]:
 
 def _bad_pointer(pointer: Path, problem: str) -> UserError:
     """A UserError for a LATEST that does not name a version of its own root, saying how to fix it."""
-    versions = _versions(pointer.parent)
+    found = versions(pointer.parent)
     fix = (
-        f"write a version name from {pointer.parent} into it (newest: {versions[0]})"
-        if versions
+        f"write a version name from {pointer.parent} into it (newest: {found[0]})"
+        if found
         else "delete it and re-run the stage that produces it"
     )
     return UserError(f"{pointer}: {problem}; {fix}")

@@ -192,3 +192,24 @@ def test_columns_whose_names_differ_only_in_punctuation_keep_their_own_values(ti
     with EventCache(run_cache(cfg)["path"]) as cache:
         columns = cache.source("transactions").columns
         assert float(columns["disc rate"].max()) == 1.0 and float(columns["disc_rate"].min()) == 2.0
+
+
+def test_columns_dropped_from_the_config_leave_the_cache_without_a_new_extract(tiny_config: Path) -> None:
+    """Extracts written under the old config still hold the columns; the cache keeps only the config's."""
+    import yaml
+
+    run_extract(load_config(tiny_config))
+    raw = yaml.safe_load(tiny_config.read_text())
+    sources = {s["name"]: s for s in raw["data_sources"]}
+    sources["transactions"]["allowed_columns"].remove("coupon_disc")
+    sources["products"]["allowed_columns"].remove("brand")
+    sources["demographics"]["disallowed_columns"] = ["income"]
+    tiny_config.write_text(yaml.safe_dump(raw, sort_keys=False))
+    cfg = load_config(tiny_config)
+    with EventCache(run_cache(cfg)["path"]) as cache:
+        columns = set(cache.source("transactions").info)
+        assert "coupon_disc" not in columns and "brand" not in columns, columns
+        assert {"retail_disc", "department"} <= columns, columns
+        assert set(cache.attribute_info) == {"age"}, cache.attribute_info
+        files = set(cache.manifest["files"])
+    assert not [f for f in files if "coupon_disc" in f or "brand" in f or "income" in f], files

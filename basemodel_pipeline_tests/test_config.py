@@ -534,3 +534,53 @@ def test_validate_names_non_finite_amounts(tiny_config: Path, bad: float) -> Non
         ConfigError, match=r"sales_value.*1 values of column 'sales_value' .* NaN, infinite or beyond float32"
     ):
         check_config_against_data(load_config(tiny_config), tiny_config)
+
+
+def _retype_ids(path: Path, fmt: str, every: int = 1) -> None:
+    """Rewrite a source's household_id as text: every `every`-th id in format `fmt` (e.g. '{:06d}'), the
+    others as plain integer text."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    ids = [(fmt if v % every == 0 else "{}").format(v) for v in table.column("household_id").to_pylist()]
+    column = table.schema.get_field_index("household_id")
+    pq.write_table(table.set_column(column, "household_id", pa.array(ids)), path)
+
+
+@pytest.mark.parametrize("fmt", ["{:06d}", "H{}", "{}.0"])
+def test_validate_refuses_entity_ids_that_are_integers_in_one_source_and_other_text_in_another(
+    tiny_config: Path, fmt: str
+) -> None:
+    """household_id is BIGINT in transactions; as text in demographics with some ids written '000042', 'H42'
+    or '42.0' (the others match, so the join check passes), those rows would match by accident of a cast,
+    or not at all, in the cache: one line naming both sources and columns, their types and an example."""
+    _retype_ids(tiny_config.parent / "data" / "demographics.parquet", fmt, every=3)
+    with pytest.raises(ConfigError) as err:
+        check_config_against_data(load_config(tiny_config), tiny_config)
+    line = str(err.value)
+    assert "\n" not in line and "data_sources[2].main_entity_column" in line
+    for needle in ("'transactions'", "'demographics'", "household_id", "BIGINT", "VARCHAR", fmt.format(3)):
+        assert needle in line, (needle, line)
+
+
+def test_entity_ids_as_plain_integer_text_match_integers(tiny_config: Path) -> None:
+    """The documented coercion: ids written as plain integer text ('42') match the integer 42."""
+    from basemodel_pipeline.cache.build import cache_dir
+    from basemodel_pipeline.cache.store import EventCache
+    from basemodel_pipeline.pipeline import run_cache, run_extract
+
+    cfg = load_config(tiny_config)
+    run_extract(cfg)
+    run_cache(cfg)
+    with EventCache(cache_dir(cfg)) as cache:
+        expected = {k: v.copy() for k, v in cache.attributes.items()}
+    _retype_ids(tiny_config.parent / "data" / "demographics.parquet", "{}")
+    check_config_against_data(cfg, tiny_config)
+    run_extract(cfg, "demographics")
+    run_cache(cfg)
+    with EventCache(cache_dir(cfg)) as cache:
+        assert cache.entity_ids.dtype.kind == "i"
+        assert {k: v.tolist() for k, v in cache.attributes.items()} == {
+            k: v.tolist() for k, v in expected.items()
+        }

@@ -114,7 +114,7 @@ def test_cache_manifest_check_finds_corruption(tiny_config: Path, tmp_path: Path
     (copy / "entities.parquet").unlink()
     problems, _, _ = manifest_problems(copy)
     rel = str(victim.relative_to(copy))
-    assert f"{rel}: sha256 differs from the manifest" in problems
+    assert f"{rel}: changed after the cache was written (sha256 differs from manifest.json)" in problems
     assert "entities.parquet: missing" in problems and "stray.bin: not in the manifest" in problems
     assert manifest_problems(tmp_path)[0] == [f"{tmp_path / 'manifest.json'} is missing"]
 

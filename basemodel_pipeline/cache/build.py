@@ -32,8 +32,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from basemodel_pipeline import workspace as ws
+from basemodel_pipeline.cache import integrity, versions
 from basemodel_pipeline.cache import plan as P
-from basemodel_pipeline.cache import versions
 from basemodel_pipeline.cache.preflight import DiskUsage, preflight
 from basemodel_pipeline.cache.segment import write_segment
 from basemodel_pipeline.cache.view import active_segments, compact, existing_vocab, segment_dirs
@@ -41,6 +41,7 @@ from basemodel_pipeline.config import PipelineConfig, data_fingerprint
 from basemodel_pipeline.config.models import DataSource
 from basemodel_pipeline.errors import DataError
 from basemodel_pipeline.progress import Progress
+from basemodel_pipeline.sources import damaged
 
 FORMAT_VERSION = 3  # 3: column files of names with other characters carry a hash (no collisions)
 # re-exported for sources/suggest.py
@@ -125,8 +126,10 @@ def build_cache(
 
     final = cache_dir(cfg)
     signature = input_signature(cfg)
-    with cache_lock(final):
+    with cache_lock(final), damaged_extracts_named(cfg):
         manifest = read_manifest(final)
+        if manifest and manifest.get("format_version") == FORMAT_VERSION:
+            manifest = _unless_changed(final, manifest, progress)
         if manifest and manifest.get("format_version") == FORMAT_VERSION:
             if manifest.get("inputs") == signature:
                 return summary(final, manifest, reused=True)
@@ -140,21 +143,57 @@ def build_cache(
         ws.clean_stale_tmp(final.parent)
         preflight(cfg, final.parent, disk_usage)
         tmp = ws.staging_dir(final)
-        spill = Path(cfg.cache.spill_directory) / tmp.name if cfg.cache.spill_directory else tmp / ".spill"
-        con = connect(cfg, spill / "duckdb")
         try:
             previous = (
                 (final, manifest) if manifest and manifest.get("format_version") == FORMAT_VERSION else None
             )
-            manifest, hashes = _build(cfg, con, tmp, spill, progress, previous)
+            manifest = _build_into(cfg, tmp, progress, previous)
+            manifest["inputs"] = signature
+            (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
+            versions.publish(tmp, final)
         finally:
-            con.close()
-            shutil.rmtree(spill, ignore_errors=True)
-        manifest["inputs"] = signature
-        manifest["files"] = file_records(tmp, hashes)
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
-        versions.publish(tmp, final)
+            ws.discard_dir(tmp)  # nothing once published; a failed build's staging otherwise
     return summary(final, manifest, reused=False)
+
+
+def _unless_changed(final: Path, manifest: dict[str, Any], progress: Progress) -> dict[str, Any] | None:
+    """The manifest of the current version when its files are as written (integrity.check_for_reuse);
+    when one was changed, a warning and None (rebuild afresh) or, if only arrays changed, a manifest that
+    keeps entity indices and codes but matches no input (rebuild from it)."""
+    problems = integrity.check_for_reuse(final.resolve(), manifest)
+    if not problems:
+        return manifest
+    progress.log(f"warning: {integrity.describe(final, problems)}; rebuilding it")
+    return None if integrity.damaged_parts(problems) else {**manifest, "inputs": None}
+
+
+def _build_into(
+    cfg: PipelineConfig, tmp: Path, progress: Progress, previous: tuple[Path, dict[str, Any]] | None
+) -> dict[str, Any]:
+    """A full build into the staging directory `tmp`; returns its manifest (files recorded)."""
+    spill = Path(cfg.cache.spill_directory) / tmp.name if cfg.cache.spill_directory else tmp / ".spill"
+    con = connect(cfg, spill / "duckdb")
+    try:
+        manifest, hashes = _build(cfg, con, tmp, spill, progress, previous)
+    finally:
+        con.close()
+        shutil.rmtree(spill, ignore_errors=True)
+    manifest["files"] = file_records(tmp, hashes)
+    return manifest
+
+
+@contextlib.contextmanager
+def damaged_extracts_named(cfg: PipelineConfig) -> Iterator[None]:
+    """A read of the extracts that fails on a damaged file (truncated, corrupt pages) becomes one line
+    naming the file and the extract to redo, instead of DuckDB's or pyarrow's message."""
+    try:
+        yield
+    except (duckdb.Error, pa.ArrowException, OSError) as exc:
+        if isinstance(exc, OSError) and exc.errno is not None:
+            raise  # the system's (disk full, permissions), not a file's content
+        files = {s.name: sorted(ws.extracts_dir(cfg, s.name).glob("*.parquet")) for s in cfg.data_sources}
+        damaged.check_extracts(files)
+        raise
 
 
 def compact_cache(final: Path, manifest: dict[str, Any], progress: Progress) -> dict[str, Any]:
@@ -171,13 +210,13 @@ def compact_cache(final: Path, manifest: dict[str, Any], progress: Progress) -> 
 
 
 def file_records(root: Path, known: dict[str, str], under: Path | None = None) -> dict[str, Any]:
-    """{relative path: {bytes, sha256}} of every file under `under` (default: root); `known` hashes are
+    """{relative path: {bytes, sha256, mtime_ns}} of every file under `under` (default: root); `known` hashes are
     reused (computed while writing), the rest are read."""
     records = {}
     for f in sorted((under or root).rglob("*")):
         if f.is_file() and f.name != "manifest.json":
             rel = str(f.relative_to(root))
-            records[rel] = {"bytes": f.stat().st_size, "sha256": known.get(str(f)) or ws.sha256_file(f)}
+            records[rel] = integrity.record(f, known.get(str(f)) or ws.sha256_file(f))
     return records
 
 

@@ -194,13 +194,13 @@ def plan_source(
     plan = SourcePlan(src, rel, types)
     assert src.main_entity_column and src.date_column
     skip = {src.main_entity_column, src.date_column.name, ROW}
-    names = set(types)
+    names = {c for c in types if src.keeps(c)}  # as a fresh extract would have them
     fixed: dict[str, list[str]] | None = (
         fixed_lists(previous_columns) if previous_columns is not None else None
     )
     for c, t in types.items():
         kind = infer_column_type(c, t, src.column_types.get(c))
-        if c in skip or kind == "ignore":
+        if c in skip or kind == "ignore" or not src.keeps(c):
             continue
         if kind == "list":
             q = quote_ident(c)
@@ -215,7 +215,7 @@ def plan_source(
         atypes = describe(con, arel)
         plan.joins.append(Join(attr, arel, atypes, dict(join.join_on)))
         for c, t in atypes.items():
-            if c in join.join_on.values():
+            if c in join.join_on.values() or not attr.keeps(c):
                 continue
             name = c if c not in names else f"{attr.name}.{c}"
             names.add(name)
@@ -470,7 +470,7 @@ def attribute_arrays(
     selects, joins, new_vocab = [], [], {}
     for i, (col, t) in enumerate(types.items()):
         kind = infer_column_type(col, t, src.column_types.get(col))
-        if col == key or kind == "ignore":
+        if col == key or kind == "ignore" or not src.keeps(col):
             continue
         if kind == "list":  # said in the manifest and by validate / suggest-config, never silently
             meta.setdefault("ignored", {})[col] = (

@@ -126,7 +126,7 @@ class EventCache:
     version's directory."""
 
     def __init__(self, path: str | Path) -> None:
-        from basemodel_pipeline.cache import versions
+        from basemodel_pipeline.cache import integrity, versions
         from basemodel_pipeline.cache.view import events_root, segment_dirs
 
         self.path, lock = versions.open_version(Path(path))
@@ -135,7 +135,16 @@ class EventCache:
         if not manifest.exists():
             self.close()
             raise UserError(f"no event cache at {path}; run the cache stage (`basemodel cache CONFIG`)")
-        self.manifest = json.loads(manifest.read_text())
+        try:
+            self.manifest = json.loads(manifest.read_text())
+            integrity.check_on_open(self.path, self.manifest)
+        except BaseException as exc:
+            self.close()
+            if isinstance(exc, ValueError):
+                raise UserError(
+                    f"{manifest} is unreadable ({exc}); rebuild it with `basemodel cache CONFIG`"
+                ) from None
+            raise
         self.n_entities: int = self.manifest["n_entities"]
         self.segments = segment_dirs(self.path, self.manifest)
         root = events_root(self.path, self.manifest)

@@ -23,7 +23,8 @@ from sqlglot import exp
 
 from basemodel_pipeline.config.loader import _line_of
 from basemodel_pipeline.config.models import DataSource, PipelineConfig
-from basemodel_pipeline.errors import ConfigError, UserError
+from basemodel_pipeline.errors import ConfigError, DataError, UserError
+from basemodel_pipeline.sources import damaged
 from basemodel_pipeline.sources.parquet import parquet_glob, quote_ident, read_parquet_sql
 from basemodel_pipeline.sources.sql import resolve
 
@@ -80,6 +81,13 @@ class _Checker:
                 line = None
             prefix = f"{self.file}:{line}: " if line else f"{self.file}: "
         raise ConfigError(f"{prefix}{where}: {message}")
+
+    def fail_if_damaged(self, src: DataSource, deep: bool = True) -> None:
+        """After a failed read: fail naming the damaged Parquet file of `src` if there is one."""
+        try:
+            damaged.check_source(src, deep)
+        except DataError as err:
+            self.fail(f"data_sources[{self.cfg.data_sources.index(src)}].data_location.path", str(err))
 
     @staticmethod
     def local(src: DataSource) -> bool:
@@ -145,6 +153,7 @@ class _Checker:
                     source_columns(src, self.con) if self.local(src) else self.load_sample(src)
                 )
             except UserError as err:
+                self.fail_if_damaged(src, deep=False)
                 where = "path" if src.data_location.database_type == "parquet" else "table_name"
                 self.fail(f"data_sources[{i}].data_location.{where}", str(err))
         for i, src in enumerate(self.cfg.data_sources):
@@ -173,12 +182,47 @@ class _Checker:
                         attrs.name,
                         {ev.main_entity_column: attrs.main_entity_column},
                     )
+        self.check_entity_ids()  # after the join checks: ids that never match get their message first
         for i, sc in enumerate(self.cfg.scenarios):
             src = self.cfg.source(sc.target.source)
             for field, column in sc.target.columns():
                 self.require(f"scenarios[{i}].target.{field}", src, column, self.joined_columns(src))
                 self.check_list_use(f"scenarios[{i}].target.{field}", sc, src, field, column)
         self.check_test_windows()
+
+    def check_entity_ids(self) -> None:
+        """Entity ids are compared by value across sources: integers when every entity column is an integer,
+        else text, an integer written as plain decimal text ('42'). When the types differ, every id of a
+        non-integer column must be such plain integer text: '000042', '42.0' or 'H42' would match by
+        accident of a cast, or not at all, and silently split or lose entities."""
+        from basemodel_pipeline.cache.plan import INTEGER_PREFIXES
+
+        typed = []
+        for i, src in enumerate(self.cfg.data_sources):
+            if src.type in ("event", "main_entity_attribute") and src.main_entity_column:
+                name = resolve(src.main_entity_column, self.columns[src.name]) or src.main_entity_column
+                typed.append((i, src, name, self.columns[src.name].get(name, "")))
+        integers = [t for t in typed if t[3].upper().startswith(INTEGER_PREFIXES)]
+        if not integers or len(integers) == len(typed):
+            return
+        _, isrc, icol, itype = integers[0]
+        for i, src, col, dtype in typed:
+            if dtype.upper().startswith(INTEGER_PREFIXES):
+                continue
+            text = f"CAST({quote_ident(col)} AS VARCHAR)"
+            plain = f"regexp_full_match({text}, '-?(0|[1-9][0-9]{{0,17}})')"
+            n, example = self.con.execute(
+                f"SELECT count(*), any_value({text}) FROM {self.rel(src)} "
+                f"WHERE {quote_ident(col)} IS NOT NULL AND NOT {plain}"
+            ).fetchone() or (0, None)
+            if n:
+                self.fail(
+                    f"data_sources[{i}].main_entity_column",
+                    f"entity ids differ in type: '{isrc.name}'.{icol} is {itype} but '{src.name}'.{col} is "
+                    f"{dtype}, and {n} of its ids are not plain integers (e.g. {example!r}), so they cannot "
+                    f"be matched with '{isrc.name}' by value; write the ids the same way in both sources "
+                    "(integers everywhere, or the same text everywhere)",
+                )
 
     def column_type(self, src: DataSource, column: str) -> str:
         """The data type of an event source's own or joined column ('' when unknown)."""
@@ -324,6 +368,7 @@ class _Checker:
         try:
             bad = self.con.execute(sql, [fmt]).fetchone()
         except duckdb.Error as err:
+            self.fail_if_damaged(src)
             self.fail(f"{where}.format", f"{fmt!r} is not a valid strptime format: {_one_line(err)}")
         if bad is not None:
             value, file, row = bad
@@ -370,6 +415,7 @@ class _Checker:
         try:
             kept = self.con.execute(sql).fetchone()
         except duckdb.Error as err:
+            self.fail_if_damaged(src)
             self.fail(where, f"DuckDB cannot run {src.where_condition!r} on '{src.name}': {_one_line(err)}")
         if kept is None:
             self.fail(where, f"{src.where_condition!r} keeps no rows of data source '{src.name}'; loosen it")
@@ -405,5 +451,9 @@ def check_config_against_data(cfg: PipelineConfig, config_file: str | Path | Non
     checker = _Checker(cfg, config_file)
     try:
         checker.run()
+    except duckdb.Error:  # a read failed where no check expected it: a damaged file is the usual cause
+        for src in cfg.data_sources:
+            checker.fail_if_damaged(src)
+        raise
     finally:
         checker.con.close()

@@ -243,6 +243,17 @@ class DataSource(Strict):
             raise ValueError("joined_data_sources is only for event sources")
         return self
 
+    def keeps(self, column: str) -> bool:
+        """Whether a column of this source's extract is one the config selects (keys, computed columns,
+        allowed or not disallowed): extracts written under an older config may hold columns dropped since."""
+        name = column.lower()
+        always = {c.lower() for c in self.key_columns()} | {lam.alias.lower() for lam in self.sql_lambdas}
+        if name in always:
+            return True
+        if self.allowed_columns is not None:
+            return name in {c.lower() for c in self.allowed_columns}
+        return name not in {c.lower() for c in self.disallowed_columns or []}
+
     def key_columns(self) -> list[str]:
         """Columns the pipeline needs regardless of allowed/disallowed columns."""
         cols = [c for c in (self.main_entity_column,) if c]

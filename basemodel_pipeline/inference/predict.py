@@ -334,7 +334,15 @@ def read_entity_ids(path: Path) -> list[str]:
         import pyarrow.csv as pacsv
         import pyarrow.parquet as pq
 
-        table = pq.read_table(path) if path.suffix == ".parquet" else pacsv.read_csv(path)
+        try:
+            table = pq.read_table(path) if path.suffix == ".parquet" else pacsv.read_csv(path)
+        except (pa.ArrowException, OSError) as exc:
+            kind = "Parquet" if path.suffix == ".parquet" else "CSV"
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise UserError(
+                f"--entities: {path} is not readable {kind} ({reason}); write the ids as {kind} with an "
+                "entity_id column, or as text with one id per line"
+            ) from None
         if "entity_id" not in table.column_names:
             raise UserError(
                 f"--entities: {path} has no entity_id column (columns: {', '.join(table.column_names)})"

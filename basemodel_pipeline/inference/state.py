@@ -21,9 +21,11 @@ the state is rebuilt from the cache whenever its history changed (rebuilt cache,
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import fcntl
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -215,11 +217,30 @@ def _ensure(
         return base, {"state": "reused", "state_as_of": as_of.isoformat(), "new_events": 0}
     if base is not None and base.as_of > as_of:
         base = None  # a state ahead of the date asked for cannot go back: rebuild
-    t1 = epoch_seconds(as_of)
     ws.clean_stale_tmp(path.parent)
     tmp = ws.staging_dir(path)
+    try:
+        return _write(path, tmp, cache, enc, encoder, base, as_of, progress, chunk)
+    finally:
+        ws.discard_dir(tmp)  # nothing once published; a failed build's staging otherwise
+
+
+def _write(
+    path: Path,
+    tmp: Path,
+    cache: EventCache,
+    enc: FeatureEncoder,
+    encoder: dict,
+    base: EntityState | None,
+    as_of: dt.date,
+    progress: Progress,
+    chunk: int,
+) -> tuple[EntityState, dict[str, Any]]:
+    """Build or advance the state into the staging directory `tmp`, then publish it as `path`."""
+    t1 = epoch_seconds(as_of)
+    fingerprint = cache.manifest.get("fingerprint")
     n = cache.n_entities
-    X = np.lib.format.open_memmap(tmp / "features.npy", "w+", np.float16, (n, enc.dim))
+    X = allocated_npy(tmp / "features.npy", np.float16, (n, enc.dim))
     totals_file = None
     layout: Layout = base.manifest["totals_layout"] if base else []
     progress.start("state", n)
@@ -237,7 +258,7 @@ def _ensure(
             x, tot, layout = _build_chunk(cache, enc, e, t)
         if totals_file is None:
             shape = (n, tot.shape[1])
-            totals_file = np.lib.format.open_memmap(tmp / "totals.npy", "w+", np.float32, shape)
+            totals_file = allocated_npy(tmp / "totals.npy", np.float32, shape)
         X[a:b] = x.to(torch.float16).numpy()
         totals_file[a:b] = tot.numpy()
         progress.advance("state", b - a)
@@ -266,6 +287,22 @@ def _ensure(
     read = sum(before.values()) - (sum(base.manifest["events_before"].values()) if base else 0)
     info = {"state": "advanced" if base else "built", "state_as_of": as_of.isoformat(), "new_events": read}
     return state, info
+
+
+def allocated_npy(path: Path, dtype: type, shape: tuple[int, int]) -> np.memmap:
+    """A writable memory map of a new .npy file whose blocks are allocated up front: a full disk is an
+    OSError (ENOSPC) here, not a SIGBUS when a page of the map is first written."""
+    array = np.lib.format.open_memmap(path, "w+", dtype, shape)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # no fallocate there: write as before
+            del array
+            raise
+    finally:
+        os.close(fd)
+    return array
 
 
 def _valid(state: EntityState, cache: EventCache, fingerprint: str | None) -> bool:

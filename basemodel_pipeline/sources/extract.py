@@ -33,7 +33,7 @@ from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.config.models import DataSource, PipelineConfig
 from basemodel_pipeline.errors import DataError
 from basemodel_pipeline.progress import Progress
-from basemodel_pipeline.sources import DayRange, query_for, run_with_backend, watermark, what
+from basemodel_pipeline.sources import DayRange, damaged, query_for, run_with_backend, watermark, what
 from basemodel_pipeline.sources.base import Backend
 from basemodel_pipeline.sources.sql import quote_ident, quote_literal
 
@@ -83,12 +83,17 @@ def _extract(
 
         return run
 
-    if src.type != "event":
-        written = run_with_backend(cfg, src, attempt(None))
-    else:
-        written = []
-        for chunk in chunks(cfg, src, days):  # one query and one retry unit per chunk of days
-            written += run_with_backend(cfg, src, attempt(chunk))
+    damaged.check_source(src, deep=False)  # footers: a truncated file fails before any day is written
+    try:
+        if src.type != "event":
+            written = run_with_backend(cfg, src, attempt(None))
+        else:
+            written = []
+            for chunk in chunks(cfg, src, days):  # one query and one retry unit per chunk of days
+                written += run_with_backend(cfg, src, attempt(chunk))
+    except DataError:
+        damaged.check_source(src)  # corrupt pages behind an intact footer: name the file
+        raise
     future = 0
     if src.type == "event":
         for stale in out.glob("*.parquet"):  # days of the range that vanished from the source

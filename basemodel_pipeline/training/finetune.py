@@ -32,7 +32,7 @@ from basemodel_pipeline.config.params import FinetuneParams
 from basemodel_pipeline.errors import DataError
 from basemodel_pipeline.evaluation import metrics
 from basemodel_pipeline.features.sketch import FeatureEncoder
-from basemodel_pipeline.model.checkpoint import build_model, load_trunk_state, publish_checkpoint
+from basemodel_pipeline.model.checkpoint import build_model, load_trunk_state, publish_checkpoint, read_meta
 from basemodel_pipeline.model.trunk import TrunkWithHead
 from basemodel_pipeline.progress import Progress
 from basemodel_pipeline.scenarios import staging
@@ -151,7 +151,7 @@ def open_shared(cfg: PipelineConfig, progress: Progress) -> Shared:
     """The cache and the latest foundation (its feature encoder), before any featurisation."""
     cache = EventCache(cache_dir(cfg))
     foundation = ws.latest_foundation_dir(cfg)
-    fmeta = json.loads((foundation / "model.json").read_text())
+    fmeta = read_meta(foundation)
     shared = Shared(cfg, cache, fmeta, foundation, FeatureEncoder.from_dict(fmeta["encoder"]))
     shared.regime = data_regime(cache.n_entities)
     progress.log(f"data regime: {shared.regime}")
