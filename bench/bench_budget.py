@@ -10,8 +10,9 @@ entity x s, for small data where the cap does not bind) or epochs and the same s
 wall time, peak anonymous memory, the work done (examples, history events featurised, coverage: see
 basemodel_pipeline/training/work.py), and per scenario the test metric of the network alone ("neural") and of
 the published model, each with a 95% bootstrap interval over the test rows, plus the paired difference to
-scale 1 (same test rows). The scenarios fit their baselines too (reused across scales: same cache and
-encoder), so each row also shows LightGBM on aggregates. Results are written after every scale, so a run
+scale 1 (same test rows). The scenarios' baselines are fitted and staged once (as the Dagster
+`scenario_baselines` step does) and reused at every scale (same cache and encoder), so each row also shows
+LightGBM on aggregates. Results are written after every scale, so a run
 stopped by --deadline-s (a scale whose extrapolated time does not fit is skipped) still leaves its rows.
 
 Writes bench/results/budget_<dataset>[_<device>].json (flat keys) and prints Markdown rows for BENCHMARKS.md.
@@ -39,7 +40,7 @@ from basemodel_pipeline.config import load_config  # noqa: E402
 from basemodel_pipeline.config.params import FoundationParams  # noqa: E402
 from basemodel_pipeline.demo import prepare_demo  # noqa: E402
 from basemodel_pipeline.evaluation import metrics  # noqa: E402
-from basemodel_pipeline.pipeline import run_cache, run_extract, run_pretrain  # noqa: E402
+from basemodel_pipeline.pipeline import run_baselines, run_cache, run_extract, run_pretrain  # noqa: E402
 from basemodel_pipeline.training.finetune import finetune_many  # noqa: E402
 
 DEFAULT_CAP = FoundationParams.model_fields["max_examples_per_epoch"].default
@@ -140,6 +141,8 @@ def main() -> None:
         t0 = time.perf_counter()
         pre = sampler.timed("pretrain_s", lambda cfg=cfg: run_pretrain(cfg, Log()))
         sampler.stage = "finetune"
+        for sc in cfg.scenarios:  # staged once (the same at every scale: they do not use the foundation)
+            run_baselines(cfg, sc.name, Log())
         fine = finetune_many(cfg, list(cfg.scenarios), Log(), keep_outputs=True)
         total_s = time.perf_counter() - t0
         sampler.stop.set()
