@@ -5,6 +5,7 @@ predictions output against their recorded checksums and against the current cach
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -114,3 +115,160 @@ def test_new_days_advance_the_state_to_the_replayed_scores(workspace: Path) -> N
     from_state = scores(workspace)
     assert state_manifest(workspace)["updates"] == 1  # advanced from the stored state
     np.testing.assert_allclose(from_state, scores(workspace, "--replay"), rtol=1e-3, atol=1e-4)
+
+
+def verify(config: Path) -> tuple[int, list[str]]:
+    result = runner.invoke(app, ["verify", str(config)])
+    assert "Traceback" not in result.output, result.output
+    return result.exit_code, [line for line in result.stdout.splitlines() if line.strip()]
+
+
+def lines_of(lines: list[str], kind: str) -> list[str]:
+    return [line for line in lines if line.split()[1] == kind]
+
+
+def flip_byte_keeping_time(path: Path) -> None:
+    """One byte changed in place, the modification time restored: only a full hash finds it."""
+    st = path.stat()
+    with open(path, "r+b") as fh:
+        fh.seek(st.st_size - 1)
+        byte = fh.read(1)
+        fh.seek(st.st_size - 1)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_verify_covers_the_state_and_the_predictions(workspace: Path) -> None:
+    code, lines = verify(workspace)
+    assert code == 0, lines
+    [state] = lines_of(lines, "state")
+    [predictions] = lines_of(lines, "predictions")
+    assert state.startswith("ok") and "sha256" in state, state
+    assert predictions.startswith("ok") and "churn" in predictions and "sha256" in predictions, predictions
+    manifest = json.loads(
+        next((workspace.parent / "predictions" / "churn").glob("*/manifest.json")).read_text()
+    )
+    assert set(manifest["files"]) >= {"predictions.parquet", "provenance.json"}
+    assert manifest["built_from"]["cache_data_version"] and manifest["built_from"]["model_version"]
+
+
+def test_a_tampered_state_array_fails_verify_naming_it(workspace: Path) -> None:
+    [features] = (workspace.parent / "state").glob("*/features.npy")
+    flip_byte_keeping_time(features)
+    code, lines = verify(workspace)
+    bad = [line for line in lines if line.startswith("FAILED")]
+    assert code == 1 and len(bad) == 1, lines
+    assert bad[0].split()[1] == "state" and "features.npy" in bad[0] and "basemodel predict" in bad[0], bad
+
+
+def test_a_state_array_changed_with_its_time_is_rebuilt_by_predict(workspace: Path) -> None:
+    [features] = (workspace.parent / "state").glob("*/features.npy")
+    before = scores(workspace)
+    with open(features, "r+b") as fh:  # an edit that moves the time: predict's own check finds it
+        fh.seek(features.stat().st_size - 2)
+        fh.write(b"\x00\x7c")  # +inf in float16
+    result = runner.invoke(app, ["predict", str(workspace), "-s", "churn"])
+    assert result.exit_code == 0, result.output
+    assert "features.npy" in " ".join(result.stderr.split()) and "rebuilding" in result.stderr
+    np.testing.assert_array_equal(scores(workspace), before)
+    assert verify(workspace)[0] == 0
+
+
+def test_a_tampered_predictions_file_fails_verify_naming_it(workspace: Path) -> None:
+    [table] = (workspace.parent / "predictions" / "churn").glob("*/predictions.parquet")
+    flip_byte_keeping_time(table)
+    code, lines = verify(workspace)
+    bad = [line for line in lines if line.startswith("FAILED")]
+    assert code == 1 and len(bad) == 1, lines
+    assert bad[0].split()[1] == "predictions" and "predictions.parquet" in bad[0], bad
+    assert "basemodel predict" in bad[0], bad
+
+
+def test_state_and_predictions_built_from_an_older_cache_are_stale_not_corrupt(workspace: Path) -> None:
+    correct_old_days(workspace)
+    ok(["extract", str(workspace)])
+    ok(["cache", str(workspace)])
+    code, lines = verify(workspace)
+    assert code == 0, lines  # nothing is damaged
+    [state] = lines_of(lines, "state")
+    [predictions] = lines_of(lines, "predictions")
+    for line in (state, predictions):
+        assert line.startswith("stale") and "cache" in line and "FAILED" not in line, line
+    assert "basemodel predict" in state and "basemodel predict" in predictions
+    scores(workspace)  # rebuilds the state and rewrites the table
+    code, lines = verify(workspace)
+    assert code == 0 and not [line for line in lines if line.startswith("stale")], lines
+
+
+def test_dagster_checks_call_the_library_verification(workspace: Path) -> None:
+    """checkpoint_sha256 (foundation, scenario) and output_sha256 (predictions) report what `basemodel
+    verify` reports, from the paths the materializations recorded."""
+    import dagster as dg
+
+    from basemodel_pipeline import workspace as ws
+    from basemodel_pipeline.cache.build import cache_dir
+    from basemodel_pipeline.defs import build_definitions
+    from basemodel_pipeline.defs.models.assets import foundation_model, scenario_model
+    from basemodel_pipeline.defs.models.checks import (
+        foundation_checkpoint_sha256,
+        scenario_checkpoint_sha256,
+    )
+    from basemodel_pipeline.defs.predictions.assets import predictions
+    from basemodel_pipeline.defs.predictions.checks import predictions_output_sha256
+
+    cfg = load_config(workspace)
+    [table] = (workspace.parent / "predictions" / "churn").glob("*/predictions.parquet")
+    paths = {
+        ("event_cache", None): {"path": str(cache_dir(cfg).resolve())},
+        ("foundation_model", None): {"path": str(ws.latest_foundation_dir(cfg))},
+        ("scenario_model", "churn"): {"path": str(ws.latest_scenario_dir(cfg, "churn"))},
+        ("predictions", "churn"): {"path": str(table), "as_of": table.parent.name},
+    }
+
+    from basemodel_pipeline.defs.models.partitions import scenarios_partitions
+
+    def run_checks(instance: dg.DagsterInstance) -> dict[str, dg.AssetCheckEvaluation]:
+        checks = [foundation_checkpoint_sha256, scenario_checkpoint_sha256, predictions_output_sha256]
+        jobs = [
+            dg.define_asset_job("whole", dg.AssetSelection.checks(foundation_checkpoint_sha256)),
+            dg.define_asset_job(
+                "per_scenario",
+                dg.AssetSelection.checks(scenario_checkpoint_sha256, predictions_output_sha256),
+                partitions_def=scenarios_partitions,
+            ),
+        ]
+        defs = dg.Definitions(
+            assets=[foundation_model, scenario_model, predictions],
+            asset_checks=checks,
+            jobs=jobs,
+            resources=build_definitions(str(workspace), env="ci").resources,
+        )
+        results = {}
+        for job, partition in (("whole", None), ("per_scenario", "churn")):
+            result = defs.resolve_job_def(job).execute_in_process(
+                instance=instance,
+                tags={"dagster/partition": partition} if partition else None,
+                raise_on_error=False,
+            )
+            for e in result.get_asset_check_evaluations():
+                results[e.asset_key.to_user_string()] = e
+        return results
+
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("scenarios", ["churn"])
+        for (key, partition), metadata in paths.items():
+            instance.report_runless_asset_event(
+                dg.AssetMaterialization(asset_key=key, partition=partition, metadata=metadata)
+            )
+        found = run_checks(instance)
+        assert set(found) == {"foundation_model", "scenario_model", "predictions"}
+        assert all(e.passed for e in found.values()), {k: e.description for k, e in found.items()}
+
+        flip_byte_keeping_time(table)
+        flip_byte_keeping_time(ws.latest_scenario_dir(cfg, "churn") / "model.safetensors")
+        found = run_checks(instance)
+        assert found["foundation_model"].passed
+        assert (
+            not found["scenario_model"].passed and "model.safetensors" in found["scenario_model"].description
+        )
+        assert not found["predictions"].passed and "predictions.parquet" in found["predictions"].description

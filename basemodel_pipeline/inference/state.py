@@ -96,11 +96,7 @@ class EntityState:
         return dt.date.fromisoformat(self.manifest["as_of"])
 
     def problems(self, full: bool = False) -> list[str]:
-        """Arrays that differ from the manifest (size; sha256 when `full` or their time changed)."""
-        files = self.manifest.get("files") or {}
-        if not files:
-            return ["manifest.json records no checksums"]
-        return integrity.file_problems(self.path, files, full, what="the state")[0]
+        return state_problems(self.path, self.manifest, full)
 
     @classmethod
     def open(cls, path: Path) -> EntityState | None:
@@ -116,6 +112,15 @@ class EntityState:
             np.load(path / "features.npy", mmap_mode="r"),
             np.load(path / "totals.npy", mmap_mode="r"),
         )
+
+
+def state_problems(path: Path, manifest: dict[str, Any], full: bool = False) -> list[str]:
+    """Arrays of a state directory that differ from its manifest (size; sha256 when `full` or when their
+    modification time changed)."""
+    files = manifest.get("files") or {}
+    if not files:
+        return ["manifest.json records no checksums"]
+    return integrity.file_problems(path, files, full, what="the state")[0]
 
 
 def events_before(cache: EventCache, t: int) -> dict[str, int]:
@@ -342,17 +347,19 @@ def npy_hasher(array: np.memmap) -> Any:
         return hashlib.sha256(fh.read(array.offset))
 
 
-def stale_reason(state: EntityState, cache: EventCache) -> str | None:
-    """Why a stored state no longer describes the cache's history before its date, or None when it does."""
-    m = state.manifest
-    if m.get("cache_fingerprint") != cache.manifest.get("fingerprint"):
-        return f"built for another data configuration (cache {m.get('cache_fingerprint')})"
-    if m["n_entities"] > cache.n_entities:
-        return f"built for {m['n_entities']:,} entities, the cache has {cache.n_entities:,}"
-    if m.get("cache_history") != history_version(cache.manifest, state.as_of):
+def stale_reason(manifest: dict[str, Any], as_of: dt.date, cache_manifest: dict[str, Any]) -> str | None:
+    """Why a state (its manifest, as of its date) no longer describes the history of the cache whose manifest
+    is `cache_manifest` before that date, or None when it still does."""
+    if manifest.get("cache_fingerprint") != cache_manifest.get("fingerprint"):
+        return f"built for another data configuration (cache {manifest.get('cache_fingerprint')})"
+    if manifest["n_entities"] > cache_manifest["n_entities"]:
         return (
-            f"built from cache data version {m.get('cache_data_version')}, whose days before {state.as_of} "
-            f"differ from the current cache's ({data_version(cache.manifest)})"
+            f"built for {manifest['n_entities']:,} entities, the cache has {cache_manifest['n_entities']:,}"
+        )
+    if manifest.get("cache_history") != history_version(cache_manifest, as_of):
+        return (
+            f"built from cache data version {manifest.get('cache_data_version')}, whose days before {as_of} "
+            f"differ from the current cache's ({data_version(cache_manifest)})"
         )
     return None
 
@@ -361,7 +368,7 @@ def _valid(state: EntityState, cache: EventCache) -> bool:
     """The stored state still describes the cache's history before its date: same data config, no entity
     removed, the same extract content before that date (a correction of old days changes it, even with the
     same number of rows), and exactly as many events before that date per source."""
-    if stale_reason(state, cache) is not None:
+    if stale_reason(state.manifest, state.as_of, cache.manifest) is not None:
         return False
     return state.manifest.get("events_before") == events_before(cache, epoch_seconds(state.as_of))
 
