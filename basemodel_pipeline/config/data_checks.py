@@ -309,8 +309,9 @@ class _Checker:
             self.require(f"{where}.column_types.{col}", src, col, self.joined_columns(src))
 
     def check_nulls(self, where: str, src: DataSource) -> None:
-        """Every row (that where_condition keeps) has an entity id and, in an event source, a date: a row
-        without them belongs to no entity or no day and would be dropped without a word."""
+        """Every row (that where_condition keeps) has an entity id: a row without one belongs to no entity and
+        would be dropped without a word. A missing date is a missing value (the row is left out), but an event
+        source whose rows all lack one has no events."""
         fields = {"main_entity_column": src.main_entity_column}
         if src.type == "event" and src.date_column is not None:
             fields["date_column.name"] = src.date_column.name
@@ -319,13 +320,13 @@ class _Checker:
         if not named:
             return
         keep = f" WHERE ({src.where_condition})" if src.where_condition else ""
-        counts = self.con.execute(
+        *counts, total = self.con.execute(
             "SELECT "
             + ", ".join(f"count(*) FILTER (WHERE {quote_ident(c)} IS NULL)" for c in named.values())
-            + f" FROM {self.rel(src)}{keep}"
-        ).fetchone()
-        for (field, column), n in zip(named.items(), counts or (), strict=False):
-            if n:
+            + f", count(*) FROM {self.rel(src)}{keep}"
+        ).fetchone() or (0,)
+        for (field, column), n in zip(named.items(), counts, strict=False):
+            if n and (field == "main_entity_column" or n == total):
                 self.fail(
                     f"{where}.{field}",
                     f"{n} rows of data source '{src.name}' ({self.where_is(src)}) have no {column} (NULL); "
