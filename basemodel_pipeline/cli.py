@@ -458,14 +458,16 @@ def prune(
 
 @app.command()
 def verify(config: ConfigArg) -> None:
-    """Check the workspace's cache and checkpoints against the checksums recorded when they were written.
+    """Check the workspace's cache, checkpoints, per-entity states and predictions against the checksums
+    recorded when they were written, and states and predictions against the current cache.
 
-    One line per artifact (ok / FAILED and what to do / absent); exit code 1 when one is damaged."""
+    One line per artifact (ok / FAILED and what to do / stale: built from older cache content / absent);
+    exit code 1 when one is damaged (stale ones are not damaged)."""
     from basemodel_pipeline.verify import verify_workspace
 
     with user_errors():
         findings = verify_workspace(load_config(config))
-    colour = {"ok": "green", "FAILED": "bold red", "absent": "yellow"}
+    colour = {"ok": "green", "FAILED": "bold red", "stale": "yellow", "absent": "yellow"}
     for f in findings:
         line = escape(" ".join(f"{f.kind} {f.label}: {f.detail}".split()))
         out.print(f"[{colour[f.status]}]{f.status}[/]  {line}", soft_wrap=True, highlight=False)

@@ -1,28 +1,36 @@
 """`basemodel verify CONFIG`: check every artifact of a workspace against the checksums recorded when it
-was written: the current event cache version (size and sha256 of every file, no unlisted file), and every
+was written: the current event cache version (size and sha256 of every file, no unlisted file), every
 version of the foundation and scenario checkpoints (manifest.json, model.json readable and fitting the
-weights, LATEST naming a version). One finding per artifact; nothing is modified."""
+weights, LATEST naming a version), the per-entity states and the scenarios' predictions (and their subsets)
+in file destinations. States and predictions are also checked against the current cache: one built from
+older cache content (a correction of days before its date) is `stale`, not damaged. One finding per
+artifact; nothing is modified. The Dagster checks call the same functions."""
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from basemodel_pipeline import workspace as ws
-from basemodel_pipeline.cache.build import cache_dir
+from basemodel_pipeline.cache.build import cache_dir, read_manifest
+from basemodel_pipeline.cache.history import history_version
 from basemodel_pipeline.cache.integrity import first, manifest_problems
 from basemodel_pipeline.config import PipelineConfig
 from basemodel_pipeline.errors import UserError
 from basemodel_pipeline.model import checkpoint as ckpt
+from basemodel_pipeline.outputs import manifest as outputs_manifest
 
 MIB = 2**20
 
 
 @dataclass(frozen=True)
 class Finding:
-    kind: str  # cache | foundation | scenario
+    kind: str  # cache | foundation | scenario | state | predictions
     label: str  # what it is (a path, or a scenario and its version)
-    status: str  # ok | FAILED | absent
+    status: str  # ok | FAILED | stale | absent
     detail: str  # the size checked, what is wrong and what to do, or how to make it
 
 
@@ -70,6 +78,106 @@ def verify_root(kind: str, name: str, root: Path, make: str) -> list[Finding]:
     return findings
 
 
+def verify_state(directory: Path, cache: dict[str, Any] | None) -> Finding:
+    """One per-entity state directory: its arrays against the manifest (full sha256), then against the
+    current cache's manifest `cache` (stale when built from other content)."""
+    from basemodel_pipeline.inference import state as st
+
+    redo = f"delete {directory}: the next `basemodel predict CONFIG -s NAME` rebuilds it"
+    try:
+        meta = json.loads((directory / "manifest.json").read_text())
+        as_of = dt.date.fromisoformat(meta["as_of"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return Finding("state", str(directory), "FAILED", f"manifest.json unreadable ({exc}); {redo}")
+    label = f"{directory} (as of {as_of})"
+    if meta.get("version") != st.STATE_VERSION:
+        why = f"written by an older version (format {meta.get('version')}); the next `basemodel predict` rebuilds it"
+        return Finding("state", label, "stale", why)
+    problems = st.state_problems(directory, meta, full=True)
+    if problems:
+        return Finding("state", label, "FAILED", f"{first(problems)}; {redo}")
+    stale = st.stale_reason(meta, as_of, cache) if cache else None
+    if stale:
+        return Finding("state", label, "stale", f"{stale}; the next `basemodel predict` rebuilds it")
+    size = sum(r["bytes"] for r in meta["files"].values())
+    built = f"built from cache data version {meta.get('cache_data_version')}"
+    return Finding(
+        "state",
+        label,
+        "ok",
+        f"{meta['n_entities']:,} entities, {size / MIB:.1f} MiB, sha256 checked; {built}",
+    )
+
+
+def verify_output(
+    kind: str, label: str, directory: Path, as_of: dt.date, cache: dict[str, Any] | None, redo: str
+) -> Finding:
+    """One output directory (predictions of a scenario as of a date, or a subset): its files against its
+    manifest.json (full sha256), then the cache content it was scored from against the current cache's."""
+    try:
+        manifest = outputs_manifest.read_manifest(directory)
+    except (OSError, ValueError) as exc:
+        return Finding(
+            kind, label, "FAILED", f"{directory / outputs_manifest.MANIFEST} unreadable ({exc}); {redo}"
+        )
+    if manifest is None:
+        return Finding(kind, label, "ok", "no checksums recorded (written before manifests)")
+    problems = outputs_manifest.problems(directory, manifest)
+    if problems:
+        return Finding(kind, label, "FAILED", f"{directory}: {first(problems)}; {redo}")
+    built = manifest.get("built_from") or {}
+    if cache and built.get("cache_history") and built["cache_history"] != history_version(cache, as_of):
+        why = (
+            f"scored from cache data version {built.get('cache_data_version')}, whose days before {as_of} "
+            f"differ from the current cache's; {redo}"
+        )
+        return Finding(kind, label, "stale", why)
+    size = sum(int(r.get("bytes", 0)) for r in manifest["files"].values())
+    model = f"model {built['model_version']}, " if built.get("model_version") else ""
+    return Finding(
+        kind,
+        label,
+        "ok",
+        f"{len(manifest['files'])} files, {size / MIB:.1f} MiB, sha256 checked; {model}cache {built.get('cache_data_version')}",
+    )
+
+
+def output_roots(cfg: PipelineConfig) -> list[Path]:
+    """The workspace and the root of every file destination with its own path."""
+    from basemodel_pipeline.config.outputs import FileOutput
+
+    roots = [ws.root(cfg)]
+    for dest in cfg.outputs.destinations.values():
+        if isinstance(dest, FileOutput) and dest.path and (root := ws.root(cfg) / dest.path) not in roots:
+            roots.append(root)
+    return roots
+
+
+def prediction_dirs(root: Path, scenario: str) -> list[tuple[str, Path, dt.date]]:
+    """(label, directory, as_of) of every predictions table of a scenario under a root, and its subsets."""
+    out = []
+    base = root / "predictions" / scenario
+    for d in sorted(base.iterdir()) if base.is_dir() else []:
+        try:
+            as_of = dt.date.fromisoformat(d.name)
+        except ValueError:
+            continue  # staging, shard parts, locks
+        out.append((f"{scenario} {d.name}", d, as_of))
+        subsets = d / outputs_manifest.SUBSETS
+        for s in sorted(subsets.iterdir()) if subsets.is_dir() else []:
+            out.append((f"{scenario} {d.name} subset {s.name}", s, as_of))
+    return out
+
+
+def verify_predictions(cfg: PipelineConfig, scenario: str, cache: dict[str, Any] | None) -> list[Finding]:
+    found = []
+    for root in output_roots(cfg):
+        for label, directory, as_of in prediction_dirs(root, scenario):
+            redo = f"re-run `basemodel predict CONFIG -s {scenario} --as-of {as_of}`"
+            found.append(verify_output("predictions", label, directory, as_of, cache, redo))
+    return found
+
+
 def verify_workspace(cfg: PipelineConfig) -> list[Finding]:
     findings = [verify_cache(cfg)]
     findings += verify_root(
@@ -78,4 +186,11 @@ def verify_workspace(cfg: PipelineConfig) -> list[Finding]:
     for sc in cfg.scenarios:
         make = f"`basemodel finetune CONFIG -s {sc.name}`"
         findings += verify_root("scenario", sc.name, ws.scenario_root(cfg, sc.name), make)
+    cache = read_manifest(cache_dir(cfg))
+    states = ws.root(cfg) / "state"
+    for directory in sorted(states.iterdir()) if states.is_dir() else []:
+        if directory.is_dir() and not directory.name.startswith("."):
+            findings.append(verify_state(directory, cache))
+    for sc in cfg.scenarios:
+        findings += verify_predictions(cfg, sc.name, cache)
     return findings

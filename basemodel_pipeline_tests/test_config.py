@@ -584,3 +584,46 @@ def test_entity_ids_as_plain_integer_text_match_integers(tiny_config: Path) -> N
         assert {k: v.tolist() for k, v in cache.attributes.items()} == {
             k: v.tolist() for k, v in expected.items()
         }
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        (("training_params", "foundation", "num_blocks"), 10**30),
+        (("scenarios", 0, "target", "horizon_days"), 10**19),
+        (("training_params", "finetune", "patience"), -(10**19)),
+    ],
+)
+def test_integers_beyond_any_sensible_size_are_one_config_error(
+    tiny_config: Path, path: tuple, value: int
+) -> None:
+    """Found by the fuzz test: 10**30 ended in an OverflowError traceback, 10**19 passed `validate`."""
+    cfg = yaml.safe_load(tiny_config.read_text())
+    node = cfg
+    for p in path[:-1]:
+        node = node[p]
+    node[path[-1]] = value
+    tiny_config.write_text(yaml.safe_dump(cfg))
+    with pytest.raises(ConfigError, match=rf"{path[-1]}.*{value}.*too large") as err:
+        load_config(tiny_config)
+    assert "\n" not in str(err.value)
+
+
+def test_null_entity_ids_and_dates_are_named_by_validate(tiny_config: Path) -> None:
+    """Found by the fuzz test: null ids, or no timestamp at all, in an event source passed `validate` (a few
+    missing dates stay missing values: test_text_dates_with_format_pass)."""
+    path = tiny_config.parent / "data" / "transactions.parquet"
+    table = pq.read_table(path)
+    for column, rows in (("household_id", [3, 7]), ("transaction_timestamp", range(table.num_rows))):
+        values = table.column(column).to_pylist()
+        for r in rows:
+            values[r] = None
+        n = len(rows) if column == "household_id" else r"\d+"  # rows kept by where_condition
+        broken = table.set_column(
+            table.schema.get_field_index(column), column, pa.array(values, table[column].type)
+        )
+        pq.write_table(broken, path)
+        with pytest.raises(UserError, match=rf"{n} rows of data source 'transactions' .* no {column}") as err:
+            check_config_against_data(load_config(tiny_config), tiny_config)
+        assert "where_condition" in str(err.value) and "\n" not in str(err.value)
+    pq.write_table(table, path)

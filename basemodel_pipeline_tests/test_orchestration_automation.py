@@ -32,8 +32,9 @@ def defs(tiny_dataset: Path, monkeypatch: pytest.MonkeyPatch) -> dg.Definitions:
 
 CHECKS = {
     "event_cache": ["manifest_sha256"],
-    "foundation_model": ["loss_finite_and_improving"],
-    "scenario_model": ["test_metric_above_floor", "beats_popularity"],
+    "foundation_model": ["checkpoint_sha256", "loss_finite_and_improving"],
+    "scenario_model": ["checkpoint_sha256", "test_metric_above_floor", "beats_popularity"],
+    "predictions": ["output_sha256"],
 }
 
 

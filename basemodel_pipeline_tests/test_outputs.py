@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -83,7 +84,15 @@ def test_default_is_parquet_in_the_workspace_and_other_formats_are_kept(tiny_con
         day / "predictions.parquet"
     )
     write_table(open_writer(cfg, "predictions", "churn", AS_OF, "csv"), [predictions(5)])
-    assert sorted(p.name for p in day.iterdir()) == ["predictions.csv", "predictions.parquet"]
+    assert sorted(p.name for p in day.iterdir()) == [
+        "manifest.json",
+        "predictions.csv",
+        "predictions.parquet",
+    ]
+    assert set(json.loads((day / "manifest.json").read_text())["files"]) == {
+        "predictions.csv",
+        "predictions.parquet",
+    }
 
 
 def test_error_inside_the_write_loop_publishes_nothing(tiny_config: Path) -> None:

@@ -41,10 +41,15 @@ def _verified(directory: Path) -> dict[str, int]:
 
 
 def file_problems(
-    directory: Path, files: dict[str, Any], full: bool, confirmed: dict[str, int] | None = None
+    directory: Path,
+    files: dict[str, Any],
+    full: bool,
+    confirmed: dict[str, int] | None = None,
+    what: str = "the cache",
 ) -> tuple[list[str], int, int]:
-    """(problems, files checked, bytes) of the files of a manifest under `directory`. `confirmed` collects
-    {path: mtime_ns} of files hashed because their time differed and found unchanged."""
+    """(problems, files checked, bytes) of the files of a manifest under `directory` (`what` it is, for the
+    messages). `confirmed` collects {path: mtime_ns} of files hashed because their time differed and found
+    unchanged."""
     known = _verified(directory)
     problems: list[str] = []
     checked = size = 0
@@ -64,7 +69,7 @@ def file_problems(
         if not full and (st.st_mtime_ns in times or (not times and confirmed is None)):
             continue  # unchanged since written (or a cache from before times: sizes only, on open)
         if ws.sha256_file(path) != expected["sha256"]:
-            problems.append(f"{rel}: changed after the cache was written (sha256 differs from manifest.json)")
+            problems.append(f"{rel}: changed after {what} was written (sha256 differs from manifest.json)")
         elif confirmed is not None and st.st_mtime_ns not in times:
             confirmed[rel] = st.st_mtime_ns
     return problems, checked, size

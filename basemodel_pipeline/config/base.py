@@ -2,10 +2,26 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, model_validator
 
 IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]*$"
+MAX_INT = (
+    2**53
+)  # no count, size or number of days in a config comes near it; numpy's int64 overflows at 2**63
 
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sensible_integers(cls, data: Any) -> Any:
+        """Integers beyond any sensible size (10**30 epochs, a 10**19-day horizon) are refused here, naming
+        the field, instead of overflowing int64 later in a traceback."""
+        if isinstance(data, dict):
+            for key, value in data.items():
+                if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
+                    raise ValueError(f"{key}: {value} is too large (at most {MAX_INT:,} in absolute value)")
+        return data

@@ -162,6 +162,7 @@ class _Checker:
                 self.check_dates(f"data_sources[{i}].date_column", src)
             if src.where_condition is not None:
                 self.check_where(f"data_sources[{i}].where_condition", src)
+            self.check_nulls(f"data_sources[{i}]", src)
             self.check_finite(f"data_sources[{i}]", src)
             if src.sql_lambdas or (src.where_condition is not None and not self.local(src)):
                 self.check_query(f"data_sources[{i}]", src)
@@ -306,6 +307,31 @@ class _Checker:
                 self.require(f"{where}.{key}[{n}]", src, col)
         for col in src.column_types:
             self.require(f"{where}.column_types.{col}", src, col, self.joined_columns(src))
+
+    def check_nulls(self, where: str, src: DataSource) -> None:
+        """Every row (that where_condition keeps) has an entity id: a row without one belongs to no entity and
+        would be dropped without a word. A missing date is a missing value (the row is left out), but an event
+        source whose rows all lack one has no events."""
+        fields = {"main_entity_column": src.main_entity_column}
+        if src.type == "event" and src.date_column is not None:
+            fields["date_column.name"] = src.date_column.name
+        named = {f: resolve(c, self.columns[src.name]) for f, c in fields.items() if c}
+        named = {f: c for f, c in named.items() if c}
+        if not named:
+            return
+        keep = f" WHERE ({src.where_condition})" if src.where_condition else ""
+        *counts, total = self.con.execute(
+            "SELECT "
+            + ", ".join(f"count(*) FILTER (WHERE {quote_ident(c)} IS NULL)" for c in named.values())
+            + f", count(*) FROM {self.rel(src)}{keep}"
+        ).fetchone() or (0,)
+        for (field, column), n in zip(named.items(), counts, strict=False):
+            if n and (field == "main_entity_column" or n == total):
+                self.fail(
+                    f"{where}.{field}",
+                    f"{n} rows of data source '{src.name}' ({self.where_is(src)}) have no {column} (NULL); "
+                    f"fill them in the source, or exclude them with where_condition: {column} IS NOT NULL",
+                )
 
     def check_finite(self, where: str, src: DataSource) -> None:
         """Floating columns hold finite values that fit the cache's float32: NaN, +-inf or 1e308 would pass

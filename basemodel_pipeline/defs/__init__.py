@@ -37,6 +37,7 @@ from basemodel_pipeline.defs.models.partitions import scenarios_partitions
 from basemodel_pipeline.defs.models.retrain import build_retrain_sensor
 from basemodel_pipeline.defs.models.sensors import build_scenario_registry_sensor
 from basemodel_pipeline.defs.predictions.assets import entity_embeddings, predictions
+from basemodel_pipeline.defs.predictions.checks import predictions_checks
 from basemodel_pipeline.defs.publish.assets import published_artifacts
 from basemodel_pipeline.defs.reports.assets import metrics_summary
 from basemodel_pipeline.defs.resources import config_path_from_env, current_env, resources_for
@@ -70,7 +71,7 @@ def build_assets(config_path: str, publish: bool = False) -> list[dg.AssetsDefin
 def build_checks(config_path: str) -> list[dg.AssetChecksDefinition]:
     cfg = shape_config(config_path)
     checks = [c for s in cfg.data_sources for c in build_extract_checks(s, extract_key(s.name))]
-    return [*checks, build_cache_check(dg.AssetKey("event_cache")), *model_checks]
+    return [*checks, build_cache_check(dg.AssetKey("event_cache")), *model_checks, *predictions_checks]
 
 
 def build_definitions(config_path: str | None = None, env: str | None = None) -> dg.Definitions:

@@ -20,6 +20,7 @@ import torch
 
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache.build import cache_dir
+from basemodel_pipeline.cache.history import provenance as cache_provenance
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import PipelineConfig
 from basemodel_pipeline.features.sketch import FeatureEncoder
@@ -93,7 +94,9 @@ def export_embeddings(
     writer = open_writer(cfg, "embeddings", None, as_of, destination)
     directory = getattr(writer, "directory", None)  # file destinations: add the RecSys-2025 arrays
     if directory is not None:  # file destinations: what retention must keep
-        ws.write_provenance(directory, foundation_version=foundation.name)
+        ws.write_provenance(
+            directory, foundation_version=foundation.name, **cache_provenance(cache.manifest, as_of)
+        )
     dim = None
     progress.start("embed", len(entity))
     with writer:

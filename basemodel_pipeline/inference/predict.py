@@ -31,6 +31,7 @@ import torch
 
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache.build import cache_dir
+from basemodel_pipeline.cache.history import provenance as cache_provenance
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import PipelineConfig, Scenario
 from basemodel_pipeline.errors import UserError
@@ -409,6 +410,7 @@ def predict(
                 scenario=scenario.name,
                 model_version=scorer.meta["version"],
                 foundation_version=scorer.meta.get("foundation_version"),
+                **cache_provenance(cache.manifest, as_of),
             )
     scoring_started = time.perf_counter()
     progress.start("predict", len(entity))

@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache.build import cache_dir
+from basemodel_pipeline.cache.history import provenance as cache_provenance
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import PipelineConfig
 from basemodel_pipeline.errors import UserError
@@ -110,7 +111,8 @@ def merge_shards(
     """Stream parts 0..k-1 in order to the destination; all must exist and come from one model version."""
     from basemodel_pipeline.outputs import open_writer
 
-    as_of = as_of or default_as_of(EventCache(cache_dir(cfg)))
+    cache = EventCache(cache_dir(cfg))
+    as_of = as_of or default_as_of(cache)
     d = parts_dir(cfg, scenario, as_of, k)
     files = [d / f"part-{i:05d}.parquet" for i in range(k)]
     missing = [f.name for f in files if not f.exists()]
@@ -128,7 +130,12 @@ def merge_shards(
     version = versions.pop()
     writer = open_writer(cfg, "predictions", scenario, as_of, destination)
     if getattr(writer, "directory", None) is not None:  # file destinations: what retention must keep
-        ws.write_provenance(writer.directory, scenario=scenario, model_version=version)
+        ws.write_provenance(
+            writer.directory,
+            scenario=scenario,
+            model_version=version,
+            **cache_provenance(cache.manifest, as_of),
+        )
     with writer:
         for f in files:
             pf = pq.ParquetFile(f)

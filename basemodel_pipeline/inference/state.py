@@ -1,7 +1,9 @@
 """Per-entity feature state as of the cache's last day, advanced with only the new days (DESIGN §4).
 
     <workspace>/state/<encoder key>/
-        manifest.json   as_of, n_entities, dim, encoder key, cache fingerprint, events before as_of per source
+        manifest.json   as_of, n_entities, dim, encoder key, cache fingerprint, data version and history
+                        version (cache/history.py), events before as_of per source, and the size, sha256
+                        and modification time of each array (written last)
         features.npy    float16 [n_entities, dim]: every entity's model input as of `as_of`
         totals.npy      float32 [n_entities, T]: the aggregates' sums: all history (count, active days, numeric
                         sums) and each 7/30/90-day window (the same plus top-value counts)
@@ -15,7 +17,11 @@ the aggregates' windows add the new days and drop the days that left them (only 
 recency, tenure and counts come from one binary search per entity.
 Scenarios that share the foundation's encoder share one state. The decayed sums are kept in float16 in their
 log1p-squashed form (the model's input), so each advance re-rounds them (~2.4e-4 relative in log space);
-the state is rebuilt from the cache whenever its history changed (rebuilt cache, late days) or the encoder did.
+the state is rebuilt from the cache whenever its history changed (a correction of old days, even with the same
+number of rows: the cache's history version before the state's date differs; late days) or the encoder did.
+Opening checks each array's size and modification time (a changed one is hashed); a damaged state is rebuilt
+with a warning. `basemodel verify` hashes it in full and reports a state built from older cache content as
+stale.
 """
 
 from __future__ import annotations
@@ -34,6 +40,9 @@ import numpy as np
 import torch
 
 from basemodel_pipeline import workspace as ws
+from basemodel_pipeline.cache import integrity
+from basemodel_pipeline.cache.build import data_version
+from basemodel_pipeline.cache.history import history_version
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.evaluation.aggregates import advance_sums, all_history_totals, window_totals
 from basemodel_pipeline.features.kernels import (
@@ -46,7 +55,7 @@ from basemodel_pipeline.features.sketch import FeatureEncoder
 from basemodel_pipeline.progress import NullProgress, Progress
 from basemodel_pipeline.training.splits import epoch_seconds
 
-STATE_VERSION = 2
+STATE_VERSION = 3  # 3: tied to the cache content (history version) and checksummed
 CHUNK = 16384  # entities per step: bounds memory
 
 
@@ -86,6 +95,9 @@ class EntityState:
     def as_of(self) -> dt.date:
         return dt.date.fromisoformat(self.manifest["as_of"])
 
+    def problems(self, full: bool = False) -> list[str]:
+        return state_problems(self.path, self.manifest, full)
+
     @classmethod
     def open(cls, path: Path) -> EntityState | None:
         manifest = path / "manifest.json"
@@ -100,6 +112,15 @@ class EntityState:
             np.load(path / "features.npy", mmap_mode="r"),
             np.load(path / "totals.npy", mmap_mode="r"),
         )
+
+
+def state_problems(path: Path, manifest: dict[str, Any], full: bool = False) -> list[str]:
+    """Arrays of a state directory that differ from its manifest (size; sha256 when `full` or when their
+    modification time changed)."""
+    files = manifest.get("files") or {}
+    if not files:
+        return ["manifest.json records no checksums"]
+    return integrity.file_problems(path, files, full, what="the state")[0]
 
 
 def events_before(cache: EventCache, t: int) -> dict[str, int]:
@@ -211,8 +232,10 @@ def _ensure(
 ) -> tuple[EntityState, dict[str, Any]]:
     enc = FeatureEncoder.from_dict(encoder)
     old = EntityState.open(path)
-    fingerprint = cache.manifest.get("fingerprint")
-    base = old if old is not None and _valid(old, cache, fingerprint) else None
+    if old is not None and (problems := old.problems()):
+        progress.log(f"warning: per-entity state {path}: {integrity.first(problems)}; rebuilding it")
+        old = None
+    base = old if old is not None and _valid(old, cache) else None
     if base is not None and base.as_of == as_of:
         return base, {"state": "reused", "state_as_of": as_of.isoformat(), "new_events": 0}
     if base is not None and base.as_of > as_of:
@@ -241,6 +264,7 @@ def _write(
     fingerprint = cache.manifest.get("fingerprint")
     n = cache.n_entities
     X = allocated_npy(tmp / "features.npy", np.float16, (n, enc.dim))
+    hashes = {"features.npy": npy_hasher(X)}
     totals_file = None
     layout: Layout = base.manifest["totals_layout"] if base else []
     progress.start("state", n)
@@ -259,8 +283,11 @@ def _write(
         if totals_file is None:
             shape = (n, tot.shape[1])
             totals_file = allocated_npy(tmp / "totals.npy", np.float32, shape)
-        X[a:b] = x.to(torch.float16).numpy()
-        totals_file[a:b] = tot.numpy()
+            hashes["totals.npy"] = npy_hasher(totals_file)
+        X[a:b] = rows = np.ascontiguousarray(x.to(torch.float16).numpy(), X.dtype)
+        hashes["features.npy"].update(rows)
+        totals_file[a:b] = rows = np.ascontiguousarray(tot.numpy(), totals_file.dtype)
+        hashes["totals.npy"].update(rows)
         progress.advance("state", b - a)
     if totals_file is None:  # no entities
         np.save(tmp / "totals.npy", np.zeros((0, 0), np.float32))
@@ -275,12 +302,21 @@ def _write(
         "dim": enc.dim,
         "encoder_key": encoder_key(encoder),
         "cache_fingerprint": fingerprint,
+        "cache_data_version": data_version(cache.manifest),
+        "cache_history": history_version(cache.manifest, as_of),
         "events_before": before,
         "totals_layout": layout,
         "updates": (base.manifest.get("updates", 0) + 1) if base else 0,
         "created": dt.datetime.now(dt.UTC).isoformat(),
+        "files": {
+            name: integrity.record(tmp / name, h.hexdigest() if h else ws.sha256_file(tmp / name))
+            for name, h in {
+                "features.npy": hashes["features.npy"],
+                "totals.npy": hashes.get("totals.npy"),
+            }.items()
+        },
     }
-    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))  # last: lists what is complete
     ws.publish_dir(tmp, path)
     state = EntityState.open(path)
     assert state is not None
@@ -305,13 +341,36 @@ def allocated_npy(path: Path, dtype: type, shape: tuple[int, int]) -> np.memmap:
     return array
 
 
-def _valid(state: EntityState, cache: EventCache, fingerprint: str | None) -> bool:
+def npy_hasher(array: np.memmap) -> Any:
+    """A sha256 of a new .npy file fed its header now; the caller feeds the rows in order as it writes them."""
+    with open(array.filename, "rb") as fh:
+        return hashlib.sha256(fh.read(array.offset))
+
+
+def stale_reason(manifest: dict[str, Any], as_of: dt.date, cache_manifest: dict[str, Any]) -> str | None:
+    """Why a state (its manifest, as of its date) no longer describes the history of the cache whose manifest
+    is `cache_manifest` before that date, or None when it still does."""
+    if manifest.get("cache_fingerprint") != cache_manifest.get("fingerprint"):
+        return f"built for another data configuration (cache {manifest.get('cache_fingerprint')})"
+    if manifest["n_entities"] > cache_manifest["n_entities"]:
+        return (
+            f"built for {manifest['n_entities']:,} entities, the cache has {cache_manifest['n_entities']:,}"
+        )
+    if manifest.get("cache_history") != history_version(cache_manifest, as_of):
+        return (
+            f"built from cache data version {manifest.get('cache_data_version')}, whose days before {as_of} "
+            f"differ from the current cache's ({data_version(cache_manifest)})"
+        )
+    return None
+
+
+def _valid(state: EntityState, cache: EventCache) -> bool:
     """The stored state still describes the cache's history before its date: same data config, no entity
-    removed, and exactly as many events before that date per source (a rebuilt cache or a late day changes it)."""
-    m = state.manifest
-    if m.get("cache_fingerprint") != fingerprint or m["n_entities"] > cache.n_entities:
+    removed, the same extract content before that date (a correction of old days changes it, even with the
+    same number of rows), and exactly as many events before that date per source."""
+    if stale_reason(state.manifest, state.as_of, cache.manifest) is not None:
         return False
-    return m.get("events_before") == events_before(cache, epoch_seconds(state.as_of))
+    return state.manifest.get("events_before") == events_before(cache, epoch_seconds(state.as_of))
 
 
 def _old_rows(state: EntityState, a: int, b: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -6,7 +6,8 @@
 
 <root> is the workspace unless the destination sets `path`. The staging directory replaces the final one in
 one rename; files of other formats already there, the subsets/ directory (and files the caller adds to
-`directory`, such as the embeddings' .npy arrays) are published together with the new file. A subset is
+`directory`, such as the embeddings' .npy arrays) are published together with the new file, and a
+manifest.json with the size and sha256 of each, written last (outputs/manifest.py). A subset is
 staged outside the (scenario, as_of) directory and renamed into its subsets/ directory, so it never touches
 the full table. Publishes into one scenario's (or the embeddings') directory take turns on an flock
 (.publish.lock beside the as-of directories), so a full table published meanwhile cannot drop a subset.
@@ -30,6 +31,7 @@ from basemodel_pipeline.config import PipelineConfig
 from basemodel_pipeline.config.outputs import FileOutput
 from basemodel_pipeline.errors import UserError
 from basemodel_pipeline.outputs.base import Writer
+from basemodel_pipeline.outputs.manifest import MANIFEST, write_manifest
 
 SUBSETS = "subsets"
 PUBLISH_LOCK = ".publish.lock"
@@ -111,6 +113,7 @@ class FileWriter(Writer):
                 keep_other_files(self.final, self.directory)
             else:
                 self.final.parent.mkdir(parents=True, exist_ok=True)
+            write_manifest(self.directory)  # last: the checksums of what is published
             ws.publish_dir(self.directory, self.final)
         return {"destination": str(self.final / self.file.name), "path": str(self.final / self.file.name)}
 
@@ -129,7 +132,7 @@ def keep_other_files(final: Path, staging: Path) -> None:
         return
     for f in final.iterdir():
         target = staging / f.name
-        if target.exists():
+        if target.exists() or f.name == MANIFEST:  # the manifest is written anew
             continue
         if f.is_dir():
             shutil.copytree(f, target, copy_function=_link_or_copy)

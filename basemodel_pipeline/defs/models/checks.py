@@ -1,10 +1,10 @@
-"""Model checks: the foundation's loss is finite and improving; a scenario beats its floor and popularity.
+"""Model checks: each checkpoint matches its recorded checksums (the library's `verify`, as `basemodel
+verify` runs it); the foundation's loss is finite and improving; a scenario beats its floor and popularity.
 
 The scenario checks are partitioned like the scenario (one result per scenario) and blocking: when one
 fails, the run stops before the scenario's predictions are written and published.
 """
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -15,6 +15,55 @@ from basemodel_pipeline.defs._run import latest_metadata
 from basemodel_pipeline.defs.models.assets import foundation_model, scenario_model
 from basemodel_pipeline.defs.models.partitions import scenarios_partitions
 from basemodel_pipeline.defs.resources import QualityGates
+from basemodel_pipeline.errors import UserError
+
+# the library's verification (torch, DuckDB) is imported when a check runs, not when definitions load
+
+
+def finding_result(finding: Any, path: str) -> dg.AssetCheckResult:
+    """A check result from a `basemodel verify` finding (verify.Finding)."""
+    return dg.AssetCheckResult(
+        passed=finding.status == "ok",
+        severity=dg.AssetCheckSeverity.ERROR,
+        description=f"{finding.label}: {finding.status}: {finding.detail}",
+        metadata={"status": finding.status, "path": dg.MetadataValue.path(path)},
+    )
+
+
+@dg.asset_check(
+    asset=foundation_model,
+    name="checkpoint_sha256",
+    blocking=True,
+    description="The checkpoint's files match their manifest (size and sha256), model.json fits the weights "
+    "(the same verification as `basemodel verify`); blocks the scenarios.",
+)
+def foundation_checkpoint_sha256(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+    meta = latest_metadata(context.instance, foundation_model.key)
+    if not meta or "path" not in meta:
+        return dg.AssetCheckResult(passed=False, description="foundation_model has no materialization yet")
+    from basemodel_pipeline.verify import verify_checkpoint
+
+    return finding_result(verify_checkpoint("foundation", "foundation", Path(meta["path"])), meta["path"])
+
+
+@dg.asset_check(
+    asset=scenario_model,
+    name="checkpoint_sha256",
+    partitions_def=scenarios_partitions,
+    blocking=True,
+    description="The scenario checkpoint's files match their manifest (size and sha256) and model.json fits "
+    "the weights (the same verification as `basemodel verify`); blocks its predictions.",
+)
+def scenario_checkpoint_sha256(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+    scenario = context.partition_key
+    meta = latest_metadata(context.instance, scenario_model.key, scenario)
+    if not meta or "path" not in meta:
+        return dg.AssetCheckResult(
+            passed=False, description=f"scenario_model[{scenario}] has no materialization"
+        )
+    from basemodel_pipeline.verify import verify_checkpoint
+
+    return finding_result(verify_checkpoint("scenario", scenario, Path(meta["path"])), meta["path"])
 
 
 def loss_verdict(history: list[dict[str, Any]]) -> tuple[bool, dg.AssetCheckSeverity, str]:
@@ -55,7 +104,12 @@ def loss_finite_and_improving(context: dg.AssetCheckExecutionContext) -> dg.Asse
     meta = latest_metadata(context.instance, foundation_model.key)
     if not meta or "path" not in meta:
         return dg.AssetCheckResult(passed=False, description="foundation_model has no materialization yet")
-    info = json.loads((Path(meta["path"]) / "model.json").read_text())
+    from basemodel_pipeline.model import checkpoint as ckpt
+
+    try:
+        info = ckpt.read_meta(Path(meta["path"]))  # verified against its manifest first
+    except UserError as exc:
+        return dg.AssetCheckResult(passed=False, description=str(exc))
     history = info.get("history") or info.get("meta", {}).get("history") or []
     passed, severity, why = loss_verdict(history)
     return dg.AssetCheckResult(
@@ -145,4 +199,10 @@ beats_popularity = scenario_check(
     popularity_verdict,
 )
 
-model_checks = [loss_finite_and_improving, test_metric_above_floor, beats_popularity]
+model_checks = [
+    foundation_checkpoint_sha256,
+    scenario_checkpoint_sha256,
+    loss_finite_and_improving,
+    test_metric_above_floor,
+    beats_popularity,
+]

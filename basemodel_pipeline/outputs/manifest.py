@@ -1,0 +1,75 @@
+"""Checksums of a file output directory (predictions/<scenario>/<as_of>/, a subset's, embeddings/<as_of>/).
+
+    manifest.json   {"files": {relative path: {bytes, sha256}}, "built_from": {model_version, cache_data_version,
+                    cache_history, ...}}
+
+written last into the staging directory, just before it is published: every file of the directory except
+the manifest itself and subsets/ (each subset has its own). `built_from` is the output's provenance.json
+(the checkpoint versions, and the cache content it was scored from: cache/history.py), so `basemodel verify`
+can tell a damaged output (a file differs from its checksum) from a stale one (built from older cache
+content)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from basemodel_pipeline import workspace as ws
+
+MANIFEST = "manifest.json"
+SUBSETS = "subsets"
+
+
+def _listed(directory: Path) -> list[Path]:
+    return sorted(
+        p
+        for p in directory.rglob("*")
+        if p.is_file()
+        and p.relative_to(directory).parts[0] not in (MANIFEST, SUBSETS)
+        and not any(part.startswith(".") for part in p.relative_to(directory).parts)
+    )
+
+
+def write_manifest(directory: Path) -> None:
+    """Record every file of a staged output directory (call it last, before publishing)."""
+    files = {
+        str(p.relative_to(directory)): {"bytes": p.stat().st_size, "sha256": ws.sha256_file(p)}
+        for p in _listed(directory)
+    }
+    record: dict[str, Any] = {"files": files, "built_from": ws.read_provenance(directory) or {}}
+    target = directory / MANIFEST
+    target.unlink(missing_ok=True)  # never write through a link to a published directory's manifest
+    target.write_text(json.dumps(record, indent=2, sort_keys=True))
+
+
+def read_manifest(directory: Path) -> dict[str, Any] | None:
+    """The manifest of an output directory; None when it has none; ValueError when it is unreadable."""
+    try:
+        text = (directory / MANIFEST).read_text()
+    except FileNotFoundError:
+        return None
+    data = json.loads(text)
+    if not isinstance(data, dict) or not isinstance(data.get("files"), dict):
+        raise ValueError("no files recorded")
+    return data
+
+
+def problems(directory: Path, manifest: dict[str, Any]) -> list[str]:
+    """Files of the directory that differ from the manifest (full sha256), are missing or are not listed."""
+    found = []
+    for rel, expected in sorted(manifest["files"].items()):
+        path = directory / rel
+        if not path.is_file():
+            found.append(f"{rel}: missing")
+        elif path.stat().st_size != expected.get("bytes"):
+            found.append(f"{rel}: {path.stat().st_size:,} bytes, the manifest says {expected.get('bytes'):,}")
+        elif ws.sha256_file(path) != expected.get("sha256"):
+            found.append(f"{rel}: changed after it was written (sha256 differs from {MANIFEST})")
+    listed = set(manifest["files"])
+    found += [
+        f"{rel}: not in the manifest"
+        for p in _listed(directory)
+        if (rel := str(p.relative_to(directory))) not in listed
+    ]
+    return found
