@@ -471,7 +471,9 @@ def test_shards_merge_to_the_single_process_table(world, monkeypatch: pytest.Mon
     assert merged["shards"] == 3 and merged["rows"] == single.num_rows
     assert pq.read_table(merged["path"]).equals(single)
     provenance = ws.read_provenance(Path(merged["path"]).parent)  # what retention keeps for it
-    assert provenance == {"scenario": "top_department", "model_version": merged["model_version"]}
+    assert provenance["scenario"] == "top_department"
+    assert provenance["model_version"] == merged["model_version"]
+    assert provenance["cache_history"]  # the cache content before as_of: what verify judges staleness by
     with pytest.raises(UserError, match="missing part-00000.parquet, part-00001"):
         run_merge_shards(cfg, "top_department", None, 4)
 

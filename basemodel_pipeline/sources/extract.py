@@ -210,6 +210,35 @@ def row_order(columns: list[str], first: list[str | None]) -> str:
     return ", ".join(f"{quote_ident(c)} ASC NULLS LAST" for c in keys)
 
 
+def check_entity_type(schema: pa.Schema, entity: str | None, label: str) -> str | None:
+    """The entity column's name in `schema` (matched case-insensitively); an id that is a float, a list or a
+    struct cannot key entities (1.0 and 1 would split or merge them): one line, before anything is written."""
+    if entity is None:
+        return None
+    found = next((n for n in schema.names if n.lower() == entity.lower()), None)
+    if found is None:
+        return None  # the query's own error names a missing column
+    dtype = schema.field(found).type
+    if not (pa.types.is_integer(dtype) or pa.types.is_string(dtype) or pa.types.is_large_string(dtype)):
+        raise DataError(
+            f"{label}: entity column {found} is {dtype}; entity ids must be integers or text: cast them in "
+            "the source (or write ids the same way in every source); `basemodel validate CONFIG` lists such problems"
+        )
+    return found
+
+
+def check_entity_nulls(con: duckdb.DuckDBPyConnection, relation: str, column: str | None, label: str) -> None:
+    """Rows without an entity id belong to nobody: refuse them before any file is put in place."""
+    if column is None:
+        return
+    row = con.execute(f"SELECT count(*) FROM {relation} WHERE {quote_ident(column)} IS NULL").fetchone()
+    if row and row[0]:
+        raise DataError(
+            f"{label}: {row[0]} rows have no {column} (a null entity id); drop them in the source or with "
+            "where_condition, then extract again"
+        )
+
+
 def write_sorted(con: duckdb.DuckDBPyConnection, select: str, order: str, target: Path) -> None:
     """COPY `select` in the total row `order` into one Parquet file, row order preserved across threads
     (DuckDB then cuts fixed-size row groups), so equal rows give equal bytes."""
@@ -224,11 +253,13 @@ def write_table(
 ) -> list[str]:
     """Write an attribute table to table.parquet in a total row order (entity column first when given)."""
     target = out / "table.parquet"
+    column = check_entity_type(reader.schema, entity, f"source '{out.name}'")
     tmp = ws.claim_tmp(target)
     con = _duckdb(threads=threads)
     try:
         con.register(STREAM_VIEW, reader)
         write_sorted(con, _normalised(reader, None), row_order(reader.schema.names, [entity]), tmp)
+        check_entity_nulls(con, f"read_parquet({quote_literal(str(tmp))})", column, f"source '{out.name}'")
         os.replace(tmp, target)
     finally:
         con.close()
@@ -249,6 +280,7 @@ def write_days(
     """Partition the stream by day of the date column `ts`, then write each day in the total row order
     (`ts`, `entity`, every other column) and rename it into place. Returns the names written.
     With `memory_limit` (cache.duckdb_memory_limit) the sorts spill to disk beside the output."""
+    column = check_entity_type(reader.schema, entity, f"source '{out.name}'")
     staging = ws.staging_dir(out / "staging")  # per run: another writer's never shares it
     spill = ws.claim_tmp(out / "spill")
     con = _duckdb(memory_limit, spill, threads)
@@ -261,6 +293,11 @@ def write_days(
             f"COPY (SELECT *, strftime({col}, '%Y-%m-%d') AS {DAY_COLUMN} FROM ({_normalised(reader, ts)})) "
             f"TO {quote_literal(str(staging / 'days'))} (FORMAT parquet, PARTITION_BY ({DAY_COLUMN}))"
         )
+        if any((staging / "days").glob("*/*.parquet")):
+            staged = quote_literal(str(staging / "days" / "*" / "*.parquet"))
+            check_entity_nulls(
+                con, f"read_parquet({staged}, hive_partitioning = false)", column, f"source '{out.name}'"
+            )
         for part in sorted((staging / "days").glob(f"{DAY_COLUMN}=*")):
             day = part.name.split("=", 1)[1]
             target = out / f"{day}.parquet"
