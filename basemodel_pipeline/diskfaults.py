@@ -70,6 +70,18 @@ def no_space(path: Path) -> DiskFull:
     )
 
 
+def require_space(path: Path, needed: int, what: str) -> None:
+    """Preflight of a writer whose size is known before it writes: fail in one line, before any byte, when
+    the volume of `path` has less free space than `needed` bytes (plus 5% and 1 MiB of slack)."""
+    free = shutil.disk_usage(_existing(path)).free
+    if free < needed * 1.05 + (1 << 20):
+        raise DiskFull(
+            f"no space left on {_shown(_existing(path))} for {what}: it needs about {needed:,} bytes and "
+            f"{free:,} are free on its volume; free space or move the workspace (`workspace:` in the config) "
+            "to a larger volume, then run the stage again"
+        )
+
+
 def not_writable(path: Path, reason: str) -> NotWritable:
     directory = path if path.is_dir() else _existing(path.parent)
     return NotWritable(

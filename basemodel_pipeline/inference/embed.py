@@ -23,6 +23,7 @@ from basemodel_pipeline.cache.build import cache_dir
 from basemodel_pipeline.cache.history import provenance as cache_provenance
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import PipelineConfig
+from basemodel_pipeline.diskfaults import require_space
 from basemodel_pipeline.features.sketch import FeatureEncoder
 from basemodel_pipeline.inference.precision import prepare_model, resolve_device
 from basemodel_pipeline.inference.predict import CHUNK, entity_features, feature_chunks
@@ -94,6 +95,8 @@ def export_embeddings(
     writer = open_writer(cfg, "embeddings", None, as_of, destination)
     directory = getattr(writer, "directory", None)  # file destinations: add the RecSys-2025 arrays
     if directory is not None:  # file destinations: what retention must keep
+        # float16 embeddings.npy + float32 Parquet values: known before the first byte
+        require_space(directory, len(entity) * meta["arch"]["hidden_dim"] * 6, f"embeddings as of {as_of}")
         ws.write_provenance(
             directory, foundation_version=foundation.name, **cache_provenance(cache.manifest, as_of)
         )

@@ -16,6 +16,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save
 
 from basemodel_pipeline import workspace as ws
+from basemodel_pipeline.diskfaults import require_space
 from basemodel_pipeline.errors import UserError
 from basemodel_pipeline.model.trunk import Trunk, TrunkWithHead
 
@@ -52,6 +53,9 @@ def publish_checkpoint(
     `extra_files`: relative path -> text or bytes (subdirectories are created)."""
     version = ws.new_version()
     ws.clean_stale_tmp(root)
+    weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    extra = sum(len(c) for c in (extra_files or {}).values())
+    require_space(root, weights + extra, f"checkpoint {root.name}/{version}")
     final = root / version
     tmp = ws.staging_dir(final)
     try:
