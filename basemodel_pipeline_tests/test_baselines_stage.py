@@ -18,6 +18,7 @@ from basemodel_pipeline.config import load_config
 from basemodel_pipeline.evaluation.gbm import fit_gbm
 from basemodel_pipeline.pipeline import run_baselines, run_cache, run_extract, run_finetune, run_pretrain
 from basemodel_pipeline.progress import LogProgress
+from basemodel_pipeline_tests.test_gbm_sampling import trees
 
 SCENARIO = "department_propensity"  # multilabel: one LightGBM per class
 
@@ -124,6 +125,20 @@ def test_class_parallel_lightgbm_fits_the_same_models() -> None:
         workers=2,
         progress=LogProgress(lines.append),
     )
-    assert parallel.models == serial.models and parallel.rounds == serial.rounds
+    # the same trees (the parameters section records the LightGBM threads, 2 serial and 1 side by side)
+    assert trees(parallel) == trees(serial) and parallel.rounds == serial.rounds
     fitted = [x for x in lines if "fitted (" in x]  # one line per booster (the constant column has none)
     assert len(fitted) == 4 and any("class 5/5" in x and "s elapsed" in x for x in fitted), lines
+
+
+def test_the_multilabel_lightgbm_row_bound_is_recorded_in_the_metrics(trained) -> None:
+    """Each per-label booster trains on at most `lightgbm_max_rows` rows; metrics.json says how many it had."""
+    cfg = trained
+    sc = cfg.scenario(SCENARIO)
+    bounded = sc.model_copy(update={"lightgbm_max_rows": 60})
+    cfg2 = cfg.model_copy(update={"scenarios": [bounded if s.name == SCENARIO else s for s in cfg.scenarios]})
+    m = _metrics(run_finetune(cfg2, SCENARIO))
+    rows = m["lightgbm_rows"]["lightgbm_aggregates"]
+    assert rows["max_rows"] == 60 and rows["rows"] == m["examples"]["train"] > 60
+    assert rows["boosters"] >= 1 and all(r <= 60 for r in rows["rows_per_booster"])
+    assert max(rows["rows_per_booster"]) == 60

@@ -18,6 +18,11 @@ gives a 95% interval for the seed-averaged difference (model - baseline; for RMS
 positive difference is always a win). A win or a loss is an interval that excludes zero; the rest are ties.
 Each seed's run is saved under <workspace>/quality/seed<k>.npz so --collect can rebuild the table.
 
+--reference KEY=VALUE[,KEY=VALUE]: each seed also fine-tunes the scenarios again with these scenario settings
+(for example ``lightgbm_max_rows=0``: the multilabel LightGBM on every row, as before the row bound), on the
+same foundation and rows, and the table then compares this run with that reference: the published model and
+each candidate (new - reference, the same paired bootstrap), and the LightGBM fit and network train seconds.
+
 Writes bench/results/quality_<dataset>.json (flat keys) and prints the table for bench/BENCHMARKS.md.
 """
 
@@ -133,7 +138,27 @@ def paired_interval(task: str, truth, model_runs: list, base_runs: list, seed: i
     return sign * point, *(sorted([sign * lo, sign * hi]))
 
 
-def run_seed(dataset: str, workspace: Path, seed: int, names: list[str] | None) -> Path:
+def _scenario_info(task: str, m: dict) -> dict:
+    return {
+        "task": task,
+        "published": m["published"],
+        "validation": m["selection"]["validation"],
+        "test": m["test"],
+        "timing_s": m["timing_s"],
+        "candidates_fit_s": m["candidates_fit_s"],
+        "examples": m["examples"],
+        "lightgbm_rows": m.get("lightgbm_rows", {}),
+    }
+
+
+def _outputs(arrays: dict, name: str, prefix: str, r: dict) -> None:
+    for cand, o in r["test_outputs"].items():
+        arrays[f"{name}/{prefix}/{cand}"] = np.asarray(o)
+
+
+def run_seed(
+    dataset: str, workspace: Path, seed: int, names: list[str] | None, reference: dict | None = None
+) -> Path:
     out = workspace / "quality" / f"seed{seed}.npz"
     if out.exists():
         return out
@@ -154,26 +179,27 @@ def run_seed(dataset: str, workspace: Path, seed: int, names: list[str] | None) 
     scenarios = [s for s in cfg.scenarios if names is None or s.name in names]
     results = finetune_many(cfg, scenarios, Log(), keep_outputs=True)
     arrays, info = {}, {"pretrain_s": pretrain_s, "scenarios": {}}
+    ref_results = {}
+    if reference:  # the same scenarios with the reference settings, on the same foundation and rows
+        changed = {s.name: s.model_copy(update=reference) for s in scenarios}
+        cfg_ref = cfg.model_copy(update={"scenarios": [changed.get(s.name, s) for s in cfg.scenarios]})
+        ref_results = finetune_many(cfg_ref, list(changed.values()), Log(), keep_outputs=True)
+        info["reference"] = reference
     for name, r in results.items():
         task = cfg.scenario(name).task
         m = json.loads((Path(r["path"]) / "metrics.json").read_text())
-        info["scenarios"][name] = {
-            "task": task,
-            "published": m["published"],
-            "validation": m["selection"]["validation"],
-            "test": m["test"],
-            "timing_s": m["timing_s"],
-            "candidates_fit_s": m["candidates_fit_s"],
-            "examples": m["examples"],
-        }
+        info["scenarios"][name] = _scenario_info(task, m)
+        if name in ref_results:
+            ref = json.loads((Path(ref_results[name]["path"]) / "metrics.json").read_text())
+            info["scenarios"][name]["reference"] = _scenario_info(task, ref)
+            _outputs(arrays, name, "ref", ref_results[name])
         truth = r["test_truth"]
         if task == "recommendation":
             arrays[f"{name}/truth_indptr"], arrays[f"{name}/truth_indices"] = truth[0], truth[1]
             arrays[f"{name}/truth_n"] = np.array([truth[2]])
         else:
             arrays[f"{name}/truth"] = np.asarray(truth)
-        for cand, o in r["test_outputs"].items():
-            arrays[f"{name}/out/{cand}"] = np.asarray(o)
+        _outputs(arrays, name, "out", r)
     out.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(out.with_suffix(".tmp.npz"), **arrays)
     os.replace(out.with_suffix(".tmp.npz"), out)
@@ -231,6 +257,28 @@ def collect(dataset: str, workspace: Path, seeds: list[int], names: list[str] | 
                 for x in t
             ]
         )
+        if f"{name}/ref/model" in z0:  # --reference: this run against the reference settings
+            for cand in ("model", "lightgbm_aggregates", "neural"):
+                if f"{name}/ref/{cand}" not in z0 or f"{name}/out/{cand}" not in z0:
+                    continue
+                new = [z[f"{name}/out/{cand}"] for z, _ in runs]
+                ref = [z[f"{name}/ref/{cand}"] for z, _ in runs]
+                flat[f"{name}.ref_{cand}"] = round(
+                    float(np.mean([metric_of(task, truth, x) for x in ref])), 4
+                )
+                flat[f"{name}.new_{cand}"] = round(
+                    float(np.mean([metric_of(task, truth, x) for x in new])), 4
+                )
+                d, lo, hi = paired_interval(task, truth, new, ref)
+                flat[f"{name}.new_vs_ref_{cand}"] = [round(d, 4), round(lo, 4), round(hi, 4)]
+            infos = [info["scenarios"][name] for _, info in runs]
+            for side, get in (("new", lambda i: i), ("ref", lambda i: i["reference"])):
+                flat[f"{name}.{side}_lightgbm_fit_s"] = [
+                    get(i)["candidates_fit_s"].get("lightgbm_aggregates") for i in infos
+                ]
+                flat[f"{name}.{side}_network_train_s"] = [get(i)["timing_s"].get("train_s") for i in infos]
+                flat[f"{name}.{side}_published"] = ",".join(get(i)["published"] for i in infos)
+            flat[f"{name}.new_lightgbm_rows"] = infos[0].get("lightgbm_rows", {}).get("lightgbm_aggregates")
         flat[f"{name}.seconds_network_and_baselines"] = round(float(base_s), 1)
         flat[f"{name}.seconds_with_selection"] = round(float(total_s), 1)
         flat[f"{name}.selection_time_ratio"] = round(float(total_s / max(base_s, 1e-9)), 2)
@@ -272,6 +320,32 @@ def table(flat: dict, names: list[str]) -> str:
     return "\n".join(lines)
 
 
+def reference_table(flat: dict, names: list[str]) -> str:
+    """This run against the --reference settings: test metric and seconds, seed-averaged / per seed."""
+    lines = [
+        "| scenario | candidate | reference | this run | this run - reference [95%] |",
+        "|---|---|---|---|---|",
+    ]
+    for n in names:
+        for cand in ("model", "lightgbm_aggregates", "neural"):
+            if f"{n}.new_vs_ref_{cand}" not in flat:
+                continue
+            d, lo, hi = flat[f"{n}.new_vs_ref_{cand}"]
+            lines.append(
+                f"| {n} | {cand} | {flat[f'{n}.ref_{cand}']:.4f} | {flat[f'{n}.new_{cand}']:.4f} | "
+                f"{d:+.4f} [{lo:+.4f}, {hi:+.4f}] |"
+            )
+    lines += ["", "| scenario | LightGBM fit s (reference) | LightGBM fit s (this run) | network train s |"]
+    lines.append("|---|---|---|---|")
+    for n in names:
+        if f"{n}.new_lightgbm_fit_s" in flat:
+            lines.append(
+                f"| {n} | {flat[f'{n}.ref_lightgbm_fit_s']} | {flat[f'{n}.new_lightgbm_fit_s']} | "
+                f"{flat[f'{n}.new_network_train_s']} (reference run: {flat[f'{n}.ref_network_train_s']}) |"
+            )
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dataset", default="completejourney")
@@ -279,6 +353,12 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--scenarios", default=None, help="comma-separated subset of the full config's scenarios")
     ap.add_argument("--collect", action="store_true", help="only tabulate saved runs")
+    ap.add_argument(
+        "--reference",
+        default=None,
+        help="KEY=VALUE[,KEY=VALUE] scenario settings of a reference run on the same foundation and rows "
+        "(e.g. lightgbm_max_rows=0); the table compares this run with it",
+    )
     ap.add_argument(
         "--update",
         action="store_true",
@@ -291,8 +371,13 @@ def main() -> None:
     load_before = os.getloadavg()
     started = time.perf_counter()
     if not args.collect:
+        reference = (
+            {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in args.reference.split(","))}
+            if args.reference
+            else None
+        )
         for seed in args.seeds:
-            run_seed(args.dataset, workspace, seed, names)
+            run_seed(args.dataset, workspace, seed, names, reference)
     flat = collect(args.dataset, workspace, args.seeds, names)
     command = " ".join(["python bench/bench_quality.py", *sys.argv[1:]])
     commit = subprocess.run(
@@ -331,6 +416,9 @@ def main() -> None:
     }
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(table(flat, scen))
+    if any(k.endswith(".new_lightgbm_fit_s") for k in flat):
+        print()
+        print(reference_table(flat, scen))
     print(f"wrote {path}")
 
 

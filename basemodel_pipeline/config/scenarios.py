@@ -15,6 +15,8 @@ from pydantic import Field, model_validator
 from basemodel_pipeline.config.base import IDENTIFIER, Strict
 
 TASKS = ("binary", "multiclass", "multilabel", "regression", "recommendation")
+# multilabel LightGBM: rows one per-label booster trains on (docs/scenarios.md, "The cost of LightGBM")
+LIGHTGBM_MAX_ROWS = 0
 CandidateName = Literal[
     "neural",
     "lightgbm_hybrid",
@@ -205,6 +207,13 @@ class Scenario(Strict):
         ge=0,
         description="Multilabel baseline: one LightGBM per most frequent label up to this many; popularity "
         "for the rest.",
+    )
+    lightgbm_max_rows: int = Field(
+        default=LIGHTGBM_MAX_ROWS,
+        ge=0,
+        description="Multilabel LightGBM: training rows one per-label booster may use (0: all). Above it, "
+        "each booster keeps every row of the label's rarer class up to half of them and a sample of the "
+        "other class, each class weighted by the inverse of its sampling rate (calibrated probabilities).",
     )
     k: int = Field(default=10, gt=0, description="K of the @K metrics (recommendation) and top-k accuracy.")
     candidates: list[CandidateName] | None = Field(

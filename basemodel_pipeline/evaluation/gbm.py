@@ -8,8 +8,11 @@ re-ranker's ranking objective (scenarios/rerank.py) all fit through ``fit_gbm`` 
     binary        one booster, early-stopped on validation AUROC (log-loss when validation has one class)
     multilabel    one booster per column (one-vs-rest), sharing one binned Dataset; a column without both
                   classes in training is the training prevalence, a constant. The columns are fitted in
-                  ``workers`` threads (default: the CPUs this process may use / PARAMS["num_threads"]), each
-                  with its own copy of the Dataset: the same models as one after the other, in less time
+                  ``workers`` threads (default: the CPUs this process may use), one LightGBM thread each and
+                  each with its own copy of the Dataset: the same models as one after the other, in less
+                  time. With ``max_rows``, a booster trains on at most that many rows (``sample_rows``): every
+                  row of the column's rarer class up to half of them, a seeded sample of the other class,
+                  each class weighted by the inverse of its sampling rate (the probabilities stay calibrated)
     multiclass    one softmax booster, early-stopped on multi-log-loss
     regression    one booster, L2 loss
 """
@@ -110,6 +113,9 @@ class GBM:
     models: list[str | float]
     n_out: int = 1  # multiclass: classes; multilabel: columns
     rounds: list[int] = field(default_factory=list)
+    max_rows: int = 0  # multilabel: rows one booster may train on (0: all; see sample_rows)
+    train_rows: list[int] = field(default_factory=list)  # rows each booster trained on (0: a constant)
+    available_rows: int = 0  # training rows there were
     _boosters: list = field(default_factory=list, repr=False, compare=False)
 
     def _booster(self, i: int):
@@ -137,7 +143,7 @@ class GBM:
 
     def refit(self, X: np.ndarray, Y: np.ndarray, seed: int = 0) -> GBM:
         """The same models trained again on (X, Y) (more windows) for the rounds early stopping kept, without
-        a validation set: what a production retrain on the newest windows does."""
+        a validation set, with the same row bound: what a production retrain on the newest windows does."""
         Y = np.asarray(Y)
         train, _ = _datasets(X, X[:1], None, {**PARAMS, "seed": seed})
         if self.task in ("regression", "multiclass"):
@@ -146,33 +152,103 @@ class GBM:
             return GBM(self.task, [text], self.n_out, list(self.rounds))
         Y = Y.reshape(len(Y), -1)
         models: list[str | float] = []
+        rows: list[int] = []
         for c, (m, r) in enumerate(zip(self.models, self.rounds, strict=True)):
             y = (Y[:, c] > 0).astype(np.float64)
             if not isinstance(m, str) or not _both(y):
                 models.append(float(y.mean()) if y.size else 0.0)
+                rows.append(0)
                 continue
-            train.set_label(y)
-            models.append(_train(_params(self.task, seed), train, None, r)[0])
-        return GBM(self.task, models, self.n_out, list(self.rounds))
+            data, n = _column_data(train, y, self.max_rows, seed, c)
+            models.append(_train(_params(self.task, seed), data, None, r)[0])
+            rows.append(n)
+        return GBM(self.task, models, self.n_out, list(self.rounds), self.max_rows, rows, len(Y))
+
+    def sampling(self) -> dict:
+        """What the boosters trained on: the bound, the rows available, each booster's rows (multilabel)."""
+        return {
+            "max_rows": self.max_rows,
+            "rows": self.available_rows,
+            "rows_per_booster": list(self.train_rows),
+            "boosters": sum(1 for m in self.models if isinstance(m, str)),
+        }
 
     def to_json(self) -> str:
         return json.dumps(
-            {"task": self.task, "models": self.models, "n_out": self.n_out, "rounds": self.rounds}
+            {
+                "task": self.task,
+                "models": self.models,
+                "n_out": self.n_out,
+                "rounds": self.rounds,
+                "max_rows": self.max_rows,
+                "train_rows": self.train_rows,
+                "available_rows": self.available_rows,
+            }
         )
 
     @classmethod
     def from_json(cls, text: str) -> GBM:
         d = json.loads(text)
-        return cls(d["task"], d["models"], d["n_out"], d.get("rounds", []))
+        return cls(
+            d["task"],
+            d["models"],
+            d["n_out"],
+            d.get("rounds", []),
+            d.get("max_rows", 0),
+            d.get("train_rows", []),
+            d.get("available_rows", 0),
+        )
+
+
+def _cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def default_workers() -> int:
-    """Threads for one-vs-rest columns: $BASEMODEL_GBM_WORKERS, else the CPUs this process may use divided by
-    the threads of one booster (PARAMS["num_threads"]), at least 1."""
+    """Threads for one-vs-rest columns: $BASEMODEL_GBM_WORKERS, else the CPUs this process may use (each
+    booster then runs one LightGBM thread), at least 1."""
     if os.environ.get(WORKERS_ENV):
         return max(1, int(os.environ[WORKERS_ENV]))
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cpus // int(PARAMS["num_threads"]))
+    return max(1, _cpus())
+
+
+def sample_rows(y: np.ndarray, max_rows: int, seed: int, column: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(sorted row indices, weights) of one column's training sample of at most `max_rows` rows, or None when
+    every row fits (``max_rows`` 0 or at least the rows there are).
+
+    Every row of the rarer class up to ``max_rows // 2``, the rest from the other class, each drawn uniformly
+    (seeded by the seed and the column: the same sample whatever the threads). Each class is weighted by its
+    rows over its sampled rows, so the weighted sample has the class totals of all rows: the boosters start
+    from the same prior and their probabilities stay calibrated. A uniform sample of one class leaves AUROC
+    unchanged in expectation; keeping the rarer class whole keeps the rows that carry most information."""
+    n = len(y)
+    if not max_rows or n <= max_rows:
+        return None
+    pos = np.asarray(y) > 0
+    rare = pos if 2 * int(pos.sum()) <= n else ~pos
+    idx_rare, idx_common = np.flatnonzero(rare), np.flatnonzero(~rare)
+    k_rare = min(len(idx_rare), max_rows // 2)
+    k_common = min(len(idx_common), max_rows - k_rare)
+    rng = np.random.default_rng([seed, column])
+    idx = np.sort(
+        np.r_[rng.choice(idx_rare, k_rare, replace=False), rng.choice(idx_common, k_common, replace=False)]
+    )
+    weight = np.where(rare[idx], len(idx_rare) / max(k_rare, 1), len(idx_common) / max(k_common, 1))
+    return idx, weight
+
+
+def _column_data(train, y: np.ndarray, max_rows: int, seed: int, column: int):
+    """(the Dataset one column's booster trains on, its rows): `train` with the column's labels, or its row
+    sample (a subset of the same bins, weighted; see sample_rows)."""
+    sample = sample_rows(y, max_rows, seed, column)
+    if sample is None:
+        train.set_label(y)
+        return train, len(y)
+    idx, weight = sample
+    sub = train.subset(idx.astype(np.int32)).construct()
+    sub.set_label(y[idx])
+    sub.set_weight(weight)
+    return sub, len(idx)
 
 
 def fit_gbm(
@@ -186,6 +262,7 @@ def fit_gbm(
     workers: int | None = None,
     progress: Progress | None = None,
     label: str = "lightgbm",
+    max_rows: int = 0,
 ) -> GBM:
     """Gradient-boosted trees trained on (X_train, Y_train), early-stopped on (X_val, Y_val).
 
@@ -197,6 +274,7 @@ def fit_gbm(
         workers: threads fitting the one-vs-rest columns (default ``default_workers()``); any number gives
             the same models.
         progress: a line per fitted booster (``label: class i/C fitted ...``) with the elapsed seconds.
+        max_rows: multilabel: rows one booster may train on (0: all; see ``sample_rows``).
     At most ``MAX_ROUNDS`` rounds, patience ``EARLY_STOPPING``."""
     if task not in TASKS:
         raise ValueError(f"LightGBM supports {', '.join(TASKS)}, not '{task}'")
@@ -215,8 +293,9 @@ def fit_gbm(
     if task == "binary":
         Y_train, Y_val = Y_train.reshape(-1, 1), Y_val.reshape(-1, 1)
     n_cols = Y_train.shape[1]
+    max_rows = max_rows if task == "multilabel" else 0
     models: list[str | float] = [0.0] * n_cols
-    kept = [0] * n_cols
+    kept, rows = [0] * n_cols, [0] * n_cols
     todo = []
     for c in range(n_cols):
         y_tr = (Y_train[:, c] > 0).astype(np.float64)
@@ -225,25 +304,32 @@ def fit_gbm(
         else:
             models[c] = float(y_tr.mean()) if y_tr.size else 0.0
     workers = max(1, min(workers or default_workers(), len(todo)))
+    # boosters side by side, one LightGBM thread each: a lone booster keeps PARAMS["num_threads"]. LightGBM's
+    # OpenMP threads wait for each other at every step, which a busy machine turns into a 5x slowdown per tree
+    # (2 threads, CJ departments, load 10 on 2 cores); the trees are the same for any number of threads
+    threads = max(1, min(int(PARAMS["num_threads"]), _cpus() // workers))
     what = "one booster" if task == "binary" else f"{len(todo)} of {n_cols} classes ({workers} threads)"
-    progress.log(f"{label}: fitting {what} on {len(Y_train):,} rows")
+    bound = f", at most {max_rows:,} rows per booster" if max_rows and len(Y_train) > max_rows else ""
+    progress.log(f"{label}: fitting {what} on {len(Y_train):,} rows{bound}")
     lock, done = threading.Lock(), [n_cols - len(todo)]
 
     def fit_columns(columns: list[int]) -> None:
-        train, valid = _datasets(X_train, X_val, categorical_features, {**PARAMS, "seed": seed})
+        params = {**PARAMS, "seed": seed, "num_threads": threads}
+        train, valid = _datasets(X_train, X_val, categorical_features, params)
         for c in columns:
             t0 = time.perf_counter()
             y_tr, y_va = (Y_train[:, c] > 0).astype(np.float64), (Y_val[:, c] > 0).astype(np.float64)
-            train.set_label(y_tr)
+            data, rows[c] = _column_data(train, y_tr, max_rows, seed, c)
             valid.set_label(y_va)
             metric = "auc" if _both(y_va) else "binary_logloss"
-            models[c], kept[c] = _train(_params(task, seed, metric=metric), train, valid)
+            fit_params = {**_params(task, seed, metric=metric), "num_threads": threads}
+            models[c], kept[c] = _train(fit_params, data, valid)
             with lock:
                 done[0] += 1
                 what = f"class {done[0]}/{n_cols}" if task == "multilabel" else "booster"
                 progress.log(
-                    f"{label}: {what} fitted ({kept[c]} rounds) in {time.perf_counter() - t0:.1f} s, "
-                    f"{time.perf_counter() - started:.1f} s elapsed"
+                    f"{label}: {what} fitted ({kept[c]} rounds, {rows[c]:,} rows) in "
+                    f"{time.perf_counter() - t0:.1f} s, {time.perf_counter() - started:.1f} s elapsed"
                 )
 
     if workers == 1:
@@ -251,7 +337,7 @@ def fit_gbm(
     else:  # LightGBM releases the GIL while it trains; each thread has its own binned Dataset
         with ThreadPoolExecutor(workers) as pool:
             list(pool.map(fit_columns, [todo[i::workers] for i in range(workers)]))
-    return GBM(task, models, n_cols, kept)
+    return GBM(task, models, n_cols, kept, max_rows, rows, len(Y_train))
 
 
 def fit_ranker(

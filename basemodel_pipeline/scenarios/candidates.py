@@ -199,7 +199,8 @@ class LightGBM:
     plus the first principal components of the foundation embedding (``features="hybrid"``).
 
     Multilabel: one model per label for the ``lightgbm_top_labels`` most frequent labels, popularity for the
-    rest (thousands of one-vs-rest models would cost hours)."""
+    rest (thousands of one-vs-rest models would cost hours); each trains on at most ``lightgbm_max_rows``
+    rows (evaluation/gbm.py, ``sample_rows``)."""
 
     def __init__(self, ctx: Context, features: str) -> None:
         self.ctx, self.features = ctx, features
@@ -251,7 +252,15 @@ class LightGBM:
         ctx = self.ctx
         label = f"{ctx.scenario.name} {self.name}"
         return fit_gbm(
-            ctx.task, F_train, y_train, F_stop, y_stop, seed=ctx.seed, progress=ctx.progress, label=label
+            ctx.task,
+            F_train,
+            y_train,
+            F_stop,
+            y_stop,
+            seed=ctx.seed,
+            progress=ctx.progress,
+            label=label,
+            max_rows=ctx.scenario.lightgbm_max_rows if ctx.task == "multilabel" else 0,
         )
 
     def refit(self, rows: Rows) -> None:

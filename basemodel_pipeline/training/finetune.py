@@ -556,6 +556,12 @@ def _finish(
         **({"refit": refit_info} if refit_info else {}),
         "history": history,
         "candidates_fit_s": fit_s,
+        # multilabel LightGBM: the row bound and the rows each per-label booster trained on
+        "lightgbm_rows": {
+            name: cand.gbm.sampling()
+            for name, cand in candidates.items()
+            if task == "multilabel" and isinstance(cand, LightGBM) and cand.gbm is not None
+        },
         "baselines": stage_info,
         "timing_s": {k: round(v, 2) for k, v in timing.items()},
         "work": work,  # training/work.py

@@ -1,0 +1,82 @@
+"""The multilabel LightGBM baseline's cost bound (issue 16, item 5): each one-vs-rest booster trains on at most
+``max_rows`` rows — every row of the rarer class up to half of them, a sample of the other class, each class
+weighted by the inverse of its sampling rate so the probabilities stay calibrated — and one LightGBM thread per
+booster, the boosters side by side. What each booster saw is recorded with the model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from basemodel_pipeline.evaluation import gbm
+from basemodel_pipeline.evaluation.gbm import GBM, fit_gbm
+
+
+def trees(gbm_: GBM) -> list:
+    """The models without their parameters section (which records the LightGBM threads used)."""
+    return [m[: m.index("end of trees")] if isinstance(m, str) else m for m in gbm_.models]
+
+
+def _data(n: int = 3000, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, 6))
+    # prevalences ~5%, ~30%, ~70%, and a constant column
+    score = X[:, :3] + 0.5 * rng.normal(size=(n, 3))
+    Y = np.c_[score[:, 0] > 1.65, score[:, 1] > 0.55, score[:, 2] > -0.55, np.zeros(n)].astype(np.float64)
+    return X, Y
+
+
+def test_each_booster_trains_on_at_most_max_rows_keeping_the_rarer_class() -> None:
+    X, Y = _data()
+    tr, va = slice(0, 2400), slice(2400, None)
+    m = fit_gbm("multilabel", X[tr], Y[tr], X[va], Y[va], seed=1, max_rows=800)
+    assert m.max_rows == 800
+    assert m.train_rows[3] == 0  # the constant column: no booster
+    assert all(0 < r <= 800 for r in m.train_rows[:3]), m.train_rows
+    assert m.train_rows[0] == 800  # 5% positives (~120) are all kept, the negatives fill the rest
+    # calibrated: the weights undo the sampling, so the mean probability stays near the prevalence
+    p = m.predict(X[tr])
+    np.testing.assert_allclose(p[:, :3].mean(0), Y[tr, :3].mean(0), atol=0.03)
+    # the sample is the column's own (seed, column): the same models whatever the threads
+    again = fit_gbm("multilabel", X[tr], Y[tr], X[va], Y[va], seed=1, max_rows=800, workers=1)
+    other = fit_gbm("multilabel", X[tr], Y[tr], X[va], Y[va], seed=1, max_rows=800, workers=3)
+    assert trees(again) == trees(other) == trees(m)
+    assert again.train_rows == m.train_rows
+
+
+def test_no_sample_when_every_row_fits() -> None:
+    X, Y = _data(1200)
+    tr, va = slice(0, 900), slice(900, None)
+    full = fit_gbm("multilabel", X[tr], Y[tr], X[va], Y[va], seed=2)
+    roomy = fit_gbm("multilabel", X[tr], Y[tr], X[va], Y[va], seed=2, max_rows=900)
+    assert full.max_rows == 0 and full.train_rows[:3] == [900, 900, 900]
+    assert roomy.models == full.models and roomy.train_rows == full.train_rows
+
+
+def test_the_sample_is_kept_with_the_model_and_by_refit() -> None:
+    X, Y = _data()
+    m = fit_gbm("multilabel", X[:2400], Y[:2400], X[2400:], Y[2400:], seed=0, max_rows=600)
+    back = GBM.from_json(m.to_json())
+    assert back.max_rows == 600 and back.train_rows == m.train_rows
+    refit = m.refit(X, Y, seed=0)
+    assert refit.max_rows == 600 and all(r <= 600 for r in refit.train_rows)
+    assert refit.sampling()["max_rows"] == 600
+    assert m.sampling() == {
+        "max_rows": 600,
+        "rows": 2400,
+        "rows_per_booster": m.train_rows,
+        "boosters": 3,
+    }
+
+
+def test_one_lightgbm_thread_per_one_vs_rest_booster(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Boosters side by side, one thread each: no OpenMP barrier to wait on when the CPUs are shared (a
+    2-thread booster ran 5x slower per tree on a loaded 2-core machine). A single booster keeps its threads."""
+    monkeypatch.delenv(gbm.WORKERS_ENV, raising=False)
+    monkeypatch.setattr(gbm, "_cpus", lambda: 4)
+    assert gbm.default_workers() == 4
+    X, Y = _data(800)
+    multi = fit_gbm("multilabel", X[:600], Y[:600], X[600:], Y[600:], seed=0)
+    assert all("[num_threads: 1]" in t for t in multi.models if isinstance(t, str))
+    binary = fit_gbm("binary", X[:600], Y[:600, 1], X[600:], Y[600:, 1], seed=0)
+    assert f"[num_threads: {gbm.PARAMS['num_threads']}]" in binary.models[0]
