@@ -195,7 +195,7 @@ def main() -> None:
         result["wall_s"] = round(time.perf_counter() - started, 1)
         out_path.parent.mkdir(exist_ok=True)
         out_path.write_text(json.dumps(result, indent=2) + "\n")
-        print("\n".join(rows), flush=True)
+        print("\n".join(r for r in rows if f"| x{scale} (" in r), flush=True)
     print(json.dumps(result, indent=2))
 
 
