@@ -162,10 +162,10 @@ class _Checker:
                 self.check_dates(f"data_sources[{i}].date_column", src)
             if src.where_condition is not None:
                 self.check_where(f"data_sources[{i}].where_condition", src)
+            if src.sql_lambdas or (src.where_condition is not None and not self.local(src)):
+                self.check_query(f"data_sources[{i}]", src)  # first: the checks below apply where_condition
             self.check_nulls(f"data_sources[{i}]", src)
             self.check_finite(f"data_sources[{i}]", src)
-            if src.sql_lambdas or (src.where_condition is not None and not self.local(src)):
-                self.check_query(f"data_sources[{i}]", src)
         for i, src in enumerate(self.cfg.data_sources):
             for j, join in enumerate(src.joined_data_sources):
                 where = f"data_sources[{i}].joined_data_sources[{j}].join_on"
