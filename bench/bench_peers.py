@@ -285,7 +285,17 @@ def coles_train(seq_encoder, records: list[dict], epochs: int, batch: int, seed:
         train_num_workers=0,  # 2 cores: loading in the training process
         train_batch_size=batch,
     )
+
+    class EpochLog(pl.Callback):
+        def on_train_epoch_end(self, trainer, module) -> None:  # noqa: ANN001
+            loss = trainer.callback_metrics.get("loss")
+            print(
+                f"{time.strftime('%H:%M:%S')} CoLES epoch {trainer.current_epoch + 1}/{epochs} loss {loss}",
+                flush=True,
+            )
+
     trainer = pl.Trainer(
+        callbacks=[EpochLog()],
         max_epochs=epochs,
         accelerator="cpu",
         devices=1,
