@@ -7,7 +7,7 @@ WORKSPACE ?= demo_workspace
 HOST ?= 127.0.0.1
 PORT ?= 3000
 
-.PHONY: venv demo test lint ui bench clean-demo
+.PHONY: venv demo test lint ui bench clean-demo peers-venv
 
 $(STAMP): requirements.lock pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,17 @@ ui: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_demo.py --workspace bench_workspace
+
+# bench/bench_peers.py's own environment (CoLES from pytorch-lifestream beside the pipeline); never .venv
+PEERS := .venv-peers
+$(PEERS)/.installed: bench/peers-requirements.txt pyproject.toml
+	@test -x $(PEERS)/bin/python || $(PYTHON) -m venv $(PEERS)
+	$(PEERS)/bin/pip install -q --disable-pip-version-check -r bench/peers-requirements.txt
+	$(PEERS)/bin/pip install -q --disable-pip-version-check --no-deps pytorch-lifestream==0.7.0
+	$(PEERS)/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@touch $@
+
+peers-venv: $(PEERS)/.installed
 
 clean-demo:
 	rm -rf $(WORKSPACE)
