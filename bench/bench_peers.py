@@ -163,8 +163,9 @@ def run_ours(cfg, names: list[str], sampler: MemorySampler, info: dict) -> dict:
         )
         arrays[f"{name}/truth_pipeline"] = np.asarray(r["test_truth"])
         info[f"{name}.published"] = r["published"]
-        info[f"{name}.examples"] = r["examples"]
-        info[f"{name}.timing_s"] = r["timing_s"]
+        m = json.loads((Path(r["path"]) / "metrics.json").read_text())
+        info[f"{name}.examples"] = m["examples"]
+        info[f"{name}.timing_s"] = m["timing_s"]
     score_s = 0.0
     for name in names:
         p = stage(f"predict_{name}_s", lambda n=name: run_predict(cfg, n, progress=Log()))
@@ -464,7 +465,12 @@ def run_part(part: str, args) -> None:
     cfg = resolve_windows(cfg)
     names = args.scenarios.split(",")
     sampler = MemorySampler()
-    info: dict = {"part": part, "loadavg_before": load(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    info: dict = {
+        "part": part,
+        "loadavg_before": load(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "command": "PYTHONPATH=. .venv-peers/bin/python bench/bench_peers.py " + " ".join(sys.argv[1:]),
+    }
     sampler.start()
     t0 = time.perf_counter()
     if part == "ours":
@@ -568,6 +574,9 @@ def collect(workspace: Path, names: list[str], parts: list[str]) -> dict:
         flat[f"{p}.loadavg_before"] = info["loadavg_before"]
         flat[f"{p}.loadavg_after"] = info["loadavg_after"]
         flat[f"{p}.times"] = info["times"]
+        flat[f"{p}.started"] = info.get("started")
+        if "command" in info:
+            flat[f"{p}.command"] = info["command"]
         for k in ("coles", "foundation", "train_s_probe_heads", "embed_all_entities_per_s"):
             if k in info:
                 flat[f"{p}.{k}"] = info[k]
@@ -595,6 +604,7 @@ def collect(workspace: Path, names: list[str], parts: list[str]) -> dict:
         c = loaded["coles"][1]
         fit = c["times"]["coles_fit_s"]
         flat["coles.train_dataset_events_per_s"] = round(EVENTS / fit, 1)
+        flat["coles.train_dataset_events_x_epochs_per_s"] = round(EVENTS * c["coles"]["epochs"] / fit, 1)
         flat["coles.train_sequence_events_per_s"] = round(c["coles"]["sequence_events"] / fit, 1)
         flat["coles.train_slice_events_per_s"] = round(
             c["coles"]["slice_events_per_epoch"] * c["coles"]["epochs"] / fit, 1
@@ -672,6 +682,7 @@ def main() -> None:
     ap.add_argument("--run-part", choices=PARTS, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--reuse", action="store_true", help="keep parts already saved in the workspace")
     ap.add_argument("--collect", action="store_true", help="only tabulate the saved parts")
+    ap.add_argument("--note", default="", help="free text recorded in the results (how the parts were run)")
     ap.add_argument(
         "--results", type=Path, default=Path(__file__).parent / "results" / "peers_completejourney.json"
     )
@@ -713,6 +724,7 @@ def main() -> None:
         f"{psutil.virtual_memory().total / 2**30:.0f} GiB, torch {torch.__version__}, threads {args.threads}",
         "load": {"before": load_before, "after": load()},
         "coles_implementation": coles_impl,
+        **({"note": args.note} if args.note else {}),
         "scenarios": names,
         "parts": parts,
         "seed": args.seed,
