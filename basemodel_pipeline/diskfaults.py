@@ -40,7 +40,8 @@ def _shown(path: Path) -> Path:
     return path
 
 
-def _existing(path: Path) -> Path:
+def existing_ancestor(path: Path) -> Path:
+    """`path`, or its nearest parent that exists (what disk_usage can be asked about)."""
     while not path.exists() and path != path.parent:
         path = path.parent
     return path
@@ -63,7 +64,7 @@ def _in_workspace(exc: BaseException, workspace: Path) -> bool:
 
 
 def no_space(path: Path) -> DiskFull:
-    free = shutil.disk_usage(_existing(path)).free
+    free = shutil.disk_usage(existing_ancestor(path)).free
     return DiskFull(
         f"no space left on {path} ({free:,} bytes free on its volume): free space or move the workspace "
         "(`workspace:` in the config) to a larger volume, then run the stage again"
@@ -73,17 +74,17 @@ def no_space(path: Path) -> DiskFull:
 def require_space(path: Path, needed: int, what: str) -> None:
     """Preflight of a writer whose size is known before it writes: fail in one line, before any byte, when
     the volume of `path` has less free space than `needed` bytes (plus 5% and 1 MiB of slack)."""
-    free = shutil.disk_usage(_existing(path)).free
+    free = shutil.disk_usage(existing_ancestor(path)).free
     if free < needed * 1.05 + (1 << 20):
         raise DiskFull(
-            f"no space left on {_shown(_existing(path))} for {what}: it needs about {needed:,} bytes and "
+            f"no space left on {_shown(existing_ancestor(path))} for {what}: it needs about {needed:,} bytes and "
             f"{free:,} are free on its volume; free space or move the workspace (`workspace:` in the config) "
             "to a larger volume, then run the stage again"
         )
 
 
 def not_writable(path: Path, reason: str) -> NotWritable:
-    directory = path if path.is_dir() else _existing(path.parent)
+    directory = path if path.is_dir() else existing_ancestor(path.parent)
     return NotWritable(
         f"{directory} is not writable ({reason}): make it writable or point `workspace:` in the config at a "
         "writable directory"

@@ -30,6 +30,7 @@ import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from basemodel_pipeline.config import PipelineConfig
 from basemodel_pipeline.errors import UserError
@@ -262,6 +263,30 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
         while block := fh.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def file_records(directory: Path, paths: list[Path]) -> dict[str, dict[str, Any]]:
+    """{path relative to `directory`: {bytes, sha256}} of `paths`: what a checksum manifest records."""
+    return {
+        str(p.relative_to(directory)): {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in paths
+    }
+
+
+def file_problems(directory: Path, files: dict[str, dict[str, Any]], manifest: str) -> list[str]:
+    """The recorded `files` (as file_records writes them) that are missing, have another size or another
+    sha256 under `directory`; [] when all match. `manifest` names the record in the messages."""
+    found = []
+    for rel, expected in sorted(files.items()):
+        path = directory / rel
+        if not path.is_file():
+            found.append(f"{rel}: missing")
+        elif (size := path.stat().st_size) != expected.get("bytes"):
+            found.append(
+                f"{rel}: {size:,} bytes, {manifest} says {expected.get('bytes'):,} (truncated or replaced)"
+            )
+        elif sha256_file(path) != expected.get("sha256"):
+            found.append(f"{rel}: changed after it was written (sha256 differs from {manifest})")
+    return found
 
 
 def clean_stale_tmp(parent: Path) -> None:

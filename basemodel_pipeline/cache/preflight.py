@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.config import PipelineConfig
+from basemodel_pipeline.diskfaults import existing_ancestor
 from basemodel_pipeline.errors import UserError
 
 DiskUsage = Callable[[str], Any]  # shutil.disk_usage: an object with .free (bytes)
@@ -38,19 +39,15 @@ def build_estimate(cfg: PipelineConfig) -> dict[str, int]:
     return {"cache_bytes": cache, "spill_bytes": spill}
 
 
-def _existing(path: Path) -> Path:
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
-
-
 def preflight(cfg: PipelineConfig, cache_root: Path, disk_usage: DiskUsage) -> dict[str, Any]:
     """Raise UserError when the build cannot fit; returns the numbers it compared."""
     from basemodel_pipeline.sources.volume import recommended_working_volume
 
     est = build_estimate(cfg)
-    spill_dir = _existing(Path(cfg.cache.spill_directory)) if cfg.cache.spill_directory else cache_root
-    cache_root = _existing(cache_root)
+    spill_dir = (
+        existing_ancestor(Path(cfg.cache.spill_directory)) if cfg.cache.spill_directory else cache_root
+    )
+    cache_root = existing_ancestor(cache_root)
     same = os.stat(spill_dir).st_dev == os.stat(cache_root).st_dev
     needs = (
         {cache_root: est["cache_bytes"] + est["spill_bytes"]}

@@ -35,11 +35,9 @@ def save_checkpoint(directory: Path, model: TrunkWithHead, meta: dict[str, Any])
 
 def write_manifest(directory: Path) -> None:
     """Record the size and sha256 of every file of a staged checkpoint (the last file written)."""
-    files = {
-        str(f.relative_to(directory)): {"bytes": f.stat().st_size, "sha256": ws.sha256_file(f)}
-        for f in sorted(directory.rglob("*"))
-        if f.is_file() and f.name != MANIFEST
-    }
+    files = ws.file_records(
+        directory, [f for f in sorted(directory.rglob("*")) if f.is_file() and f.name != MANIFEST]
+    )
     (directory / MANIFEST).write_text(json.dumps({"files": files}, indent=2))
 
 
@@ -96,18 +94,7 @@ def problems(directory: Path) -> list[str]:
         return []
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return [f"{MANIFEST}: unreadable ({exc})"]
-    found = []
-    for rel, expected in sorted(files.items()):
-        path = directory / rel
-        if not path.is_file():
-            found.append(f"{rel}: missing")
-        elif (size := path.stat().st_size) != expected["bytes"]:
-            found.append(
-                f"{rel}: {size:,} bytes, {MANIFEST} says {expected['bytes']:,} (truncated or replaced)"
-            )
-        elif ws.sha256_file(path) != expected["sha256"]:
-            found.append(f"{rel}: changed after it was written (sha256 differs from {MANIFEST})")
-    return found
+    return ws.file_problems(directory, files, MANIFEST)
 
 
 def _damaged(directory: Path, problem: str) -> UserError:

@@ -33,10 +33,7 @@ def _listed(directory: Path) -> list[Path]:
 
 def write_manifest(directory: Path) -> None:
     """Record every file of a staged output directory (call it last, before publishing)."""
-    files = {
-        str(p.relative_to(directory)): {"bytes": p.stat().st_size, "sha256": ws.sha256_file(p)}
-        for p in _listed(directory)
-    }
+    files = ws.file_records(directory, _listed(directory))
     record: dict[str, Any] = {"files": files, "built_from": ws.read_provenance(directory) or {}}
     target = directory / MANIFEST
     target.unlink(missing_ok=True)  # never write through a link to a published directory's manifest
@@ -57,15 +54,7 @@ def read_manifest(directory: Path) -> dict[str, Any] | None:
 
 def problems(directory: Path, manifest: dict[str, Any]) -> list[str]:
     """Files of the directory that differ from the manifest (full sha256), are missing or are not listed."""
-    found = []
-    for rel, expected in sorted(manifest["files"].items()):
-        path = directory / rel
-        if not path.is_file():
-            found.append(f"{rel}: missing")
-        elif path.stat().st_size != expected.get("bytes"):
-            found.append(f"{rel}: {path.stat().st_size:,} bytes, the manifest says {expected.get('bytes'):,}")
-        elif ws.sha256_file(path) != expected.get("sha256"):
-            found.append(f"{rel}: changed after it was written (sha256 differs from {MANIFEST})")
+    found = ws.file_problems(directory, manifest["files"], MANIFEST)
     listed = set(manifest["files"])
     found += [
         f"{rel}: not in the manifest"

@@ -411,9 +411,8 @@ def finetune_many(
         progress.log(f"{sc.name}: {sizes} examples")
     featurise_s = shared.featurise([x for _, ex, _ in prepared.values() for x in ex.values()])
     counter = WorkCounter(shared.cache, [plan.name for plan in shared.enc.sources])
-    counter.add(
-        shared.keys[:, 0], shared.keys[:, 1]
-    )  # every distinct (entity, time) example, featurised once
+    # every distinct (entity, time) example, featurised once
+    counter.add(shared.keys[:, 0], shared.keys[:, 1])
     done = counter.summary(featurise_s)
     work = {
         "featurise_examples": done["examples"],
