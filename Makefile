@@ -7,7 +7,7 @@ WORKSPACE ?= demo_workspace
 HOST ?= 127.0.0.1
 PORT ?= 3000
 
-.PHONY: venv demo test lint ui bench clean-demo peers-venv
+.PHONY: venv demo test lint ui bench clean-demo peers-venv engine engine-stop
 
 $(STAMP): requirements.lock pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,14 @@ $(PEERS)/.installed: bench/peers-requirements.txt pyproject.toml
 	@touch $@
 
 peers-venv: $(PEERS)/.installed
+
+# A Docker engine of the project's own and its images (root, Debian; docs/orchestration.md)
+engine:
+	deploy/local-engine.sh start
+	deploy/local-engine.sh images
+
+engine-stop:
+	deploy/local-engine.sh stop
 
 clean-demo:
 	rm -rf $(WORKSPACE)

@@ -87,6 +87,7 @@ def test_compose_services_as_data() -> None:
     (device,) = trainer["deploy"]["resources"]["reservations"]["devices"]
     assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
     assert "cu128" in trainer["build"]["args"]["TORCH_INDEX"]
+    assert "nvidia/cuda" in trainer["build"]["args"]["BASE_IMAGE"]
     assert "dagster instance concurrency set gpu" in " ".join(services["daemon"]["command"])
     assert services["webserver"]["ports"] == ["${DAGSTER_UI_BIND:-127.0.0.1}:3000:3000"]
     assert services["postgres"]["healthcheck"]["test"][0] == "CMD-SHELL"
@@ -102,12 +103,16 @@ def test_dockerfile_targets_are_non_root_with_httpfs_baked_in() -> None:
             stages[current] = [line]
         elif current:
             stages[current].append(line)
-    assert {"base", "dagster", "project", "code", "trainer"} <= set(stages)
+    assert {"base", "deps", "dagster", "project", "code", "trainer"} <= set(stages)
+    assert stages["base"][0] == "FROM ${BASE_IMAGE} AS base" and "ARG BASE_IMAGE=" in text
     for target in ("dagster", "code", "trainer"):  # every image that runs ends as the non-root user
         assert [line for line in stages[target] if line.startswith("USER ")][-1] == "USER basemodel", target
     project = "\n".join(stages["project"])
     assert "INSTALL" in project and "httpfs_wheel_file" in project and "LOAD httpfs" in project
-    assert "torch==2.13.0" in project
+    deps = "\n".join(stages["deps"])  # torch at the lock's pin: a local CPU wheel, else TORCH_INDEX
+    assert "grep '^torch==' requirements.lock" in deps and "torch==${pin}" in deps and "TORCH_INDEX" in deps
+    assert "COPY --from=deps /opt/venv /opt/venv" in project  # build-local/ files never reach the image
+    assert not any("build-local" in line for line in stages["project"] + stages["trainer"])
     compose_targets = {s["build"]["target"] for s in _compose()["services"].values() if "build" in s}
     assert compose_targets <= set(stages)
 

@@ -3,6 +3,7 @@ docker's create-args builder, dagster-k8s's pod builder and botocore's RunTask p
 data-parallel pretraining under torchrun through Pipes (two CPU processes)."""
 
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from dagster_k8s.pipes import build_pod_body
 from docker.models.containers import _create_container_args
 
 from basemodel_pipeline.config import load_config
-from basemodel_pipeline.defs.launcher import Launcher, remove_run_containers
+from basemodel_pipeline.defs.launcher import Launcher, remove_run_containers, unwritable_dir
 from basemodel_pipeline.defs.models.assets import foundation_model
 from basemodel_pipeline.defs.resources import BasemodelConfigResource, launcher_from_env
 from basemodel_pipeline.pipeline import run_cache, run_extract
@@ -71,7 +72,11 @@ def test_docker_spec(gpu_launcher: Launcher) -> None:
     assert args["labels"]["dagster/run_id"] == RUN_ID and args["labels"]["basemodel/job"] == "pretrain"
     one = gpu_launcher.docker_spec(RUN_ID, "scenario_model", "finetune")["device_requests"][0]
     assert one["Count"] == 1  # scenario steps use one of the GPUs
-    assert args["environment"] == {"PYTHONHASHSEED": "0", "WAREHOUSE_PASSWORD": "s3cret"}
+    assert args["environment"] == {  # the forwarded names travel too, so the step can say what it received
+        "PYTHONHASHSEED": "0",
+        "BASEMODEL_FORWARDED_ENV": "WAREHOUSE_PASSWORD",
+        "WAREHOUSE_PASSWORD": "s3cret",
+    }
     cpu = Launcher(backend="docker").docker_spec(RUN_ID, "x", "predict")
     assert "device_requests" not in cpu and "volumes" not in cpu
 
@@ -197,3 +202,47 @@ def test_pretrain_under_torchrun_reports_once_through_pipes(tiny_config: Path) -
         if p.is_dir() and not p.name.startswith(".")
     ]
     assert [p.name for p in versions] == [mat.metadata["version"].value]
+
+
+def test_container_user_follows_the_workspace_owner(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give the directory another owner")
+    ws = tmp_path / "ws"
+    (ws / "checkpoints" / "foundation").mkdir(parents=True)
+    launcher = Launcher(backend="docker", workspace_dir=str(ws))
+    assert launcher.container_user() == "1000:1000"  # root-owned: the image's user, never root
+    for path in (ws, ws / "checkpoints", ws / "checkpoints" / "foundation"):
+        os.chown(path, 1234, 1234)
+    assert launcher.container_user() == "1234:1234"
+    assert launcher.docker_spec(RUN_ID, "x", "pretrain")["user"] == "1234:1234"
+    launcher.check_workspace_writable()  # its owner can write it
+    assert Launcher(backend="docker", workspace_dir=str(ws), user="42:42").container_user() == "42:42"
+
+
+def test_unwritable_workspace_is_one_line_saying_what_to_do(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    (ws / "checkpoints" / "scenarios").mkdir(parents=True)
+    (ws / "data").mkdir()  # not written by steps: its owner does not matter
+    for path in (ws, ws / "checkpoints", ws / "checkpoints" / "scenarios", ws / "data"):
+        path.chmod(0o755)
+    uid = os.stat(ws).st_uid + 1  # someone else
+    assert unwritable_dir(ws, uid, uid) == ws
+    ws.chmod(0o777)
+    assert unwritable_dir(ws, uid, uid) == ws / "checkpoints"
+    (ws / "checkpoints").chmod(0o777)
+    (ws / "checkpoints" / "scenarios").chmod(0o777)
+    assert unwritable_dir(ws, uid, uid) is None  # data/ is not checked
+    (ws / "checkpoints" / "scenarios").chmod(0o755)
+    launcher = Launcher(backend="docker", workspace_dir=str(ws), user=f"{uid}:{uid}")
+    with pytest.raises(dg.Failure) as err:
+        launcher.check_workspace_writable()
+    message = err.value.description or ""
+    assert f"cannot write {ws / 'checkpoints' / 'scenarios'}" in message
+    assert f"chown -R {uid}:{uid} {ws}" in message and "\n" not in message
+    with pytest.raises(dg.Failure, match="never runs as root"):
+        Launcher(backend="docker", workspace_dir=str(ws), user="0:0").check_workspace_writable()
+    with pytest.raises(dg.Failure, match="does not exist"):
+        Launcher(
+            backend="docker", workspace_dir=str(tmp_path / "nope"), user="5:5"
+        ).check_workspace_writable()
+    Launcher(backend="subprocess", workspace_dir=str(ws)).check_workspace_writable()  # host steps: no check

@@ -18,6 +18,7 @@ object storage is a separate step (basemodel_pipeline.publish).
 from __future__ import annotations
 
 import os
+import stat
 import sys
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -28,7 +29,7 @@ from typing import Any, Literal
 import dagster as dg
 from pydantic import Field
 
-from basemodel_pipeline.jobs._common import ERROR_FILE_EXTRA
+from basemodel_pipeline.jobs._common import ERROR_FILE_EXTRA, FORWARDED_ENV_VAR
 
 Backend = Literal["subprocess", "docker", "k8s", "ecs"]
 BACKENDS: tuple[str, ...] = ("subprocess", "docker", "k8s", "ecs")
@@ -41,6 +42,47 @@ MANAGED_LABEL = "basemodel/managed"
 DATA_PARALLEL_JOBS = frozenset({"pretrain"})
 # Stages that never use a GPU: a scenario's baselines (LightGBM, popularity) run on CPUs only.
 CPU_JOBS = frozenset({"baselines"})
+DEFAULT_USER = "1000:1000"  # the `basemodel` user of deploy/Dockerfile
+
+
+def _can_write(st: os.stat_result, uid: int, gid: int) -> bool:
+    """Whether uid:gid may create files in a directory with this stat (supplementary groups not known)."""
+    mode = st.st_mode
+    if st.st_uid == uid:
+        return bool(mode & stat.S_IWUSR and mode & stat.S_IXUSR)
+    if st.st_gid == gid:
+        return bool(mode & stat.S_IWGRP and mode & stat.S_IXGRP)
+    return bool(mode & stat.S_IWOTH and mode & stat.S_IXOTH)
+
+
+# The workspace directories steps write into (basemodel_pipeline.workspace); others (the data, dagster_home)
+# may belong to anyone.
+WRITTEN_DIRS = (
+    "extracts",
+    "cache",
+    "staging",
+    "checkpoints",
+    "predictions",
+    "embeddings",
+    "state",
+    "explanations",
+    "reports",
+)
+
+
+def unwritable_dir(root: Path, uid: int, gid: int) -> Path | None:
+    """The workspace directory, or the first of the directories steps write into (and their children), that
+    uid:gid cannot write; None when it can write them all."""
+    candidates = [root]
+    for name in WRITTEN_DIRS:
+        child = root / name
+        if child.is_dir() and not child.is_symlink():
+            candidates.append(child)
+            candidates.extend(sorted(g for g in child.iterdir() if g.is_dir() and not g.is_symlink()))
+    for directory in candidates:
+        if not _can_write(directory.stat(), uid, gid):
+            return directory
+    return None
 
 
 def _label_value(value: str) -> str:
@@ -65,7 +107,11 @@ class Launcher(dg.ConfigurableResource):
         ge=0,
         description="torchrun processes for data-parallel stages (pretrain); 0: one per GPU when gpus > 1.",
     )
-    user: str = Field(default="1000:1000", description="uid:gid the container runs as (never root).")
+    user: str = Field(
+        default="",
+        description="uid:gid the container runs as (never root); empty: the owner of the workspace directory "
+        "when that is not root, else 1000:1000 (the image's `basemodel` user).",
+    )
     env: dict[str, str] = Field(default_factory=dict, description="Plain settings for the step.")
     forward_env: list[str] = Field(
         default_factory=list,
@@ -84,6 +130,56 @@ class Launcher(dg.ConfigurableResource):
     termination_timeout_seconds: int = 120
 
     # ------------------------------------------------------------------ specs (pure data)
+
+    def container_user(self) -> str:
+        """uid:gid of the step's container: `user`, else the workspace directory's owner unless that is root,
+        else the image's own user 1000:1000."""
+        if self.user:
+            return self.user
+        if self.workspace_dir:
+            try:
+                st = os.stat(self.workspace_dir)
+            except OSError:
+                return DEFAULT_USER
+            if st.st_uid != 0:
+                return f"{st.st_uid}:{st.st_gid}"
+        return DEFAULT_USER
+
+    def check_workspace_writable(self) -> None:
+        """Fail before a container starts when its user cannot write the mounted workspace (one line that
+        says what to do), instead of a PermissionError deep inside the step."""
+        if self.backend != "docker" or not self.workspace_dir:
+            return
+        user = self.container_user()
+        uid, _, gid = user.partition(":")
+        if not uid.isdigit() or (gid and not gid.isdigit()):
+            raise dg.Failure(
+                description=f"container user {user!r} is not uid:gid in numbers (BASEMODEL_CONTAINER_USER)",
+                allow_retries=False,
+            )
+        if int(uid) == 0:
+            raise dg.Failure(
+                description="the trainer container never runs as root: set BASEMODEL_CONTAINER_USER to the "
+                "uid:gid that owns the workspace",
+                allow_retries=False,
+            )
+        root = Path(self.workspace_dir)
+        if not root.is_dir():
+            raise dg.Failure(
+                description=f"workspace {root} (BASEMODEL_WORKSPACE_DIR) does not exist on this host: create "
+                "it or set BASEMODEL_WORKSPACE_DIR to the workspace the config uses",
+                allow_retries=False,
+            )
+        blocked = unwritable_dir(root, int(uid), int(gid or uid))
+        if blocked is not None:
+            st = blocked.stat()
+            raise dg.Failure(
+                description=f"the trainer container runs as {user}, which cannot write {blocked} (owned by "
+                f"{st.st_uid}:{st.st_gid}, mode {stat.S_IMODE(st.st_mode):o}): give it the workspace with "
+                f"`chown -R {uid}:{gid or uid} {root}`, or set BASEMODEL_CONTAINER_USER to the uid:gid that "
+                "owns the workspace (not 0)",
+                allow_retries=False,
+            )
 
     def gpus_for(self, job: str) -> int:
         """GPUs a step gets: all `gpus` for data-parallel stages, none for CPU stages, at most one otherwise."""
@@ -108,7 +204,8 @@ class Launcher(dg.ConfigurableResource):
     def step_env(self) -> dict[str, str]:
         """Settings plus the forwarded variables' current values (never logged, never in metadata)."""
         forwarded = {name: os.environ[name] for name in self.forward_env if name in os.environ}
-        return {**self.env, **forwarded}
+        names = {FORWARDED_ENV_VAR: ",".join(sorted(forwarded))} if forwarded else {}
+        return {**self.env, **names, **forwarded}
 
     def labels(self, run_id: str, step_key: str, job: str) -> dict[str, str]:
         return {
@@ -124,7 +221,7 @@ class Launcher(dg.ConfigurableResource):
 
         spec: dict[str, Any] = {
             "labels": self.labels(run_id, step_key, job),
-            "user": self.user,
+            "user": self.container_user(),
             "environment": self.step_env(),
             "shm_size": self.shm_size,
         }
@@ -139,7 +236,7 @@ class Launcher(dg.ConfigurableResource):
 
     def k8s_pod(self, run_id: str, step_key: str, job: str) -> tuple[dict[str, Any], dict[str, Any]]:
         """(base_pod_meta, base_pod_spec) for PipesK8sClient.run."""
-        uid, _, gid = self.user.partition(":")
+        uid, _, gid = self.container_user().partition(":")
         container: dict[str, Any] = {
             "name": K8S_CONTAINER,
             "image": self.image,
@@ -211,6 +308,12 @@ class Launcher(dg.ConfigurableResource):
             yield None
             return
         with tempfile.TemporaryDirectory(prefix="basemodel-pipes-", dir=base) as tmp:
+            if self.backend == "docker":  # the container's user writes the error file here
+                uid, _, gid = self.container_user().partition(":")
+                if os.geteuid() == 0:
+                    os.chown(tmp, int(uid), int(gid or uid))
+                else:
+                    os.chmod(tmp, 0o777)
             yield Path(tmp) / "error.txt"
 
     def run(
@@ -218,6 +321,7 @@ class Launcher(dg.ConfigurableResource):
     ) -> dg.PipesClientCompletedInvocation:
         """Run the entrypoint; a UserError in it fails the step with the user's one-line message."""
         command = self.command(job, config_path, args)
+        self.check_workspace_writable()
         with self._error_file() as error_file:
             extras = {ERROR_FILE_EXTRA: str(error_file)} if error_file else {}
             try:

@@ -116,6 +116,7 @@ def launcher_from_env(env: str) -> Launcher:
         env=settings,
         forward_env=_csv("BASEMODEL_FORWARD_ENV"),
         docker_network=get("BASEMODEL_DOCKER_NETWORK", ""),
+        user=get("BASEMODEL_CONTAINER_USER", ""),
         k8s_namespace=get("BASEMODEL_K8S_NAMESPACE", "default"),
         k8s_pvc=get("BASEMODEL_K8S_PVC", ""),
         ecs_cluster=get("BASEMODEL_ECS_CLUSTER", ""),

@@ -32,6 +32,8 @@ from basemodel_pipeline.errors import UserError
 from basemodel_pipeline.progress import LogProgress, Progress
 
 ERROR_FILE_EXTRA = "error_file"
+# Names (never values) of the variables the launcher forwarded to the step (Launcher.forward_env)
+FORWARDED_ENV_VAR = "BASEMODEL_FORWARDED_ENV"
 USER_ERROR_EXIT_CODE = 2
 
 # Keys that could carry credentials never reach logs or Dagster metadata.
@@ -228,7 +230,19 @@ def _run(session: Any, ns: argparse.Namespace, fn: StageFn, stage: str, needs_sc
     except UserError as err:
         session.error(f"{stage}: {err}")
         raise
-    session.report(meta, data_version_of(meta))
+    version = data_version_of(meta)  # of the artifact, not of where the step ran
+    session.report({**meta, "step": step_facts()}, version)
+
+
+def step_facts() -> dict[str, Any]:
+    """Where the step ran, for the materialization's metadata: its uid:gid, whether in a container, and the
+    names of the forwarded variables it received (their values are never reported)."""
+    names = [n for n in os.environ.get(FORWARDED_ENV_VAR, "").split(",") if n]
+    return {
+        "user": f"{os.getuid()}:{os.getgid()}",
+        "in_container": Path("/.dockerenv").exists(),
+        "forwarded_env": [n for n in names if os.environ.get(n)],
+    }
 
 
 def main(
