@@ -6,8 +6,12 @@ config or the workspace take ``tiny_config``, a private copy in the test's own t
 
 from __future__ import annotations
 
+import hashlib
+import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -50,3 +54,70 @@ def tiny_config(tiny_dataset: Path, tmp_path: Path) -> Path:
     """Path of config.yaml in a private copy of the tiny dataset (data/ and config.yaml) under tmp_path."""
     shutil.copytree(tiny_dataset.parent / "data", tmp_path / "data")
     return Path(shutil.copy(tiny_dataset, tmp_path / "config.yaml"))
+
+
+# ---------------------------------------------------------------- a real Docker engine (deploy/local-engine.sh)
+
+LOCAL_ENGINE_SOCKET = "/run/basemodel-engine/docker.sock"
+ENGINE_HOW = "run `deploy/local-engine.sh start && deploy/local-engine.sh images` as root (or `make engine`)"
+
+
+def source_digest() -> str:
+    """What deploy/local-engine.sh labels its images with: sha256 over `sha256sum` lines of the sorted
+    Python sources of basemodel_pipeline/."""
+    root = Path(__file__).resolve().parents[1]
+    files = sorted(
+        p.relative_to(root).as_posix()
+        for p in (root / "basemodel_pipeline").rglob("*.py")
+        if "__pycache__" not in p.parts
+    )
+    lines = "".join(f"{hashlib.sha256((root / f).read_bytes()).hexdigest()}  {f}\n" for f in files)
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
+@dataclass
+class DockerEngine:
+    client: Any  # docker.DockerClient
+    host: str  # DOCKER_HOST form: unix:///path
+
+    @property
+    def socket(self) -> str:
+        return self.host.removeprefix("unix://")
+
+    def require(self, *images: str) -> None:
+        """Skip unless the engine holds these images; fail if one was built from other sources than these
+        (a stale image would test old code)."""
+        for name in images:
+            try:
+                image = self.client.images.get(name)
+            except Exception:  # noqa: BLE001 - docker.errors.ImageNotFound and API errors alike
+                pytest.skip(f"the Docker engine at {self.host} has no image {name}: {ENGINE_HOW}")
+            if (image.labels or {}).get("basemodel.source_digest") != source_digest():
+                pytest.fail(
+                    f"{name} was built from other sources than these: run `deploy/local-engine.sh images`"
+                )
+
+
+@pytest.fixture(scope="session")
+def docker_engine():
+    """The project's local Docker engine (or DOCKER_HOST's), with DOCKER_HOST pointing at it for the
+    session (PipesDockerClient and the cleanup use docker.from_env()); skipped with how to start one."""
+    docker = pytest.importorskip("docker")
+    host = os.environ.get("DOCKER_HOST") or (
+        f"unix://{LOCAL_ENGINE_SOCKET}" if Path(LOCAL_ENGINE_SOCKET).exists() else ""
+    )
+    if not host:
+        pytest.skip(f"no Docker engine: {ENGINE_HOW}")
+    try:
+        client = docker.DockerClient(base_url=host)
+        client.ping()
+    except Exception as exc:  # noqa: BLE001 - any failure to reach the engine skips
+        pytest.skip(f"no Docker engine answers at {host} ({type(exc).__name__}): {ENGINE_HOW}")
+    saved = os.environ.get("DOCKER_HOST")
+    os.environ["DOCKER_HOST"] = host
+    yield DockerEngine(client, host)
+    if saved is None:
+        os.environ.pop("DOCKER_HOST", None)
+    else:
+        os.environ["DOCKER_HOST"] = saved
+    client.close()

@@ -7,7 +7,6 @@ as root; .ci/run does it where it runs as root); skipped with that instruction w
 
 from __future__ import annotations
 
-import hashlib
 import os
 import secrets
 import shutil
@@ -26,50 +25,8 @@ from basemodel_pipeline.pipeline import run_cache, run_extract
 
 pytestmark = pytest.mark.timeout(900)
 
-LOCAL_ENGINE_SOCKET = "/run/basemodel-engine/docker.sock"  # deploy/local-engine.sh
-IMAGE = os.environ.get("BASEMODEL_TRAINER_IMAGE", "basemodel-trainer:latest")
+IMAGE = "basemodel-trainer:latest"
 SECRET_NAME = "BASEMODEL_TEST_WAREHOUSE_TOKEN"
-
-
-def source_digest() -> str:
-    """What deploy/local-engine.sh labels an image with: sha256 over `sha256sum` lines of the sorted sources."""
-    root = Path(__file__).resolve().parents[1]
-    files = sorted(
-        p.relative_to(root).as_posix()
-        for p in (root / "basemodel_pipeline").rglob("*.py")
-        if "__pycache__" not in p.parts
-    )
-    lines = "".join(f"{hashlib.sha256((root / f).read_bytes()).hexdigest()}  {f}\n" for f in files)
-    return hashlib.sha256(lines.encode()).hexdigest()
-
-
-@pytest.fixture(scope="module")
-def engine():
-    """A docker client of a running engine that holds the trainer image, else skip (how to get one)."""
-    docker = pytest.importorskip("docker")
-    host = os.environ.get("DOCKER_HOST") or (
-        f"unix://{LOCAL_ENGINE_SOCKET}" if Path(LOCAL_ENGINE_SOCKET).exists() else ""
-    )
-    how = "run `deploy/local-engine.sh start && deploy/local-engine.sh images` as root"
-    if not host:
-        pytest.skip(f"no Docker engine: {how}")
-    try:
-        client = docker.DockerClient(base_url=host)
-        client.ping()
-        image = client.images.get(IMAGE)
-    except Exception as exc:  # noqa: BLE001 - any failure to reach the engine or find the image skips
-        pytest.skip(f"no Docker engine with {IMAGE} at {host} ({type(exc).__name__}): {how}")
-    built_from = (image.labels or {}).get("basemodel.source_digest")
-    if built_from != source_digest():
-        pytest.fail(f"{IMAGE} was built from other sources than these: run `deploy/local-engine.sh images`")
-    saved = os.environ.get("DOCKER_HOST")
-    os.environ["DOCKER_HOST"] = host  # PipesDockerClient and remove_run_containers use docker.from_env()
-    yield client
-    if saved is None:
-        os.environ.pop("DOCKER_HOST", None)
-    else:
-        os.environ["DOCKER_HOST"] = saved
-    client.close()
 
 
 def _materialize(assets, config: Path, launcher: Launcher, instance, partition: str | None = None):
@@ -91,7 +48,7 @@ def _chown(root: Path, uid: int, gid: int) -> None:
 
 
 def _leftover(engine, run_id: str) -> list:
-    return engine.containers.list(all=True, filters={"label": f"{RUN_ID_LABEL}={run_id}"})
+    return engine.client.containers.list(all=True, filters={"label": f"{RUN_ID_LABEL}={run_id}"})
 
 
 def _failure(result: dg.ExecuteInProcessResult) -> str:
@@ -99,9 +56,12 @@ def _failure(result: dg.ExecuteInProcessResult) -> str:
     return failure.step_failure_data.user_failure_data.description or ""
 
 
-def test_steps_run_in_the_trainer_image(engine, tiny_config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_steps_run_in_the_trainer_image(
+    docker_engine, tiny_config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root: the test hands the workspace to the container's uid")
+    docker_engine.require(IMAGE)
     workspace = tiny_config.parent
     cfg = load_config(tiny_config)
     run_extract(cfg)
@@ -125,7 +85,7 @@ def test_steps_run_in_the_trainer_image(engine, tiny_config: Path, monkeypatch: 
         assert not denied.success
         message = _failure(denied)
         assert "cannot write" in message and f"chown -R 1000:1000 {workspace}" in message
-        assert not _leftover(engine, denied.run_id)
+        assert not _leftover(docker_engine, denied.run_id)
 
         # handed to uid 1000 (what the message says to do): the steps run in containers as that user
         _chown(workspace, 1000, 1000)
@@ -134,7 +94,7 @@ def test_steps_run_in_the_trainer_image(engine, tiny_config: Path, monkeypatch: 
         scored = _materialize([scenario_model, predictions], tiny_config, launcher, instance, "churn")
         assert scored.success, _failure(scored)
         for run in (first, scored):
-            assert not _leftover(engine, run.run_id)  # removed after success
+            assert not _leftover(docker_engine, run.run_id)  # removed after success
 
         mats = [
             *first.asset_materializations_for_node("foundation_model"),
@@ -158,7 +118,7 @@ def test_steps_run_in_the_trainer_image(engine, tiny_config: Path, monkeypatch: 
         bad = _materialize([scenario_model], tiny_config, launcher, instance, "no_such_scenario")
         assert not bad.success
         assert "unknown scenario 'no_such_scenario'" in _failure(bad)
-        assert not _leftover(engine, bad.run_id)
+        assert not _leftover(docker_engine, bad.run_id)
 
         # the secret's value is nowhere in what Dagster stored: event log, metadata, step logs
         for run in (first, scored, bad):

@@ -52,6 +52,7 @@ def test_deploy_instance_config_on_postgres(
 
     shutil.copy(ROOT / "deploy" / "dagster.yaml", tmp_path / "dagster.yaml")
     monkeypatch.setenv("DAGSTER_POSTGRES_URL", postgres_url)
+    monkeypatch.setenv("BASEMODEL_DOCKER_NETWORK", "basemodel_network")  # docker-compose.yml sets it
     instance = dg.DagsterInstance.from_config(str(tmp_path))
     try:
         assert isinstance(instance.run_storage, PostgresRunStorage)
@@ -60,6 +61,7 @@ def test_deploy_instance_config_on_postgres(
         assert instance.run_monitoring_enabled and instance.run_monitoring_max_resume_run_attempts == 2
         assert instance.get_concurrency_config().pool_config.default_pool_limit == 1
         assert "/srv/basemodel:/srv/basemodel" in instance.run_launcher.container_kwargs["volumes"]
+        assert instance.run_launcher.networks == ["basemodel_network"]
         instance.event_log_storage.set_concurrency_slots("gpu", 2)  # what the daemon's start command does
         assert instance.event_log_storage.get_concurrency_info("gpu").slot_count == 2
     finally:
@@ -76,12 +78,13 @@ def test_compose_services_as_data() -> None:
     assert set(services) == {"postgres", "basemodel_code", "webserver", "daemon", "trainer"}
     env = services["basemodel_code"]["environment"]
     assert env["DAGSTER_POSTGRES_URL"].startswith("postgresql+psycopg2://")
+    workspace = "${BASEMODEL_WORKSPACE:-/srv/basemodel}"
     assert (
-        env["BASEMODEL_WORKSPACE_DIR"] == "/srv/basemodel"
+        env["BASEMODEL_WORKSPACE_DIR"] == workspace
         and env["DAGSTER_CURRENT_IMAGE"] == "basemodel-code:latest"
     )
     for name in ("basemodel_code", "trainer"):  # the workspace at the same path in host and container
-        assert "/srv/basemodel:/srv/basemodel" in services[name]["volumes"]
+        assert f"{workspace}:{workspace}" in services[name]["volumes"]
     trainer = services["trainer"]
     assert trainer["profiles"] == ["gpu"] and trainer["build"]["target"] == "trainer"
     (device,) = trainer["deploy"]["resources"]["reservations"]["devices"]
@@ -91,6 +94,21 @@ def test_compose_services_as_data() -> None:
     assert "dagster instance concurrency set gpu" in " ".join(services["daemon"]["command"])
     assert services["webserver"]["ports"] == ["${DAGSTER_UI_BIND:-127.0.0.1}:3000:3000"]
     assert services["postgres"]["healthcheck"]["test"][0] == "CMD-SHELL"
+
+
+def test_every_variable_the_run_launcher_passes_on_is_set_in_the_daemon() -> None:
+    """DockerRunLauncher fails a run at dequeue ("Tried to load environment variable X, but it was not set")
+    when a name in dagster.yaml's env_vars is missing from the daemon's environment."""
+    instance = yaml.safe_load((ROOT / "deploy" / "dagster.yaml").read_text())
+    names = [v for v in instance["run_launcher"]["config"]["env_vars"] if "=" not in v]
+    image_env = {"BASEMODEL_DUCKDB_EXTENSIONS"}  # ENV of the images (deploy/Dockerfile, stage base)
+    assert (
+        "BASEMODEL_DUCKDB_EXTENSIONS=/opt/basemodel/duckdb_extensions"
+        in (ROOT / "deploy" / "Dockerfile").read_text()
+    )
+    daemon_env = set(_compose()["services"]["daemon"]["environment"])
+    missing = [n for n in names if n not in daemon_env and n not in image_env]
+    assert not missing, f"set these in docker-compose.yml's x-basemodel-env: {missing}"
 
 
 def test_dockerfile_targets_are_non_root_with_httpfs_baked_in() -> None:

