@@ -59,7 +59,9 @@ def snapshot(cache, lazy):
 
 path, box = Path(sys.argv[1]), Path(sys.argv[2])
 cache = EventCache(path)
-(box / "opened.json").write_text(json.dumps({**snapshot(cache, lazy=False), "t": time.time()}))
+# written then renamed: the test polls for the name and must never read a half-written file
+(box / "opened.tmp").write_text(json.dumps({**snapshot(cache, lazy=False), "t": time.time()}))
+(box / "opened.tmp").rename(box / "opened.json")
 while not (box / "go").exists():
     time.sleep(0.01)
 after = {**snapshot(cache, lazy=True), "t": time.time()}

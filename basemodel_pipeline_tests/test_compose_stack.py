@@ -21,6 +21,7 @@ import psycopg2
 import pytest
 import requests
 import yaml
+from conftest import source_digest
 from test_orchestration_deploy import LAUNCH, LOCATIONS, MATERIALIZED, STATUS, _free_port, _gql
 
 from basemodel_pipeline.defs.launcher import remove_run_containers
@@ -28,11 +29,19 @@ from basemodel_pipeline.defs.launcher import remove_run_containers
 pytestmark = pytest.mark.timeout(1200)
 
 ROOT = Path(__file__).resolve().parents[1]
-IMAGES = ("basemodel-code:latest", "basemodel-dagster:latest", "basemodel-postgres:latest")
+IMAGES = (
+    "basemodel-code:latest",
+    "basemodel-dagster:latest",
+    "basemodel-postgres:latest",
+    "basemodel-trainer:latest",
+)
 SERVICES = ("postgres", "basemodel_code", "webserver", "daemon")
 EVENTS = """
 query($id: ID!) { logsForRun(runId: $id, limit: 400) { ... on EventConnection { events { __typename
   ... on MessageEvent { message } ... on EngineEvent { error { message } } } } } }"""
+TERMINATE = """
+mutation($id: String!) { terminateRun(runId: $id) { __typename ... on PythonError { message }
+  ... on TerminateRunFailure { message } } }"""
 RELOAD = """
 mutation($name: String!) { reloadRepositoryLocation(repositoryLocationName: $name) { __typename } }"""
 
@@ -72,6 +81,7 @@ def test_compose_stack_runs_the_job(docker_engine, tiny_dataset: Path, tmp_path:
     instance = yaml.safe_load((ROOT / "deploy" / "dagster.yaml").read_text())
     kwargs = instance["run_launcher"]["config"]["container_kwargs"]
     kwargs["volumes"] = [f"{workspace}:{workspace}", f"{docker_engine.socket}:/var/run/docker.sock"]
+    instance["compute_logs"]["config"]["base_dir"] = str(workspace / ".dagster" / "compute_logs")
     dagster_yaml = tmp_path / "dagster.yaml"
     dagster_yaml.write_text(yaml.safe_dump(instance))
     dagster_yaml.chmod(0o644)
@@ -87,10 +97,12 @@ def test_compose_stack_runs_the_job(docker_engine, tiny_dataset: Path, tmp_path:
         "BASEMODEL_WORKSPACE": workspace,
         "BASEMODEL_DAGSTER_YAML": dagster_yaml,
         "DOCKER_SOCKET": docker_engine.socket,
-        "BASEMODEL_LAUNCHER": "subprocess",  # steps run inside the run worker's container (no GPU here)
+        "BASEMODEL_LAUNCHER": "docker",  # each training step in a trainer container started by the run worker
+        "BASEMODEL_TRAINER_IMAGE": "basemodel-trainer:latest",
         "BASEMODEL_GPUS": 0,
         "BASEMODEL_ENV": "ci",
         "BASEMODEL_AUTOMATION": "stopped",  # only the launched run: no sensor or schedule starts others
+        "BASEMODEL_IMAGE_TAG": source_digest()[:12],  # the immutable tag local-engine.sh gave this build
     }
     env_file.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
     project = f"basemodel_test_{secrets.token_hex(4)}"
@@ -167,6 +179,10 @@ def test_compose_stack_runs_the_job(docker_engine, tiny_dataset: Path, tmp_path:
             assert mats and mats[0]["runId"] == run_id, path
         assert (workspace / "checkpoints" / "foundation" / "LATEST").exists()  # written on the host's volume
 
+        # the step logs outlive the run worker: on the workspace volume, where the webserver reads them
+        step_logs = [p for p in (workspace / ".dagster" / "compute_logs").rglob("*") if p.is_file()]
+        assert any(run_id in str(p) for p in step_logs), step_logs[:5]
+
         # the run is in the stack's PostgreSQL, launched into a container by DockerRunLauncher
         con = psycopg2.connect(
             host="127.0.0.1",
@@ -184,10 +200,56 @@ def test_compose_stack_runs_the_job(docker_engine, tiny_dataset: Path, tmp_path:
             )
             (container_id,) = cur.fetchone()
         con.close()
-        worker = docker_engine.client.containers.get(container_id)
-        assert (
-            worker.image.tags == ["basemodel-code:latest"] and worker.attrs["Config"]["User"] == "basemodel"
+        events = _gql(url, EVENTS, id=run_id)["logsForRun"]["events"]
+        launched_in = [
+            e["message"] for e in events if "Launching run in a new container" in e.get("message", "")
+        ]
+        tag = source_digest()[:12]  # the immutable tag, not :latest
+        (message,) = launched_in
+        assert message.endswith(
+            f"Launching run in a new container {container_id} with image basemodel-code:{tag}"
         )
+        # the exited run worker is removed by the run-status sensor (BASEMODEL_RUN_LAUNCHER=docker)
+        _wait(
+            lambda: not docker_engine.client.containers.list(all=True, filters={"id": container_id}),
+            180,
+            "the finished run worker removed",
+            logs,
+        )
+        # trainer containers ran for the run's steps and were removed, the run worker was left to finish
+        assert not docker_engine.client.containers.list(
+            all=True, filters={"label": [f"dagster/run_id={run_id}", "basemodel/managed=true"]}
+        )
+
+        # "Terminate" from the UI (GraphQL) stops a started run: the webserver reaches the engine too
+        second = _gql(url, LAUNCH, params=params)["launchRun"]
+        assert second["__typename"] == "LaunchRunSuccess", second
+        second_id = second["run"]["runId"]
+        _wait(
+            lambda: _gql(url, STATUS, id=second_id)["runOrError"]["status"] == "STARTED", 180, "a start", logs
+        )
+        terminated = _gql(url, TERMINATE, id=second_id)["terminateRun"]
+        assert terminated["__typename"] == "TerminateRunSuccess", terminated
+        status = _wait(
+            lambda: (s := _gql(url, STATUS, id=second_id)["runOrError"]["status"]) in final and s,
+            180,
+            "the terminated run ending",
+            logs,
+        )
+        assert status == "CANCELED"
+        # the run-status sensors remove what a run left, run worker included (BASEMODEL_AUTOMATION=stopped
+        # leaves them running: they are housekeeping, not automation)
+        _wait(
+            lambda: (
+                not docker_engine.client.containers.list(
+                    all=True, filters={"label": f"dagster/run_id={second_id}"}
+                )
+            ),
+            180,
+            "the cancelled run's containers removed",
+            logs,
+        )
+
         # the password never reached the run's logs
         assert password not in logs()
     finally:

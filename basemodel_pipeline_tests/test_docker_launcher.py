@@ -7,6 +7,7 @@ as root; .ci/run does it where it runs as root); skipped with that instruction w
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -16,7 +17,12 @@ import dagster as dg
 import pytest
 
 from basemodel_pipeline.config import load_config
-from basemodel_pipeline.defs.launcher import RUN_ID_LABEL, Launcher
+from basemodel_pipeline.defs.launcher import (
+    RUN_ID_LABEL,
+    Launcher,
+    remove_run_containers,
+    remove_step_containers,
+)
 from basemodel_pipeline.defs.models.assets import foundation_model, scenario_model
 from basemodel_pipeline.defs.models.partitions import scenarios_partitions
 from basemodel_pipeline.defs.predictions.assets import predictions
@@ -26,6 +32,7 @@ from basemodel_pipeline.pipeline import run_cache, run_extract
 pytestmark = pytest.mark.timeout(900)
 
 IMAGE = "basemodel-trainer:latest"
+BASE_IMAGE = "local/debian-python:bookworm"  # deploy/local-engine.sh
 SECRET_NAME = "BASEMODEL_TEST_WAREHOUSE_TOKEN"
 
 
@@ -129,3 +136,79 @@ def test_steps_run_in_the_trainer_image(
             if path.is_file():
                 assert token.encode() not in path.read_bytes(), path
     shutil.rmtree(workspace / ".pipes", ignore_errors=True)
+
+
+def test_a_step_removes_only_its_own_trainer_containers(docker_engine) -> None:
+    """DockerRunLauncher labels the run worker with the same dagster/run_id as the trainer containers: the
+    step's cleanup must leave it (and the run's other steps) alone; the end-of-run cleanup removes all."""
+    docker_engine.require(BASE_IMAGE)
+    run_id = f"test-{secrets.token_hex(6)}"
+    client = docker_engine.client
+
+    def start(labels: dict[str, str]):
+        return client.containers.run(
+            BASE_IMAGE, ["sleep", "300"], labels=labels, detach=True, network_mode="host"
+        )
+
+    worker = start(
+        {RUN_ID_LABEL: run_id, "dagster/job_name": "refresh_and_train"}
+    )  # as DockerRunLauncher does
+    launcher = Launcher(backend="docker")
+    mine = start(launcher.labels(run_id, "scenario_model", "finetune"))
+    other_step = start(launcher.labels(run_id, "foundation_model", "pretrain"))
+    try:
+        assert remove_step_containers(run_id, "scenario_model", client) == [mine.id]
+        alive = {
+            c.id for c in client.containers.list(all=True, filters={"label": f"{RUN_ID_LABEL}={run_id}"})
+        }
+        assert alive == {worker.id, other_step.id}
+        assert sorted(remove_run_containers(run_id, client)) == sorted([worker.id, other_step.id])
+        assert not client.containers.list(all=True, filters={"label": f"{RUN_ID_LABEL}={run_id}"})
+    finally:
+        for c in (worker, mine, other_step):
+            with contextlib.suppress(Exception):
+                c.remove(force=True)
+
+
+def test_engine_image_and_gpu_problems_are_one_line_each(
+    docker_engine, tiny_config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No engine, a missing image, GPUs on an engine without a GPU runtime: each fails the step at once
+    with one line that says what to do, and leaves no container."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the test hands the workspace to the container's uid")
+    docker_engine.require(IMAGE)
+    workspace = tiny_config.parent
+    _chown(workspace, 1000, 1000)
+    base = {"backend": "docker", "image": IMAGE, "workspace_dir": str(workspace), "docker_network": "host"}
+    with dg.instance_for_test() as instance:
+
+        def failure(launcher: Launcher) -> str:
+            result = _materialize([foundation_model], tiny_config, launcher, instance)
+            assert not result.success
+            assert not _leftover(docker_engine, result.run_id)
+            message = _failure(result)
+            assert "\n" not in message and "Traceback" not in message
+            return message
+
+        gpu = failure(Launcher(**base, gpus=1))
+        assert "BASEMODEL_GPUS=1 asks for GPUs" in gpu and "BASEMODEL_GPUS=0" in gpu
+        missing = failure(Launcher(**{**base, "image": "localhost:1/basemodel-none:never"}))
+        assert "localhost:1/basemodel-none:never is not on the Docker engine" in missing
+        assert "BASEMODEL_TRAINER_IMAGE" in missing
+        monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+        down = failure(Launcher(**base))
+        assert "no Docker engine answers at unix:///nonexistent/docker.sock" in down
+
+
+def test_trainer_image_holds_the_runtime_only(docker_engine) -> None:
+    """The images install requirements-runtime.lock: the library and its connectors, no test packages."""
+    docker_engine.require(IMAGE)
+    code = (
+        "import importlib.util as u; import basemodel_pipeline, lightgbm, torch, snowflake.connector; "
+        "print(','.join(m for m in ('pyspark', 'pytest', 'moto', 'fakesnow', 'chdb') if u.find_spec(m)) or 'none', "
+        "torch.__version__)"
+    )
+    out = docker_engine.client.containers.run(IMAGE, ["python", "-c", code], remove=True, network_mode="host")
+    found, torch_version = out.decode().split()
+    assert found == "none" and torch_version.startswith("2.13.0")

@@ -3,6 +3,7 @@
 launching the refresh_and_train job over GraphQL on the tiny data, then shutting down cleanly."""
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -81,7 +82,7 @@ def test_compose_services_as_data() -> None:
     workspace = "${BASEMODEL_WORKSPACE:-/srv/basemodel}"
     assert (
         env["BASEMODEL_WORKSPACE_DIR"] == workspace
-        and env["DAGSTER_CURRENT_IMAGE"] == "basemodel-code:latest"
+        and env["DAGSTER_CURRENT_IMAGE"] == "basemodel-code:${BASEMODEL_IMAGE_TAG:-latest}"
     )
     for name in ("basemodel_code", "trainer"):  # the workspace at the same path in host and container
         assert f"{workspace}:{workspace}" in services[name]["volumes"]
@@ -96,19 +97,39 @@ def test_compose_services_as_data() -> None:
     assert services["postgres"]["healthcheck"]["test"][0] == "CMD-SHELL"
 
 
-def test_every_variable_the_run_launcher_passes_on_is_set_in_the_daemon() -> None:
+# Settings the library reads that run workers must not (or need not) receive, and why.
+NOT_FOR_RUN_WORKERS = {
+    "BASEMODEL_FORWARDED_ENV": "set by the launcher for each step, not by the deployment",
+    "BASEMODEL_SLACK_TOKEN": "a secret used by the alert sensors in the daemon / code server only",
+    "BASEMODEL_SLACK_CHANNEL": "alert sensors only",
+    "BASEMODEL_ALERT_WEBHOOK_URL": "alert sensors only (the URL may hold a token)",
+}
+
+
+def test_every_setting_reaches_run_workers_and_is_set_in_the_daemon() -> None:
     """DockerRunLauncher fails a run at dequeue ("Tried to load environment variable X, but it was not set")
-    when a name in dagster.yaml's env_vars is missing from the daemon's environment."""
+    when a name in dagster.yaml's env_vars is missing from the daemon's environment; and a setting the
+    library reads but the run launcher does not pass on silently has no effect in run workers."""
     instance = yaml.safe_load((ROOT / "deploy" / "dagster.yaml").read_text())
-    names = [v for v in instance["run_launcher"]["config"]["env_vars"] if "=" not in v]
+    passed = [v for v in instance["run_launcher"]["config"]["env_vars"] if "=" not in v]
     image_env = {"BASEMODEL_DUCKDB_EXTENSIONS"}  # ENV of the images (deploy/Dockerfile, stage base)
-    assert (
-        "BASEMODEL_DUCKDB_EXTENSIONS=/opt/basemodel/duckdb_extensions"
-        in (ROOT / "deploy" / "Dockerfile").read_text()
-    )
+    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
+    assert "BASEMODEL_DUCKDB_EXTENSIONS=/opt/basemodel/duckdb_extensions" in dockerfile
     daemon_env = set(_compose()["services"]["daemon"]["environment"])
-    missing = [n for n in names if n not in daemon_env and n not in image_env]
+    missing = [n for n in passed if n not in daemon_env and n not in image_env]
     assert not missing, f"set these in docker-compose.yml's x-basemodel-env: {missing}"
+
+    read = set()
+    for path in (ROOT / "basemodel_pipeline").rglob("*.py"):
+        read |= set(re.findall(r'"(BASEMODEL_[A-Z0-9_]+)"', path.read_text()))
+    not_passed = sorted(read - set(passed) - set(NOT_FOR_RUN_WORKERS))
+    assert not not_passed, (
+        f"add to deploy/dagster.yaml run_launcher env_vars (or NOT_FOR_RUN_WORKERS): {not_passed}"
+    )
+    for name in NOT_FOR_RUN_WORKERS:
+        assert name not in passed and name in read
+    alerts = {"BASEMODEL_SLACK_TOKEN", "BASEMODEL_SLACK_CHANNEL", "BASEMODEL_ALERT_WEBHOOK_URL"}
+    assert alerts <= daemon_env and alerts <= set(_compose()["services"]["basemodel_code"]["environment"])
 
 
 def test_dockerfile_targets_are_non_root_with_httpfs_baked_in() -> None:
@@ -128,7 +149,11 @@ def test_dockerfile_targets_are_non_root_with_httpfs_baked_in() -> None:
     project = "\n".join(stages["project"])
     assert "INSTALL" in project and "httpfs_wheel_file" in project and "LOAD httpfs" in project
     deps = "\n".join(stages["deps"])  # torch at the lock's pin: a local CPU wheel, else TORCH_INDEX
-    assert "grep '^torch==' requirements.lock" in deps and "torch==${pin}" in deps and "TORCH_INDEX" in deps
+    assert (
+        "grep '^torch==' requirements-runtime.lock" in deps
+        and "torch==${pin}" in deps
+        and "TORCH_INDEX" in deps
+    )
     assert "COPY --from=deps /opt/venv /opt/venv" in project  # build-local/ files never reach the image
     assert not any("build-local" in line for line in stages["project"] + stages["trainer"])
     compose_targets = {s["build"]["target"] for s in _compose()["services"].values() if "build" in s}
@@ -316,3 +341,31 @@ def test_dagster_dev_on_postgres_runs_the_job_over_graphql(
     with psycopg2.connect(dbname=postgres_url.rsplit("/", 1)[1], **PG) as conn, conn.cursor() as cur:
         cur.execute("SELECT status FROM runs WHERE run_id = %s", (run_id,))
         assert cur.fetchone()[0] == "SUCCESS"
+
+
+def test_images_install_the_runtime_lock_without_test_packages() -> None:
+    """requirements-runtime.lock is requirements.lock's pins for the library and its connectors only."""
+    check = subprocess.run(
+        [sys.executable, str(ROOT / "deploy" / "runtime_lock.py"), "--check"], capture_output=True, text=True
+    )
+    assert check.returncode == 0, check.stderr
+    pins = dict(
+        line.split("==")
+        for line in (ROOT / "requirements-runtime.lock").read_text().splitlines()
+        if "==" in line
+    )
+    full = dict(
+        line.split("==") for line in (ROOT / "requirements.lock").read_text().splitlines() if "==" in line
+    )
+    for test_only in ("pytest", "pyspark", "moto", "fakesnow", "bqemulator", "ruff", "chdb", "pytest-xdist"):
+        assert test_only not in pins, test_only
+    for needed in (
+        "torch",
+        "dagster",
+        "duckdb",
+        "lightgbm",
+        "snowflake-connector-python",
+        "clickhouse-connect",
+    ):
+        assert pins[needed] == full[needed], needed
+    assert "setuptools" in pins  # the project is installed without build isolation

@@ -4,7 +4,10 @@ data-parallel pretraining under torchrun through Pipes (two CPU processes)."""
 
 import math
 import os
+import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import dagster as dg
@@ -15,7 +18,8 @@ from dagster_k8s.pipes import build_pod_body
 from docker.models.containers import _create_container_args
 
 from basemodel_pipeline.config import load_config
-from basemodel_pipeline.defs.launcher import Launcher, remove_run_containers, unwritable_dir
+from basemodel_pipeline.defs.gpu_devices import reserve_devices
+from basemodel_pipeline.defs.launcher import Launcher, unwritable_dir
 from basemodel_pipeline.defs.models.assets import foundation_model
 from basemodel_pipeline.defs.resources import BasemodelConfigResource, launcher_from_env
 from basemodel_pipeline.pipeline import run_cache, run_extract
@@ -111,38 +115,6 @@ def test_ecs_run_task_params(gpu_launcher: Launcher) -> None:
     assert override["command"] == command and override["name"] == "trainer"
     assert {"key": "dagster/run_id", "value": RUN_ID} in params["tags"]
     assert params["networkConfiguration"]["awsvpcConfiguration"]["subnets"] == ["subnet-1"]
-
-
-class _Container:
-    def __init__(self, cid: str, removed: list[str]) -> None:
-        self.id, self._removed = cid, removed
-
-    def remove(self, force: bool = False) -> None:
-        assert force  # a running container is stopped and removed
-        self._removed.append(self.id)
-
-
-class _Containers:
-    """The part of docker's client that remove_run_containers uses (no engine runs here)."""
-
-    def __init__(self, by_run: dict[str, list[str]]) -> None:
-        self.by_run, self.removed, self.filters = by_run, [], []
-
-    def list(self, all: bool, filters: dict[str, str]) -> list[_Container]:
-        assert all  # stopped containers too
-        self.filters.append(filters)
-        run_id = filters["label"].split("=", 1)[1]
-        return [_Container(c, self.removed) for c in self.by_run.get(run_id, [])]
-
-
-def test_remove_run_containers_by_label() -> None:
-    containers = _Containers({RUN_ID: ["c1", "c2"], "other": ["c3"]})
-    client = type("Client", (), {"containers": containers})()
-    assert remove_run_containers(RUN_ID, client) == ["c1", "c2"]
-    assert containers.filters == [{"label": f"dagster/run_id={RUN_ID}"}] and containers.removed == [
-        "c1",
-        "c2",
-    ]
 
 
 def test_launcher_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -246,3 +218,55 @@ def test_unwritable_workspace_is_one_line_saying_what_to_do(tmp_path: Path) -> N
             backend="docker", workspace_dir=str(tmp_path / "nope"), user="5:5"
         ).check_workspace_writable()
     Launcher(backend="subprocess", workspace_dir=str(ws)).check_workspace_writable()  # host steps: no check
+
+
+def test_concurrent_one_gpu_steps_get_distinct_devices(tmp_path: Path) -> None:
+    """Docker's `count` would give every step GPU 0: steps reserve device ids instead (lock files)."""
+    locks = tmp_path / ".gpu-locks"
+    devices = ["0", "1"]
+    with reserve_devices(locks, devices, 1) as a, reserve_devices(locks, devices, 1) as b:
+        assert sorted(a + b) == ["0", "1"]
+        # a third step (another thread, as another run worker would be) waits until one is released
+        got: list[list[str]] = []
+        waiting: list[str] = []
+
+        def third() -> None:
+            with reserve_devices(locks, devices, 1, log=waiting.append, poll_s=0.05) as ids:
+                got.append(ids)
+
+        thread = threading.Thread(target=third)
+        thread.start()
+        time.sleep(0.3)
+        assert not got and waiting and "waiting for 1 free GPU(s)" in waiting[0]
+    thread.join(5)
+    assert got and got[0][0] in devices
+    # data-parallel pretraining takes all of them; asking for more than there are is an error
+    with reserve_devices(locks, devices, 2) as both:
+        assert both == ["0", "1"]
+    with pytest.raises(ValueError, match="3 GPUs asked for"), reserve_devices(locks, devices, 3):
+        pass
+
+
+def test_a_killed_holder_frees_its_gpu(tmp_path: Path) -> None:
+    locks = tmp_path / ".gpu-locks"
+    code = (
+        "import sys, time; from pathlib import Path; from basemodel_pipeline.defs.gpu_devices import reserve_devices\n"
+        f"with reserve_devices(Path({str(locks)!r}), ['0'], 1):\n    print('held', flush=True); time.sleep(60)"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    holder.kill()
+    holder.wait()
+    with reserve_devices(locks, ["0"], 1) as ids:  # the lock died with its process
+        assert ids == ["0"]
+
+
+def test_docker_spec_with_reserved_devices(gpu_launcher: Launcher) -> None:
+    spec = gpu_launcher.docker_spec(RUN_ID, "scenario_model", "finetune", device_ids=["1"])
+    args = _create_container_args(
+        {"image": gpu_launcher.image, "command": ["python"], "version": "1.45", **spec}
+    )
+    (request,) = args["host_config"]["DeviceRequests"]
+    assert request["DeviceIDs"] == ["1"] and request["Count"] == 0 and request["Capabilities"] == [["gpu"]]
+    assert gpu_launcher.devices() == ["0", "1"]
+    assert Launcher(gpus=1, gpu_devices=["3"]).devices() == ["3"]

@@ -8,7 +8,7 @@
 #                                   changes) and build the local base image once (reused on later starts)
 #   deploy/local-engine.sh images   build the project's images (trainer, code, dagster, postgres) on the base
 #   deploy/local-engine.sh status   is the engine answering; which images it holds
-#   deploy/local-engine.sh env      the line to eval: export DOCKER_HOST=unix://...
+#   deploy/local-engine.sh env      the line to eval: export DOCKER_HOST=unix://... BASEMODEL_IMAGE_TAG=<digest>
 #   deploy/local-engine.sh stop     stop the dockerd this script started (images stay for the next start)
 #   deploy/local-engine.sh purge    stop it and delete its data directory (images included)
 #
@@ -141,10 +141,12 @@ build_images() {
             -t "basemodel-$target:latest" -f "$file" "$ROOT" \
             >"$DATA/build-$target.log" 2>&1 \
             || { tail -30 "$DATA/build-$target.log" >&2; die "building $target failed (log: $DATA/build-$target.log)"; }
-        say "basemodel-$target:latest built in $((SECONDS - t0)) s," \
+        docker tag "basemodel-$target:latest" "basemodel-$target:${digest:0:12}"  # the immutable tag
+        say "basemodel-$target:latest (= :${digest:0:12}) built in $((SECONDS - t0)) s," \
             "$(docker image inspect "basemodel-$target:latest" --format '{{.Size}}') bytes"
     done
-    docker image prune -f >/dev/null  # the images these builds replaced (untagged): gigabytes each
+    # the images these builds replaced (untagged, labelled; not the stages' cached layers): gigabytes each
+    docker image prune -f --filter label=basemodel.source_digest >/dev/null
 }
 
 stop_engine() {
@@ -170,7 +172,7 @@ case "${1:-}" in
         else
             say "engine not running"; exit 1
         fi ;;
-    env) echo "export DOCKER_HOST=unix://$SOCK" ;;
+    env) echo "export DOCKER_HOST=unix://$SOCK BASEMODEL_IMAGE_TAG=$(source_digest | cut -c1-12)" ;;
     stop) need_root; stop_engine ;;
     purge) need_root; stop_engine; rm -rf "$DATA" "$RUN"; say "removed $DATA and $RUN" ;;
     *) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;

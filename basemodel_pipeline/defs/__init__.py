@@ -18,8 +18,6 @@ resources.py  the resource set of each environment (BASEMODEL_ENV)
 
 from __future__ import annotations
 
-import os
-
 import dagster as dg
 
 from basemodel_pipeline.defs.alerts import build_alert_definitions
@@ -43,11 +41,14 @@ from basemodel_pipeline.defs.reports.assets import metrics_summary
 from basemodel_pipeline.defs.resources import config_path_from_env, current_env, resources_for
 from basemodel_pipeline.defs.schedules import build_jobs, build_nightly_schedule
 from basemodel_pipeline.defs.shape import shape_config
+from basemodel_pipeline.settings import setting
 
 __all__ = ["build_assets", "build_checks", "build_definitions", "scenarios_partitions"]
 
 # BASEMODEL_AUTOMATION=stopped starts sensors and the schedule stopped (tests, a paused deployment).
 AUTOMATION_ENV_VAR = "BASEMODEL_AUTOMATION"
+# BASEMODEL_RUN_LAUNCHER=docker: the instance starts run workers as containers (docker-compose.yml sets it)
+RUN_LAUNCHER_ENV_VAR = "BASEMODEL_RUN_LAUNCHER"
 
 
 def build_assets(config_path: str, publish: bool = False) -> list[dg.AssetsDefinition]:
@@ -79,7 +80,7 @@ def build_definitions(config_path: str | None = None, env: str | None = None) ->
     env = env or current_env()
     shape_path = config_path or config_path_from_env()
     resources = resources_for(env, config_path)
-    running = os.environ.get(AUTOMATION_ENV_VAR, "running") != "stopped"
+    running = setting(AUTOMATION_ENV_VAR, "running") != "stopped"
     sensor_status = dg.DefaultSensorStatus.RUNNING if running else dg.DefaultSensorStatus.STOPPED
     schedule_status = dg.DefaultScheduleStatus.RUNNING if running else dg.DefaultScheduleStatus.STOPPED
     cfg = shape_config(shape_path)
@@ -90,7 +91,8 @@ def build_definitions(config_path: str | None = None, env: str | None = None) ->
         build_new_data_sensor(event_keys, sensor_status),
         automation_sensor(sensor_status),
     ]
-    if resources["launcher"].backend == "docker":
+    # containers to clean up: trainer containers (docker launcher) or run workers (DockerRunLauncher)
+    if resources["launcher"].backend == "docker" or setting(RUN_LAUNCHER_ENV_VAR) == "docker":
         sensors += build_cleanup_sensors()
     pipeline = dg.Definitions(
         assets=build_assets(shape_path, publish="publisher" in resources),

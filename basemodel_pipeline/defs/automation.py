@@ -23,13 +23,13 @@ stop it in the UI (Automation tab) to pause all of it.
 
 from __future__ import annotations
 
-import os
-
 import dagster as dg
 
+from basemodel_pipeline.settings import setting
+
 AC = dg.AutomationCondition
-FOUNDATION_CRON = os.environ.get("BASEMODEL_FOUNDATION_CRON", "0 3 * * 0")
-NIGHTLY_CRON = os.environ.get("BASEMODEL_NIGHTLY_CRON", "0 2 * * *")
+FOUNDATION_CRON = setting("BASEMODEL_FOUNDATION_CRON", "0 3 * * 0")
+NIGHTLY_CRON = setting("BASEMODEL_NIGHTLY_CRON", "0 2 * * *")
 TIMEZONE = "UTC"
 # Run monitoring gives up on runs longer than this (seconds); training runs get a day.
 MAX_RUNTIME_TAG = "dagster/max_runtime"

@@ -1,7 +1,9 @@
-"""Run-status sensors of the docker backend: remove a run's containers when it succeeds, fails or is cancelled.
+"""Run-status sensors of container deployments: remove a run's containers when it succeeds, fails or is
+cancelled (included with the docker launcher backend, or BASEMODEL_RUN_LAUNCHER=docker).
 
-The launcher removes each step's container itself; these sensors catch what a killed run worker or a
-cancellation left behind (containers are found by their `dagster/run_id` label).
+The launcher removes each step's trainer container itself; these sensors remove the exited run worker
+(DockerRunLauncher leaves it) and whatever a killed run worker or a cancellation left behind (containers are
+found by their `dagster/run_id` label). They run whether automation is running or stopped.
 """
 
 import dagster as dg

@@ -29,6 +29,7 @@ from typing import Any, Literal
 import dagster as dg
 from pydantic import Field
 
+from basemodel_pipeline.defs.gpu_devices import reserve_devices
 from basemodel_pipeline.jobs._common import ERROR_FILE_EXTRA, FORWARDED_ENV_VAR
 
 Backend = Literal["subprocess", "docker", "k8s", "ecs"]
@@ -102,6 +103,11 @@ class Launcher(dg.ConfigurableResource):
         "k8s: mount path of the PVC; ecs: the task definition's mount point).",
     )
     gpus: int = Field(default=0, ge=0, description="GPUs per step (0: CPU).")
+    gpu_devices: list[str] = Field(
+        default_factory=list,
+        description="docker: the host's GPU ids that steps reserve one by one (default 0 .. gpus-1): "
+        "concurrent one-GPU steps each get a distinct device (defs/gpu_devices.py).",
+    )
     nproc: int = Field(
         default=0,
         ge=0,
@@ -215,8 +221,15 @@ class Launcher(dg.ConfigurableResource):
             MANAGED_LABEL: "true",
         }
 
-    def docker_spec(self, run_id: str, step_key: str, job: str) -> dict[str, Any]:
-        """``container_kwargs`` for PipesDockerClient.run (passed on to docker's containers.create)."""
+    def devices(self) -> list[str]:
+        """The GPU ids docker steps reserve from (BASEMODEL_GPU_DEVICES, else 0 .. gpus-1)."""
+        return list(self.gpu_devices) or [str(i) for i in range(self.gpus)]
+
+    def docker_spec(
+        self, run_id: str, step_key: str, job: str, device_ids: Sequence[str] | None = None
+    ) -> dict[str, Any]:
+        """``container_kwargs`` for PipesDockerClient.run (passed on to docker's containers.create); with
+        `device_ids` (reserved by the step) those GPUs, else the first `gpus_for(job)`."""
         from docker.types import DeviceRequest
 
         spec: dict[str, Any] = {
@@ -229,7 +242,11 @@ class Launcher(dg.ConfigurableResource):
             spec["volumes"] = {self.workspace_dir: {"bind": self.workspace_dir, "mode": "rw"}}
             spec["working_dir"] = self.workspace_dir
         if self.gpus_for(job):
-            spec["device_requests"] = [DeviceRequest(count=self.gpus_for(job), capabilities=[["gpu"]])]
+            if device_ids:
+                request = DeviceRequest(device_ids=list(device_ids), capabilities=[["gpu"]])
+            else:
+                request = DeviceRequest(count=self.gpus_for(job), capabilities=[["gpu"]])
+            spec["device_requests"] = [request]
         if self.docker_network:
             spec["network"] = self.docker_network
         return spec
@@ -316,6 +333,56 @@ class Launcher(dg.ConfigurableResource):
                     os.chmod(tmp, 0o777)
             yield Path(tmp) / "error.txt"
 
+    def docker_preflight(self, job: str) -> Any:
+        """A client of an engine that answers and holds (or can pull) the trainer image; else one line
+        that says what to do, before any container exists."""
+        import docker
+
+        where = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+        try:
+            client = docker.from_env()
+            client.ping()
+        except docker.errors.DockerException as err:
+            raise dg.Failure(
+                description=f"no Docker engine answers at {where} ({type(err).__name__}): start one "
+                "(`deploy/local-engine.sh start`, or the system's dockerd) or point DOCKER_HOST at it",
+                allow_retries=False,
+            ) from None
+        try:
+            client.images.get(self.image)
+        except docker.errors.ImageNotFound:
+            try:
+                client.images.pull(self.image)
+            except docker.errors.DockerException as err:
+                reason = str(getattr(err, "explanation", "") or err).splitlines()[0][:200]
+                raise dg.Failure(
+                    description=f"the trainer image {self.image} is not on the Docker engine at {where} and "
+                    f"could not be pulled ({reason}): build it (`deploy/local-engine.sh images`, or `docker "
+                    "compose --profile gpu build trainer`) or set BASEMODEL_TRAINER_IMAGE to an image the "
+                    "engine has (`docker image ls`)",
+                    allow_retries=False,
+                ) from None
+        return client
+
+    @contextmanager
+    def _reserved_gpus(self, job: str, context: dg.AssetExecutionContext) -> Iterator[list[str]]:
+        """Distinct device ids for this step while it runs (none for CPU steps)."""
+        count = self.gpus_for(job)
+        if not count:
+            yield []
+            return
+        base = Path(self.workspace_dir) if self.workspace_dir else Path(tempfile.gettempdir())
+        with reserve_devices(base / ".gpu-locks", self.devices(), count, log=context.log.info) as ids:
+            context.log.info(f"GPU(s) {', '.join(ids)} reserved for this step")
+            yield ids
+
+    def _no_gpu_message(self, client: Any) -> str:
+        return (
+            f"BASEMODEL_GPUS={self.gpus} asks for GPUs, but the Docker engine ({client.api.base_url}) has no GPU "
+            "runtime: install the NVIDIA driver and the NVIDIA container toolkit on that host, or set "
+            "BASEMODEL_GPUS=0 to train on CPUs"
+        )
+
     def run(
         self, context: dg.AssetExecutionContext, job: str, config_path: str, args: Sequence[str] = ()
     ) -> dg.PipesClientCompletedInvocation:
@@ -344,18 +411,25 @@ class Launcher(dg.ConfigurableResource):
             )
             return client.run(context=context, command=command, extras=extras)
         if self.backend == "docker":
+            import docker
             from dagster_docker import PipesDockerClient
 
+            client = self.docker_preflight(job)
             try:
-                return PipesDockerClient().run(
-                    context=context,
-                    image=self.image,
-                    command=command,
-                    extras=extras,
-                    container_kwargs=self.docker_spec(run_id, step_key, job),
-                )
+                with self._reserved_gpus(job, context) as device_ids:
+                    return PipesDockerClient().run(
+                        context=context,
+                        image=self.image,
+                        command=command,
+                        extras=extras,
+                        container_kwargs=self.docker_spec(run_id, step_key, job, device_ids),
+                    )
+            except docker.errors.APIError as err:
+                if "could not select device driver" in str(err):
+                    raise dg.Failure(description=self._no_gpu_message(client), allow_retries=False) from None
+                raise
             finally:  # PipesDockerClient stops its container but never removes it
-                remove_run_containers(run_id)
+                remove_step_containers(run_id, step_key, client)
         if self.backend == "k8s":
             from dagster_k8s import PipesK8sClient
 
@@ -378,18 +452,35 @@ class Launcher(dg.ConfigurableResource):
         )
 
 
-def remove_run_containers(run_id: str, client: Any = None) -> list[str]:
-    """Remove every container labelled with this run id (stopped first); returns their ids.
+def _remove(client: Any, labels: dict[str, str]) -> list[str]:
+    filters = {"label": [f"{k}={v}" for k, v in labels.items()]}
+    removed = []
+    for container in client.containers.list(all=True, filters=filters):
+        container.remove(force=True)
+        removed.append(container.id)
+    return removed
 
-    Called after each docker step and by the run-status sensors, so that a cancelled or crashed run
-    leaves no containers behind either.
-    """
+
+def remove_step_containers(run_id: str, step_key: str, client: Any = None) -> list[str]:
+    """Remove the trainer container(s) this launcher started for one step of a run (stopped first).
+
+    Only containers carrying the launcher's own `basemodel/managed` label: DockerRunLauncher labels the run
+    worker with the same `dagster/run_id`, and removing it would kill the run before its step is recorded;
+    nor those of the run's other steps, which may still be training."""
     if client is None:
         import docker
 
         client = docker.from_env()
-    removed = []
-    for container in client.containers.list(all=True, filters={"label": f"{RUN_ID_LABEL}={run_id}"}):
-        container.remove(force=True)
-        removed.append(container.id)
-    return removed
+    labels = {RUN_ID_LABEL: run_id, STEP_LABEL: _label_value(step_key), MANAGED_LABEL: "true"}
+    return _remove(client, labels)
+
+
+def remove_run_containers(run_id: str, client: Any = None) -> list[str]:
+    """Remove every container labelled with this run id (stopped first): trainer containers and the run
+    worker. Only once the run has ended (the run-status sensors): a cancelled or crashed run leaves
+    nothing behind, and exited run workers do not pile up."""
+    if client is None:
+        import docker
+
+        client = docker.from_env()
+    return _remove(client, {RUN_ID_LABEL: run_id})

@@ -14,7 +14,6 @@ Secrets never live here: the YAML config reads them from environment variables (
 containers get them by name (BASEMODEL_FORWARD_ENV) and boto3 reads AWS credentials from the environment.
 """
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from pydantic import Field
 
 from basemodel_pipeline.config import PipelineConfig, load_config
 from basemodel_pipeline.defs.launcher import BACKENDS, Launcher
+from basemodel_pipeline.settings import setting, setting_list
 
 ENV_VAR = "BASEMODEL_ENV"
 CONFIG_ENV_VAR = "BASEMODEL_CONFIG"
@@ -85,7 +85,7 @@ class ArtifactPublisher(dg.ConfigurableResource):
 
 
 def current_env() -> str:
-    env = os.environ.get(ENV_VAR, "local")
+    env = setting(ENV_VAR, "local")
     if env not in ENVIRONMENTS:
         raise ValueError(f"{ENV_VAR}={env!r} is not one of {', '.join(ENVIRONMENTS)}")
     return env
@@ -93,36 +93,33 @@ def current_env() -> str:
 
 def config_path_from_env() -> str:
     """BASEMODEL_CONFIG, or the demo config relative to the working directory; always absolute."""
-    return str(Path(os.environ.get(CONFIG_ENV_VAR) or DEFAULT_CONFIG).resolve())
-
-
-def _csv(name: str) -> list[str]:
-    return [v.strip() for v in os.environ.get(name, "").split(",") if v.strip()]
+    return str(Path(setting(CONFIG_ENV_VAR, DEFAULT_CONFIG)).resolve())
 
 
 def launcher_from_env(env: str) -> Launcher:
     """The launcher of this environment: BASEMODEL_LAUNCHER and its BASEMODEL_* settings."""
-    backend = os.environ.get(LAUNCHER_ENV_VAR, "subprocess")
+    backend = setting(LAUNCHER_ENV_VAR, "subprocess")
     if backend not in BACKENDS:
         raise ValueError(f"{LAUNCHER_ENV_VAR}={backend!r} is not one of {', '.join(BACKENDS)}")
     settings = {"CUDA_VISIBLE_DEVICES": "", "PYTHONHASHSEED": "0"} if env == "ci" else {}
-    get = os.environ.get
+    get = setting
     return Launcher(
         backend=backend,  # type: ignore[arg-type]
         image=get("BASEMODEL_TRAINER_IMAGE", "basemodel-trainer:latest"),
         workspace_dir=get("BASEMODEL_WORKSPACE_DIR", ""),
         gpus=int(get("BASEMODEL_GPUS", "0")),
         nproc=int(get("BASEMODEL_NPROC", "0")),
+        gpu_devices=setting_list("BASEMODEL_GPU_DEVICES"),
         env=settings,
-        forward_env=_csv("BASEMODEL_FORWARD_ENV"),
+        forward_env=setting_list("BASEMODEL_FORWARD_ENV"),
         docker_network=get("BASEMODEL_DOCKER_NETWORK", ""),
         user=get("BASEMODEL_CONTAINER_USER", ""),
         k8s_namespace=get("BASEMODEL_K8S_NAMESPACE", "default"),
         k8s_pvc=get("BASEMODEL_K8S_PVC", ""),
         ecs_cluster=get("BASEMODEL_ECS_CLUSTER", ""),
         ecs_task_definition=get("BASEMODEL_ECS_TASK_DEFINITION", ""),
-        ecs_subnets=_csv("BASEMODEL_ECS_SUBNETS"),
-        ecs_security_groups=_csv("BASEMODEL_ECS_SECURITY_GROUPS"),
+        ecs_subnets=setting_list("BASEMODEL_ECS_SUBNETS"),
+        ecs_security_groups=setting_list("BASEMODEL_ECS_SECURITY_GROUPS"),
         termination_timeout_seconds=120 if env == "prod" else 30,
     )
 
@@ -131,18 +128,18 @@ def quality_gates_from_env(env: str) -> QualityGates:
     """Gates from BASEMODEL_METRIC_FLOOR / BASEMODEL_POPULARITY_MARGIN; ci records without blocking."""
     floor, margin = ("0", "-1") if env == "ci" else ("0.55", "0")
     return QualityGates(
-        metric_floor=float(os.environ.get("BASEMODEL_METRIC_FLOOR", floor)),
-        popularity_margin=float(os.environ.get("BASEMODEL_POPULARITY_MARGIN", margin)),
+        metric_floor=float(setting("BASEMODEL_METRIC_FLOOR", floor)),
+        popularity_margin=float(setting("BASEMODEL_POPULARITY_MARGIN", margin)),
     )
 
 
 def publisher_from_env() -> ArtifactPublisher | None:
-    url = os.environ.get(PUBLISH_ENV_VAR)
+    url = setting(PUBLISH_ENV_VAR)
     if not url:
         return None
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    endpoint = setting("AWS_ENDPOINT_URL_S3") or setting("AWS_ENDPOINT_URL") or None
     return ArtifactPublisher(
-        url=url, s3=S3Resource(endpoint_url=endpoint, region_name=os.environ.get("AWS_REGION"))
+        url=url, s3=S3Resource(endpoint_url=endpoint, region_name=setting("AWS_REGION") or None)
     )
 
 

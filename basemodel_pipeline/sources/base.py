@@ -9,7 +9,6 @@ the source, the table and the driver's first line).
 
 from __future__ import annotations
 
-import os
 import random
 import time
 from abc import ABC, abstractmethod
@@ -23,6 +22,7 @@ from sqlglot import exp
 
 from basemodel_pipeline.config.models import DataSource
 from basemodel_pipeline.errors import DataError
+from basemodel_pipeline.settings import setting
 from basemodel_pipeline.sources.sql import schema_query
 
 T = TypeVar("T")
@@ -130,9 +130,9 @@ def with_retry(
     sees which source failed and why, on one line; secrets never appear because drivers' messages do not
     carry them and connection parameters are not formatted into it.
     """
-    attempts = attempts or int(os.environ.get("BASEMODEL_SOURCE_ATTEMPTS", ATTEMPTS))
+    attempts = attempts or int(setting("BASEMODEL_SOURCE_ATTEMPTS", str(ATTEMPTS)))
     if base_delay is None:
-        base_delay = float(os.environ.get("BASEMODEL_SOURCE_RETRY_BASE_S", BASE_DELAY_S))
+        base_delay = float(setting("BASEMODEL_SOURCE_RETRY_BASE_S", str(BASE_DELAY_S)))
     for attempt in range(1, attempts + 1):
         try:
             return fn()

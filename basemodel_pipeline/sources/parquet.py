@@ -24,6 +24,7 @@ from sqlglot import exp
 from basemodel_pipeline.config.models import DataSource
 from basemodel_pipeline.config.sources import ParquetLocation, S3Options
 from basemodel_pipeline.errors import DataError
+from basemodel_pipeline.settings import setting
 from basemodel_pipeline.sources.base import Backend
 from basemodel_pipeline.sources.sql import quote_ident, quote_literal
 
@@ -78,7 +79,7 @@ def s3_settings(opts: S3Options) -> dict[str, Any]:
 
 
 def extension_dir(workspace: Path) -> Path:
-    return Path(os.environ.get("BASEMODEL_DUCKDB_EXTENSIONS") or workspace / ".duckdb" / "extensions")
+    return Path(setting("BASEMODEL_DUCKDB_EXTENSIONS") or workspace / ".duckdb" / "extensions")
 
 
 def httpfs_wheel_file() -> Path | None:

@@ -10,6 +10,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from basemodel_pipeline.settings import setting
+
 
 def pick_device(choice: str) -> torch.device:
     if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
@@ -19,7 +21,7 @@ def pick_device(choice: str) -> torch.device:
 
 def set_threads() -> None:
     """All cores (up to 16), or BASEMODEL_TORCH_THREADS when several workers share the machine."""
-    wanted = os.environ.get("BASEMODEL_TORCH_THREADS")
+    wanted = setting("BASEMODEL_TORCH_THREADS") or None
     torch.set_num_threads(int(wanted) if wanted else max(1, min(os.cpu_count() or 1, 16)))
 
 

@@ -31,6 +31,7 @@ from basemodel_pipeline.defs.automation import MAX_RUNTIME, MAX_RUNTIME_TAG
 from basemodel_pipeline.defs.extracts.assets import extract_key
 from basemodel_pipeline.defs.extracts.files import day_of, extract_files
 from basemodel_pipeline.defs.resources import BasemodelConfigResource
+from basemodel_pipeline.settings import setting
 
 RANGE_START = "dagster/asset_partition_range_start"
 RUN_KEY_TAG = "dagster/run_key"
@@ -182,7 +183,7 @@ def build_new_data_sensor(
 ) -> dg.SensorDefinition:
     @dg.sensor(
         name="new_data_sensor",
-        minimum_interval_seconds=int(os.environ.get("BASEMODEL_NEW_DATA_INTERVAL_S", "300")),
+        minimum_interval_seconds=int(setting("BASEMODEL_NEW_DATA_INTERVAL_S", "300")),
         target=dg.AssetSelection.assets(*event_keys),
         default_status=default_status,
     )

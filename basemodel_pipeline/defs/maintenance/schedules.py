@@ -1,13 +1,13 @@
 """The daily retention job and schedule (BASEMODEL_RETENTION_CRON, default 05:00 UTC: after the nightly
 refresh at 02:00 and the weekly foundation at 03:00 have started, never in the middle of a LATEST switch)."""
 
-import os
 from pathlib import Path
 
 import dagster as dg
 
 from basemodel_pipeline.defs.automation import TIMEZONE
 from basemodel_pipeline.defs.resources import BasemodelConfigResource
+from basemodel_pipeline.settings import setting
 
 RETENTION_CRON_ENV_VAR = "BASEMODEL_RETENTION_CRON"
 DEFAULT_RETENTION_CRON = "0 5 * * *"
@@ -23,7 +23,7 @@ prune_workspace = dg.define_asset_job(
 def build_retention_schedule(default_status: dg.DefaultScheduleStatus) -> dg.ScheduleDefinition:
     @dg.schedule(
         name="workspace_retention_daily",
-        cron_schedule=os.environ.get(RETENTION_CRON_ENV_VAR, DEFAULT_RETENTION_CRON),
+        cron_schedule=setting(RETENTION_CRON_ENV_VAR, DEFAULT_RETENTION_CRON),
         execution_timezone=TIMEZONE,
         job=prune_workspace,
         default_status=default_status,
