@@ -22,7 +22,15 @@ import pytest
 import requests
 import yaml
 from conftest import source_digest
-from test_orchestration_deploy import LAUNCH, LOCATIONS, MATERIALIZED, STATUS, _free_port, _gql
+from test_orchestration_deploy import (
+    LOCATIONS,
+    MATERIALIZED,
+    STATUS,
+    _free_port,
+    _gql,
+    final_status,
+    launch_refresh_and_train,
+)
 
 from basemodel_pipeline.defs.launcher import remove_run_containers
 
@@ -143,25 +151,9 @@ def test_compose_stack_runs_the_job(docker_engine, tiny_dataset: Path, tmp_path:
 
         entries = _wait(loaded, 240, "the code location loading from the code server", logs)
         assert [e["name"] for e in entries] == ["basemodel_pipeline"]
-        params = {
-            "selector": {
-                "repositoryLocationName": "basemodel_pipeline",
-                "repositoryName": "__repository__",
-                "jobName": "refresh_and_train",
-            },
-            "executionMetadata": {
-                "tags": [
-                    {"key": "dagster/asset_partition_range_start", "value": "2023-01-01"},
-                    {"key": "dagster/asset_partition_range_end", "value": "2023-04-30"},
-                ]
-            },
-        }
-        launched = _gql(url, LAUNCH, params=params)["launchRun"]
-        assert launched["__typename"] == "LaunchRunSuccess", launched
-        run_id = launched["run"]["runId"]
-        final = {"SUCCESS", "FAILURE", "CANCELED"}
+        run_id = launch_refresh_and_train(url)
         status = _wait(
-            lambda: (s := _gql(url, STATUS, id=run_id)["runOrError"]["status"]) in final and s,
+            lambda: final_status(url, run_id),
             600,
             "the run ending",
             logs,
@@ -222,16 +214,14 @@ def test_compose_stack_runs_the_job(docker_engine, tiny_dataset: Path, tmp_path:
         )
 
         # "Terminate" from the UI (GraphQL) stops a started run: the webserver reaches the engine too
-        second = _gql(url, LAUNCH, params=params)["launchRun"]
-        assert second["__typename"] == "LaunchRunSuccess", second
-        second_id = second["run"]["runId"]
+        second_id = launch_refresh_and_train(url)
         _wait(
             lambda: _gql(url, STATUS, id=second_id)["runOrError"]["status"] == "STARTED", 180, "a start", logs
         )
         terminated = _gql(url, TERMINATE, id=second_id)["terminateRun"]
         assert terminated["__typename"] == "TerminateRunSuccess", terminated
         status = _wait(
-            lambda: (s := _gql(url, STATUS, id=second_id)["runOrError"]["status"]) in final and s,
+            lambda: final_status(url, second_id),
             180,
             "the terminated run ending",
             logs,

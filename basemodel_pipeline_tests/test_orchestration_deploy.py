@@ -209,6 +209,20 @@ mutation($params: ExecutionParams!) {
     ... on RunConfigValidationInvalid { errors { message } }
   }
 }"""
+# launchRun's executionParams: refresh_and_train over the tiny data's days (both deployment tests launch it)
+REFRESH_AND_TRAIN = {
+    "selector": {
+        "repositoryLocationName": "basemodel_pipeline",
+        "repositoryName": "__repository__",
+        "jobName": "refresh_and_train",
+    },
+    "executionMetadata": {
+        "tags": [
+            {"key": "dagster/asset_partition_range_start", "value": "2023-01-01"},
+            {"key": "dagster/asset_partition_range_end", "value": "2023-04-30"},
+        ]
+    },
+}
 LOCATIONS = """
 { workspaceOrError { ... on Workspace { locationEntries { name locationOrLoadError { __typename
   ... on PythonError { message } } } } } }"""
@@ -230,6 +244,19 @@ def _gql(url: str, query: str, **variables: object) -> dict:
     body = response.json()
     assert "errors" not in body, body["errors"]
     return body["data"]
+
+
+def launch_refresh_and_train(url: str) -> str:
+    """Launch refresh_and_train over GraphQL; its run id."""
+    launched = _gql(url, LAUNCH, params=REFRESH_AND_TRAIN)["launchRun"]
+    assert launched["__typename"] == "LaunchRunSuccess", launched
+    return launched["run"]["runId"]
+
+
+def final_status(url: str, run_id: str) -> str | None:
+    """The run's status once it has ended, else None."""
+    status = _gql(url, STATUS, id=run_id)["runOrError"]["status"]
+    return status if status in {"SUCCESS", "FAILURE", "CANCELED"} else None
 
 
 def _wait(predicate, limit_s: float, what: str, log: Path):
@@ -301,25 +328,9 @@ def test_dagster_dev_on_postgres_runs_the_job_over_graphql(
         assert [(e["name"], e["locationOrLoadError"]["__typename"]) for e in entries] == [
             ("basemodel_pipeline", "RepositoryLocation")
         ], entries
-        params = {
-            "selector": {
-                "repositoryLocationName": "basemodel_pipeline",
-                "repositoryName": "__repository__",
-                "jobName": "refresh_and_train",
-            },
-            "executionMetadata": {
-                "tags": [
-                    {"key": "dagster/asset_partition_range_start", "value": "2023-01-01"},
-                    {"key": "dagster/asset_partition_range_end", "value": "2023-04-30"},
-                ]
-            },
-        }
-        launched = _gql(url, LAUNCH, params=params)["launchRun"]
-        assert launched["__typename"] == "LaunchRunSuccess", launched
-        run_id = launched["run"]["runId"]
-        final = {"SUCCESS", "FAILURE", "CANCELED"}
+        run_id = launch_refresh_and_train(url)
         status = _wait(
-            lambda: (s := _gql(url, STATUS, id=run_id)["runOrError"]["status"]) in final and s,
+            lambda: final_status(url, run_id),
             420,
             "the run ending",
             log,
