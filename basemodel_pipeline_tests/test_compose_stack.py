@@ -20,7 +20,6 @@ from pathlib import Path
 import psycopg2
 import pytest
 import requests
-import yaml
 from conftest import source_digest
 from test_orchestration_deploy import (
     LOCATIONS,
@@ -85,14 +84,6 @@ def test_compose_stack_runs_the_job(docker_engine, tiny_dataset: Path, tmp_path:
     shutil.copytree(tiny_dataset.parent / "data", workspace / "data")
     shutil.copy(tiny_dataset, workspace / "config.yaml")
     _chown(workspace, 1000, 1000)
-    # the instance file of the deployment, with this workspace mounted into run workers
-    instance = yaml.safe_load((ROOT / "deploy" / "dagster.yaml").read_text())
-    kwargs = instance["run_launcher"]["config"]["container_kwargs"]
-    kwargs["volumes"] = [f"{workspace}:{workspace}", f"{docker_engine.socket}:/var/run/docker.sock"]
-    instance["compute_logs"]["config"]["base_dir"] = str(workspace / ".dagster" / "compute_logs")
-    dagster_yaml = tmp_path / "dagster.yaml"
-    dagster_yaml.write_text(yaml.safe_dump(instance))
-    dagster_yaml.chmod(0o644)
 
     password = secrets.token_hex(12)
     pg_port, ui_port, code_port = _free_port(), _free_port(), _free_port()
@@ -103,7 +94,6 @@ def test_compose_stack_runs_the_job(docker_engine, tiny_dataset: Path, tmp_path:
         "DAGSTER_UI_PORT": ui_port,
         "BASEMODEL_CODE_PORT": code_port,
         "BASEMODEL_WORKSPACE": workspace,
-        "BASEMODEL_DAGSTER_YAML": dagster_yaml,
         "DOCKER_SOCKET": docker_engine.socket,
         "BASEMODEL_LAUNCHER": "docker",  # each training step in a trainer container started by the run worker
         "BASEMODEL_TRAINER_IMAGE": "basemodel-trainer:latest",

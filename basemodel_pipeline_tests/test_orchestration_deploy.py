@@ -53,7 +53,8 @@ def test_deploy_instance_config_on_postgres(
 
     shutil.copy(ROOT / "deploy" / "dagster.yaml", tmp_path / "dagster.yaml")
     monkeypatch.setenv("DAGSTER_POSTGRES_URL", postgres_url)
-    monkeypatch.setenv("BASEMODEL_DOCKER_NETWORK", "basemodel_network")  # docker-compose.yml sets it
+    monkeypatch.setenv("BASEMODEL_DOCKER_NETWORK", "basemodel_network")  # docker-compose.yml sets these
+    monkeypatch.setenv("BASEMODEL_COMPUTE_LOGS_DIR", str(tmp_path / "compute_logs"))
     instance = dg.DagsterInstance.from_config(str(tmp_path))
     try:
         assert isinstance(instance.run_storage, PostgresRunStorage)
