@@ -75,6 +75,12 @@ def source_digest() -> str:
     return hashlib.sha256(lines.encode()).hexdigest()
 
 
+def chown_tree(root: Path, uid: int, gid: int) -> None:
+    """Give a directory tree to uid:gid (a workspace handed to a container's user)."""
+    for path in [root, *root.rglob("*")]:
+        os.chown(path, uid, gid, follow_symlinks=False)
+
+
 @dataclass
 class DockerEngine:
     client: Any  # docker.DockerClient

@@ -14,13 +14,12 @@ import os
 import secrets
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import psycopg2
 import pytest
 import requests
-from conftest import source_digest
+from conftest import chown_tree, source_digest
 from test_orchestration_deploy import (
     LOCATIONS,
     MATERIALIZED,
@@ -29,6 +28,9 @@ from test_orchestration_deploy import (
     _gql,
     final_status,
     launch_refresh_and_train,
+)
+from test_orchestration_deploy import (
+    _wait as wait_for,
 )
 
 from basemodel_pipeline.defs.launcher import remove_run_containers
@@ -49,26 +51,14 @@ query($id: ID!) { logsForRun(runId: $id, limit: 400) { ... on EventConnection { 
 TERMINATE = """
 mutation($id: String!) { terminateRun(runId: $id) { __typename ... on PythonError { message }
   ... on TerminateRunFailure { message } } }"""
+TRANSIENT = (requests.ConnectionError, requests.HTTPError, KeyError, TypeError)
 RELOAD = """
 mutation($name: String!) { reloadRepositoryLocation(repositoryLocationName: $name) { __typename } }"""
 
 
 def _wait(predicate, limit_s: float, what: str, logs):
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        try:
-            value = predicate()
-        except (requests.ConnectionError, requests.HTTPError, KeyError, TypeError):
-            value = None
-        if value:
-            return value
-        time.sleep(2)
-    pytest.fail(f"{what} did not happen within {limit_s:.0f} s; compose logs:\n{logs()[-6000:]}")
-
-
-def _chown(root: Path, uid: int, gid: int) -> None:
-    for path in [root, *root.rglob("*")]:
-        os.chown(path, uid, gid, follow_symlinks=False)
+    """test_orchestration_deploy's poll, where GraphQL may also answer with an error or a partial body."""
+    return wait_for(predicate, limit_s, what, logs, TRANSIENT, poll_s=2.0)
 
 
 def test_compose_stack_runs_the_job(docker_engine, tiny_dataset: Path, tmp_path: Path) -> None:
@@ -83,7 +73,7 @@ def test_compose_stack_runs_the_job(docker_engine, tiny_dataset: Path, tmp_path:
     workspace = tmp_path / "srv"
     shutil.copytree(tiny_dataset.parent / "data", workspace / "data")
     shutil.copy(tiny_dataset, workspace / "config.yaml")
-    _chown(workspace, 1000, 1000)
+    chown_tree(workspace, 1000, 1000)
 
     password = secrets.token_hex(12)
     pg_port, ui_port, code_port = _free_port(), _free_port(), _free_port()

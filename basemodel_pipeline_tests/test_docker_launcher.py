@@ -15,6 +15,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+from conftest import chown_tree
 
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.defs.launcher import (
@@ -47,11 +48,6 @@ def _materialize(assets, config: Path, launcher: Launcher, instance, partition: 
         partition_key=partition,
         raise_on_error=False,
     )
-
-
-def _chown(root: Path, uid: int, gid: int) -> None:
-    for path in [root, *root.rglob("*")]:
-        os.chown(path, uid, gid, follow_symlinks=False)
 
 
 def _leftover(engine, run_id: str) -> list:
@@ -95,7 +91,7 @@ def test_steps_run_in_the_trainer_image(
         assert not _leftover(docker_engine, denied.run_id)
 
         # handed to uid 1000 (what the message says to do): the steps run in containers as that user
-        _chown(workspace, 1000, 1000)
+        chown_tree(workspace, 1000, 1000)
         first = _materialize([foundation_model], tiny_config, launcher, instance)
         assert first.success, _failure(first)
         scored = _materialize([scenario_model, predictions], tiny_config, launcher, instance, "churn")
@@ -179,7 +175,7 @@ def test_engine_image_and_gpu_problems_are_one_line_each(
         pytest.skip("needs root: the test hands the workspace to the container's uid")
     docker_engine.require(IMAGE)
     workspace = tiny_config.parent
-    _chown(workspace, 1000, 1000)
+    chown_tree(workspace, 1000, 1000)
     base = {"backend": "docker", "image": IMAGE, "workspace_dir": str(workspace), "docker_network": "host"}
     with dg.instance_for_test() as instance:
 

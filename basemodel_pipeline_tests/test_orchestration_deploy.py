@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg2
@@ -260,18 +260,26 @@ def final_status(url: str, run_id: str) -> str | None:
     return status if status in {"SUCCESS", "FAILURE", "CANCELED"} else None
 
 
-def _wait(predicate, limit_s: float, what: str, log: Path):
-    """Poll until `predicate()` returns a truthy value; fail with the server log after `limit_s` seconds."""
+def _wait(
+    predicate,
+    limit_s: float,
+    what: str,
+    logs: Callable[[], str],
+    transient: tuple[type[Exception], ...] = (requests.ConnectionError,),
+    poll_s: float = 1.0,
+):
+    """Poll until `predicate()` returns a truthy value (a `transient` error counts as not yet); fail with the
+    tail of the servers' `logs()` after `limit_s` seconds."""
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         try:
             value = predicate()
-        except requests.ConnectionError:
+        except transient:
             value = None
         if value:
             return value
-        time.sleep(1)
-    pytest.fail(f"{what} did not happen within {limit_s:.0f} s; dagster dev log:\n{log.read_text()[-4000:]}")
+        time.sleep(poll_s)
+    pytest.fail(f"{what} did not happen within {limit_s:.0f} s; server logs:\n{logs()[-6000:]}")
 
 
 @pytest.mark.timeout(600)
@@ -306,6 +314,10 @@ def test_dagster_dev_on_postgres_runs_the_job_over_graphql(
         str(port),
     ]
     log = tmp_path / "dagster_dev.log"
+
+    def server_log() -> str:
+        return log.read_text()
+
     with log.open("w") as out:
         proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/graphql"
@@ -314,7 +326,7 @@ def test_dagster_dev_on_postgres_runs_the_job_over_graphql(
             lambda: requests.post(url, json={"query": "{ version }"}, timeout=5).ok,
             180,
             "GraphQL answering",
-            log,
+            server_log,
         )
         entries = _wait(
             lambda: [
@@ -324,7 +336,7 @@ def test_dagster_dev_on_postgres_runs_the_job_over_graphql(
             ],
             180,
             "the code location loading",
-            log,
+            server_log,
         )
         assert [(e["name"], e["locationOrLoadError"]["__typename"]) for e in entries] == [
             ("basemodel_pipeline", "RepositoryLocation")
@@ -334,7 +346,7 @@ def test_dagster_dev_on_postgres_runs_the_job_over_graphql(
             lambda: final_status(url, run_id),
             420,
             "the run ending",
-            log,
+            server_log,
         )
         assert status == "SUCCESS", log.read_text()[-4000:]
         for path in (["foundation_model"], ["event_cache"], ["entity_embeddings"]):

@@ -151,11 +151,8 @@ class Launcher(dg.ConfigurableResource):
                 return f"{st.st_uid}:{st.st_gid}"
         return DEFAULT_USER
 
-    def check_workspace_writable(self) -> None:
-        """Fail before a container starts when its user cannot write the mounted workspace (one line that
-        says what to do), instead of a PermissionError deep inside the step."""
-        if self.backend != "docker" or not self.workspace_dir:
-            return
+    def container_ids(self) -> tuple[int, int]:
+        """(uid, gid) of `container_user()`; gid defaults to uid. One line when they are not numbers."""
         user = self.container_user()
         uid, _, gid = user.partition(":")
         if not uid.isdigit() or (gid and not gid.isdigit()):
@@ -163,7 +160,15 @@ class Launcher(dg.ConfigurableResource):
                 description=f"container user {user!r} is not uid:gid in numbers (BASEMODEL_CONTAINER_USER)",
                 allow_retries=False,
             )
-        if int(uid) == 0:
+        return int(uid), int(gid or uid)
+
+    def check_workspace_writable(self) -> None:
+        """Fail before a container starts when its user cannot write the mounted workspace (one line that
+        says what to do), instead of a PermissionError deep inside the step."""
+        if self.backend != "docker" or not self.workspace_dir:
+            return
+        uid, gid = self.container_ids()
+        if uid == 0:
             raise dg.Failure(
                 description="the trainer container never runs as root: set BASEMODEL_CONTAINER_USER to the "
                 "uid:gid that owns the workspace",
@@ -176,13 +181,13 @@ class Launcher(dg.ConfigurableResource):
                 "it or set BASEMODEL_WORKSPACE_DIR to the workspace the config uses",
                 allow_retries=False,
             )
-        blocked = unwritable_dir(root, int(uid), int(gid or uid))
+        blocked = unwritable_dir(root, uid, gid)
         if blocked is not None:
             st = blocked.stat()
             raise dg.Failure(
-                description=f"the trainer container runs as {user}, which cannot write {blocked} (owned by "
-                f"{st.st_uid}:{st.st_gid}, mode {stat.S_IMODE(st.st_mode):o}): give it the workspace with "
-                f"`chown -R {uid}:{gid or uid} {root}`, or set BASEMODEL_CONTAINER_USER to the uid:gid that "
+                description=f"the trainer container runs as {self.container_user()}, which cannot write "
+                f"{blocked} (owned by {st.st_uid}:{st.st_gid}, mode {stat.S_IMODE(st.st_mode):o}): give it the "
+                f"workspace with `chown -R {uid}:{gid} {root}`, or set BASEMODEL_CONTAINER_USER to the uid:gid that "
                 "owns the workspace (not 0)",
                 allow_retries=False,
             )
@@ -253,7 +258,7 @@ class Launcher(dg.ConfigurableResource):
 
     def k8s_pod(self, run_id: str, step_key: str, job: str) -> tuple[dict[str, Any], dict[str, Any]]:
         """(base_pod_meta, base_pod_spec) for PipesK8sClient.run."""
-        uid, _, gid = self.container_user().partition(":")
+        uid, gid = self.container_ids()
         container: dict[str, Any] = {
             "name": K8S_CONTAINER,
             "image": self.image,
@@ -264,9 +269,9 @@ class Launcher(dg.ConfigurableResource):
             "containers": [container],
             "restart_policy": "Never",
             "security_context": {
-                "run_as_user": int(uid),
-                "run_as_group": int(gid or uid),
-                "fs_group": int(gid or uid),
+                "run_as_user": uid,
+                "run_as_group": gid,
+                "fs_group": gid,
             },
         }
         if self.gpus_for(job):
@@ -326,14 +331,13 @@ class Launcher(dg.ConfigurableResource):
             return
         with tempfile.TemporaryDirectory(prefix="basemodel-pipes-", dir=base) as tmp:
             if self.backend == "docker":  # the container's user writes the error file here
-                uid, _, gid = self.container_user().partition(":")
                 if os.geteuid() == 0:
-                    os.chown(tmp, int(uid), int(gid or uid))
+                    os.chown(tmp, *self.container_ids())
                 else:
                     os.chmod(tmp, 0o777)
             yield Path(tmp) / "error.txt"
 
-    def docker_preflight(self, job: str) -> Any:
+    def docker_preflight(self) -> Any:
         """A client of an engine that answers and holds (or can pull) the trainer image; else one line
         that says what to do, before any container exists."""
         import docker
@@ -414,7 +418,7 @@ class Launcher(dg.ConfigurableResource):
             import docker
             from dagster_docker import PipesDockerClient
 
-            client = self.docker_preflight(job)
+            client = self.docker_preflight()
             try:
                 with self._reserved_gpus(job, context) as device_ids:
                     return PipesDockerClient().run(
@@ -453,6 +457,11 @@ class Launcher(dg.ConfigurableResource):
 
 
 def _remove(client: Any, labels: dict[str, str]) -> list[str]:
+    """Remove (stopping first) every container carrying all these labels; `client` None: docker.from_env()."""
+    if client is None:
+        import docker
+
+        client = docker.from_env()
     filters = {"label": [f"{k}={v}" for k, v in labels.items()]}
     removed = []
     for container in client.containers.list(all=True, filters=filters):
@@ -467,10 +476,6 @@ def remove_step_containers(run_id: str, step_key: str, client: Any = None) -> li
     Only containers carrying the launcher's own `basemodel/managed` label: DockerRunLauncher labels the run
     worker with the same `dagster/run_id`, and removing it would kill the run before its step is recorded;
     nor those of the run's other steps, which may still be training."""
-    if client is None:
-        import docker
-
-        client = docker.from_env()
     labels = {RUN_ID_LABEL: run_id, STEP_LABEL: _label_value(step_key), MANAGED_LABEL: "true"}
     return _remove(client, labels)
 
@@ -479,8 +484,4 @@ def remove_run_containers(run_id: str, client: Any = None) -> list[str]:
     """Remove every container labelled with this run id (stopped first): trainer containers and the run
     worker. Only once the run has ended (the run-status sensors): a cancelled or crashed run leaves
     nothing behind, and exited run workers do not pile up."""
-    if client is None:
-        import docker
-
-        client = docker.from_env()
     return _remove(client, {RUN_ID_LABEL: run_id})

@@ -11,9 +11,10 @@ alert_on_check_failure), evaluated by `freshness_checks_sensor` whenever a check
 from __future__ import annotations
 
 import datetime as dt
-import os
 
 import dagster as dg
+
+from basemodel_pipeline.settings import setting
 
 PREDICTIONS_MAX_AGE_ENV_VAR = "BASEMODEL_PREDICTIONS_MAX_AGE_H"
 EMBEDDINGS_MAX_AGE_ENV_VAR = "BASEMODEL_EMBEDDINGS_MAX_AGE_H"
@@ -22,7 +23,7 @@ DEFAULT_MAX_AGE_H = 36.0
 
 def max_age(env_var: str, default_h: float = DEFAULT_MAX_AGE_H) -> dt.timedelta:
     """The bound from `env_var` (hours, a positive number) or the default."""
-    raw = os.environ.get(env_var, "").strip()
+    raw = setting(env_var)
     try:
         hours = float(raw) if raw else default_h
     except ValueError:
