@@ -9,7 +9,8 @@ wall time and its peak anonymous memory (the process's own pages, not the page c
 event store). The log-log slope of time and of memory against events is fitted over the sizes: 1 means linear,
 0 means flat (foundation training is capped per epoch, so it should be near 0 in the examples and grow only
 through longer histories). A slope above ~1.15, or memory that grows with the events where it should not, is a
-finding. Records the machine load before and after.
+finding. Only the generated data are reused between runs: the workspace's extracts, cache, checkpoints and
+outputs are removed first, so every stage does its whole work. Records the machine load before and after.
 
 Writes bench/results/scaling_<device>.json (flat keys) and bench/results/scaling_<device>.png (the curves).
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -47,6 +49,8 @@ def run_size(events: int, root: Path, device: str) -> dict[str, float]:
     config = workdir / "config_scaling.yaml"
     config.write_text(yaml.safe_dump(raw, sort_keys=False))
     cfg = load_config(config)
+    for stale in ("extracts", "cache", "checkpoints", "predictions", "embeddings", "state"):
+        shutil.rmtree(workdir / stale, ignore_errors=True)  # every stage does its work: nothing reused
     sampler = MemorySampler()
     sampler.start()
     stage = sampler.timed
