@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from basemodel_pipeline.config import load_config
+from basemodel_pipeline.config import Scenario, load_config
 from basemodel_pipeline.evaluation.gbm import fit_gbm
 from basemodel_pipeline.pipeline import run_baselines, run_cache, run_extract, run_finetune, run_pretrain
 from basemodel_pipeline.progress import LogProgress
@@ -137,8 +137,30 @@ def test_the_multilabel_lightgbm_row_bound_is_recorded_in_the_metrics(trained) -
     sc = cfg.scenario(SCENARIO)
     bounded = sc.model_copy(update={"lightgbm_max_rows": 60})
     cfg2 = cfg.model_copy(update={"scenarios": [bounded if s.name == SCENARIO else s for s in cfg.scenarios]})
-    m = _metrics(run_finetune(cfg2, SCENARIO))
+    meta = run_finetune(cfg2, SCENARIO)
+    m = _metrics(meta)
     rows = m["lightgbm_rows"]["lightgbm_aggregates"]
     assert rows["max_rows"] == 60 and rows["rows"] == m["examples"]["train"] > 60
     assert rows["boosters"] >= 1 and all(r <= 60 for r in rows["rows_per_booster"])
     assert max(rows["rows_per_booster"]) == 60
+    report = (Path(meta["path"]) / "report.html").read_text()
+    assert f"boosters trained on a sample of at most 60 of the {rows['rows']:,} rows" in report
+
+
+def test_the_multilabel_lightgbm_samples_rows_by_default() -> None:
+    """Issue 16 item 5: a multilabel baseline's boosters are bounded by default, not only when asked."""
+    from basemodel_pipeline.config.scenarios import LIGHTGBM_MAX_ROWS
+
+    sc = Scenario.model_validate(
+        {
+            "name": "m",
+            "task": "multilabel",
+            "target": {"kind": "multilabel", "source": "s", "column": "c", "horizon_days": 7},
+        }
+    )
+    assert sc.lightgbm_max_rows == LIGHTGBM_MAX_ROWS == 10_000
+    rng = np.random.default_rng(0)
+    X, Y = rng.normal(size=(12_500, 4)), (rng.random((12_500, 2)) < 0.3).astype(float)
+    Y[:, 0] = (X[:, 0] + rng.normal(0, 0.5, 12_500) > 0.5).astype(float)
+    gbm = fit_gbm("multilabel", X[:12_000], Y[:12_000], X[12_000:], Y[12_000:], max_rows=sc.lightgbm_max_rows)
+    assert gbm.train_rows == [10_000, 10_000] and gbm.available_rows == 12_000

@@ -16,7 +16,7 @@ from basemodel_pipeline.config.base import IDENTIFIER, Strict
 
 TASKS = ("binary", "multiclass", "multilabel", "regression", "recommendation")
 # multilabel LightGBM: rows one per-label booster trains on (docs/scenarios.md, "The cost of LightGBM")
-LIGHTGBM_MAX_ROWS = 0
+LIGHTGBM_MAX_ROWS = 10_000
 CandidateName = Literal[
     "neural",
     "lightgbm_hybrid",
@@ -211,7 +211,8 @@ class Scenario(Strict):
     lightgbm_max_rows: int = Field(
         default=LIGHTGBM_MAX_ROWS,
         ge=0,
-        description="Multilabel LightGBM: training rows one per-label booster may use (0: all). Above it, "
+        description="Multilabel LightGBM: training rows one per-label booster may use (default 10,000; 0: all). "
+        "Above it, "
         "each booster keeps every row of the label's rarer class up to half of them and a sample of the "
         "other class, each class weighted by the inverse of its sampling rate (calibrated probabilities).",
     )

@@ -240,6 +240,13 @@ def scenario_report(
     }
     if capped:
         examples += " (sampled from " + ", ".join(f"{k} {v:,}" for k, v in capped.items()) + ")"
+    for name, r in (result.get("lightgbm_rows") or {}).items():
+        sampled = [n for n in r.get("rows_per_booster", []) if 0 < n < r.get("rows", 0)]
+        if sampled:  # the multilabel LightGBM row bound bound: say so next to the examples
+            examples += (
+                f"; {name}: {len(sampled)} of {r['boosters']} boosters trained on a sample of at most "
+                f"{r['max_rows']:,} of the {r['rows']:,} rows (lightgbm_max_rows; 0 = every row)"
+            )
     target = html.escape(scenario.target.model_dump_json(exclude_defaults=True))
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>Scenario {html.escape(scenario.name)}</title>
