@@ -114,10 +114,12 @@ def rows_with(cache: EventCache, ex, tabular: np.ndarray):
 
 
 def lightgbm_candidate(sc, spec, seed: int):
-    """The pipeline's ``lightgbm_aggregates`` candidate (scenarios/candidates.py), fitted on what Rows holds."""
+    """The pipeline's ``lightgbm_aggregates`` candidate (scenarios/candidates.py), fitted on what Rows holds,
+    on every row (``lightgbm_max_rows: 0``: a peer at its best, not the pipeline's sampled multilabel baseline)."""
     from basemodel_pipeline.scenarios.candidates import Context, LightGBM
     from basemodel_pipeline.scenarios.heads import Head
 
+    sc = sc.model_copy(update={"lightgbm_max_rows": 0})
     return LightGBM(Context(sc, spec, Head(spec), seed, Log()), "aggregates")
 
 
