@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from basemodel_pipeline.cache.store import DAY, ColumnInfo, EventCache, EventSource
+from basemodel_pipeline.cache.store import ColumnInfo, EventCache, EventSource
+from basemodel_pipeline.dates import DAY
 from basemodel_pipeline.evaluation.aggregates import (
     NO_HISTORY_DAYS,
     aggregate_features,

@@ -24,6 +24,7 @@ from basemodel_pipeline.cache.build import cache_dir
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.cli import app
 from basemodel_pipeline.config import load_config
+from basemodel_pipeline.dates import epoch_seconds
 from basemodel_pipeline.errors import UserError
 from basemodel_pipeline.features.names import ATTRIBUTES, describe
 from basemodel_pipeline.features.sketch import FeatureEncoder
@@ -45,7 +46,6 @@ from basemodel_pipeline.pipeline import run_cache, run_extract, run_pretrain
 from basemodel_pipeline.progress import NullProgress
 from basemodel_pipeline.reports.html import with_explanation
 from basemodel_pipeline.training.finetune import Shared, finetune_many, prepare
-from basemodel_pipeline.training.splits import epoch_seconds
 
 N, DAYS, START = 200, 112, dt.date(2024, 1, 1)
 runner = CliRunner()

@@ -11,8 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-from basemodel_pipeline.cache.store import DAY, ColumnInfo, EventCache, EventSource
+from basemodel_pipeline.cache.store import ColumnInfo, EventCache, EventSource
 from basemodel_pipeline.config.models import Scenario
+from basemodel_pipeline.dates import DAY
 from basemodel_pipeline.errors import ConfigError
 from basemodel_pipeline.scenarios.events import SourceEvents
 from basemodel_pipeline.scenarios.heads import Head

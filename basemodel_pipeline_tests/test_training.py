@@ -117,7 +117,8 @@ def test_activity_targets_match_a_direct_count(trained) -> None:
     import torch
 
     from basemodel_pipeline.cache.build import cache_dir
-    from basemodel_pipeline.cache.store import DAY, EventCache
+    from basemodel_pipeline.cache.store import EventCache
+    from basemodel_pipeline.dates import DAY
     from basemodel_pipeline.training.pretrain import ACTIVITY_DAYS, activity_targets, fit_encoder
 
     cfg, _ = trained

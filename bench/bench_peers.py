@@ -55,8 +55,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_foundation import MemorySampler  # noqa: E402
 
 from basemodel_pipeline.cache.build import cache_dir  # noqa: E402
-from basemodel_pipeline.cache.store import DAY, EventCache  # noqa: E402
+from basemodel_pipeline.cache.store import EventCache  # noqa: E402
 from basemodel_pipeline.config import load_config  # noqa: E402
+from basemodel_pipeline.dates import DAY  # noqa: E402
 from basemodel_pipeline.evaluation import metrics  # noqa: E402
 
 PARTS = ("ours", "lgbm", "coles")
@@ -180,9 +181,9 @@ def run_ours(cfg, names: list[str], sampler: MemorySampler, info: dict) -> dict:
 
 # ---- hand-crafted aggregates + LightGBM ------------------------------------------------------------
 def run_lgbm(cfg, cache: EventCache, names: list[str], sampler: MemorySampler, info: dict, seed: int) -> dict:
+    from basemodel_pipeline.dates import epoch_seconds
     from basemodel_pipeline.evaluation.aggregates import aggregate_features
     from basemodel_pipeline.inference.state import default_as_of
-    from basemodel_pipeline.training.splits import epoch_seconds
 
     arrays: dict = {}
     fitted = {}
@@ -354,9 +355,9 @@ def coles_states(seq_encoder, records: list[dict], take: list[np.ndarray]) -> li
 def run_coles(cfg, cache: EventCache, names: list[str], sampler: MemorySampler, info: dict, args) -> dict:
     import pytorch_lightning as pl
 
+    from basemodel_pipeline.dates import epoch_seconds
     from basemodel_pipeline.evaluation.probe import probe_scores
     from basemodel_pipeline.inference.state import default_as_of
-    from basemodel_pipeline.training.splits import epoch_seconds
 
     dp = cfg.data_params
     start_day = epoch_seconds(dp.data_start_date)

@@ -29,6 +29,7 @@ from basemodel_pipeline.cache import build as B
 from basemodel_pipeline.cache import plan as P
 from basemodel_pipeline.cache import versions
 from basemodel_pipeline.config import PipelineConfig
+from basemodel_pipeline.dates import iso_day
 from basemodel_pipeline.progress import Progress
 
 DAY_FILE = re.compile(r"^\d{4}-\d{2}-\d{2}\.parquet$")
@@ -149,9 +150,9 @@ def _write(
         events += n
         meta["n_events"] += n
         if ts_range:
-            meta["max_ts"], meta["max_date"] = ts_range[1], B.day(ts_range[1])
+            meta["max_ts"], meta["max_date"] = ts_range[1], iso_day(ts_range[1])
             if meta.get("min_ts") is None:
-                meta["min_ts"], meta["min_date"] = ts_range[0], B.day(ts_range[0])
+                meta["min_ts"], meta["min_date"] = ts_range[0], iso_day(ts_range[0])
         for c in plan.columns:
             if c.name in vocab:
                 meta["columns"][c.name]["vocab_size"] = vocab[c.name][1]

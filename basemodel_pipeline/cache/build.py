@@ -39,6 +39,7 @@ from basemodel_pipeline.cache.segment import write_segment
 from basemodel_pipeline.cache.view import active_segments, compact, existing_vocab, segment_dirs
 from basemodel_pipeline.config import PipelineConfig, data_fingerprint
 from basemodel_pipeline.config.models import DataSource
+from basemodel_pipeline.dates import iso_day
 from basemodel_pipeline.errors import DataError
 from basemodel_pipeline.progress import Progress
 from basemodel_pipeline.sources import damaged
@@ -263,18 +264,14 @@ def attribute_rels(cfg: PipelineConfig) -> dict[str, str]:
     return {s.name: P.parquet_rel([str(f) for f in extract_files(cfg, s)]) for s in cfg.sources("attribute")}
 
 
-def day(ts: int | None) -> str | None:
-    return None if ts is None else dt.datetime.fromtimestamp(ts, dt.UTC).date().isoformat()
-
-
 def source_meta(plan: P.SourcePlan, n: int, ts_range: tuple[int, int] | None, vocab: dict) -> dict[str, Any]:
     return {
         "n_events": n,
         "entity_column": plan.src.main_entity_column,
         "min_ts": ts_range[0] if ts_range else None,
         "max_ts": ts_range[1] if ts_range else None,
-        "min_date": day(ts_range[0]) if ts_range else None,
-        "max_date": day(ts_range[1]) if ts_range else None,
+        "min_date": iso_day(ts_range[0]) if ts_range else None,
+        "max_date": iso_day(ts_range[1]) if ts_range else None,
         "columns": {c.name: c.meta(vocab.get(c.name, (None, 0))[1]) for c in plan.columns},
     }
 

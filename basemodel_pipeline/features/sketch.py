@@ -22,7 +22,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from basemodel_pipeline.cache.store import DAY, EventCache, EventSource
+from basemodel_pipeline.cache.store import EventCache, EventSource
+from basemodel_pipeline.dates import DAY
 from basemodel_pipeline.evaluation.aggregates import aggregate_features_t, feature_names
 from basemodel_pipeline.features.cleora import cleora, incidence
 from basemodel_pipeline.features.dlsh import dlsh_table

@@ -49,8 +49,9 @@ import torch
 
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache.build import cache_dir
-from basemodel_pipeline.cache.store import DAY, EventCache, expand_ranges
+from basemodel_pipeline.cache.store import EventCache, expand_ranges
 from basemodel_pipeline.config import PipelineConfig, Scenario
+from basemodel_pipeline.dates import DAY, epoch_seconds
 from basemodel_pipeline.errors import UserError
 from basemodel_pipeline.features.names import (
     ATTRIBUTES,
@@ -63,7 +64,6 @@ from basemodel_pipeline.inference.predict import default_as_of, load_scenario
 from basemodel_pipeline.model.trunk import TrunkWithHead
 from basemodel_pipeline.scenarios.heads import Head
 from basemodel_pipeline.training import loop
-from basemodel_pipeline.training.splits import epoch_seconds
 
 DEFAULT_STEPS = 32
 DEFAULT_POPULATION = 2000

@@ -34,6 +34,7 @@ from basemodel_pipeline.cache.build import cache_dir
 from basemodel_pipeline.cache.history import provenance as cache_provenance
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import PipelineConfig, Scenario
+from basemodel_pipeline.dates import epoch_seconds
 from basemodel_pipeline.errors import UserError
 from basemodel_pipeline.evaluation import drift
 from basemodel_pipeline.evaluation.drift import RowSample
@@ -54,7 +55,6 @@ from basemodel_pipeline.scenarios.heads import Head
 from basemodel_pipeline.scenarios.inputs import Rows, RowView
 from basemodel_pipeline.scenarios.targets import TargetSpec
 from basemodel_pipeline.training import loop
-from basemodel_pipeline.training.splits import epoch_seconds
 
 MAX_LABELS_ALL = 100  # multilabel: write every class's score up to this many classes
 DEFAULT_TOP_K = 20

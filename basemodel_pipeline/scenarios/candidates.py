@@ -31,9 +31,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from basemodel_pipeline.cache.store import DAY
 from basemodel_pipeline.config import Scenario
 from basemodel_pipeline.config.models import BinaryTarget, PythonTarget, RegressionTarget
+from basemodel_pipeline.dates import DAY
 from basemodel_pipeline.evaluation import baselines, metrics
 from basemodel_pipeline.evaluation.gbm import GBM, fit_gbm
 from basemodel_pipeline.progress import NullProgress, Progress

@@ -22,12 +22,12 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from basemodel_pipeline.cache.store import DAY, EventCache
+from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config.models import PythonTarget, Scenario
+from basemodel_pipeline.dates import DAY, epoch_seconds
 from basemodel_pipeline.errors import ConfigError, DataError
 from basemodel_pipeline.scenarios.events import Events, SourceEvents, TargetContext
 from basemodel_pipeline.scenarios.targets import Examples, TargetSpec, _candidates
-from basemodel_pipeline.training.splits import epoch_seconds
 
 
 def load_function(scenario: Scenario) -> Callable[..., Any]:

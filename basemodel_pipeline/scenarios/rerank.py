@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from basemodel_pipeline.cache.store import DAY, EventCache
+from basemodel_pipeline.cache.store import EventCache
+from basemodel_pipeline.dates import DAY
 from basemodel_pipeline.evaluation.baselines import item_popularity
 from basemodel_pipeline.evaluation.gbm import fit_ranker
 from basemodel_pipeline.evaluation.probe import entity_folds

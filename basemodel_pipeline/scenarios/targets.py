@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from basemodel_pipeline.cache.store import DAY, EventCache, EventSource
+from basemodel_pipeline.cache.store import EventCache, EventSource
 from basemodel_pipeline.config.models import (
     BinaryTarget,
     MulticlassTarget,
@@ -22,6 +22,7 @@ from basemodel_pipeline.config.models import (
     RegressionTarget,
     Scenario,
 )
+from basemodel_pipeline.dates import DAY
 from basemodel_pipeline.errors import ConfigError
 from basemodel_pipeline.scenarios.events import filter_rows, vocab
 

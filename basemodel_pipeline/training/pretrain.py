@@ -25,9 +25,10 @@ from torch import nn
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache.build import cache_dir
 from basemodel_pipeline.cache.build import data_version as cache_data_version
-from basemodel_pipeline.cache.store import DAY, EventCache, expand_ranges_t
+from basemodel_pipeline.cache.store import EventCache, expand_ranges_t
 from basemodel_pipeline.cache.windows import windows_metadata
 from basemodel_pipeline.config import PipelineConfig
+from basemodel_pipeline.dates import DAY, epoch_seconds
 from basemodel_pipeline.errors import ConfigError
 from basemodel_pipeline.features.kernels import new_day, source_tensors
 from basemodel_pipeline.features.sketch import FeatureEncoder
@@ -36,7 +37,6 @@ from basemodel_pipeline.progress import NullProgress, Progress
 from basemodel_pipeline.training import loop, resume
 from basemodel_pipeline.training.calibrate import Sizes, calibrate
 from basemodel_pipeline.training.distributed import World, init_world, shutdown
-from basemodel_pipeline.training.splits import epoch_seconds
 from basemodel_pipeline.training.work import WorkCounter
 
 FIELD = "training_params.foundation"
