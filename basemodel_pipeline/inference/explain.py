@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from basemodel_pipeline import runtime
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache.build import cache_dir
 from basemodel_pipeline.cache.store import EventCache, expand_ranges
@@ -63,7 +64,6 @@ from basemodel_pipeline.features.sketch import ColumnPlan, FeatureEncoder
 from basemodel_pipeline.inference.predict import default_as_of, load_scenario
 from basemodel_pipeline.model.trunk import TrunkWithHead
 from basemodel_pipeline.scenarios.heads import Head
-from basemodel_pipeline.training import loop
 
 DEFAULT_STEPS = 32
 DEFAULT_POPULATION = 2000
@@ -493,7 +493,7 @@ def explain(
     training = m.model.training
     m.model.eval()
     try:
-        scores = m.head.scores(loop.predict(m.model, X, torch.device("cpu"), amp=None))
+        scores = m.head.scores(runtime.predict(m.model, X, torch.device("cpu"), amp=None))
         out = choose_output(m.head, label, scores if m.head.task in ("multiclass", "multilabel") else None)
         ex = Explainer(cache, m.enc)
         base = baseline_features(baseline, cache, m, entity, times)

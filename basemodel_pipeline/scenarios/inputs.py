@@ -21,9 +21,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from basemodel_pipeline import runtime
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.features.sketch import FeatureEncoder
-from basemodel_pipeline.training import loop
 
 
 class RowView:
@@ -100,10 +100,10 @@ class Rows:
     def _forward(self, key: str, module: nn.Module) -> np.ndarray:
         if key not in self.memo:
             if len(self) == 0:
-                probe = loop.predict(module, RowView(np.zeros((1, self.enc.dim), np.float32)), self.device)
+                probe = runtime.predict(module, RowView(np.zeros((1, self.enc.dim), np.float32)), self.device)
                 self.memo[key] = np.zeros((0, probe.shape[1]), np.float32)
             else:
-                self.memo[key] = loop.predict(module, self.X, self.device, amp=self.amp)
+                self.memo[key] = runtime.predict(module, self.X, self.device, amp=self.amp)
         return self.memo[key]
 
     def logits(self) -> np.ndarray:

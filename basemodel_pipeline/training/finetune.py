@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from basemodel_pipeline import runtime
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache.build import cache_dir
 from basemodel_pipeline.cache.build import data_version as cache_data_version
@@ -57,7 +58,6 @@ from basemodel_pipeline.scenarios.targets import (
     concat_examples,
     dense_labels,
 )
-from basemodel_pipeline.training import loop
 from basemodel_pipeline.training.splits import scenario_split_times
 from basemodel_pipeline.training.work import WorkCounter
 
@@ -96,7 +96,7 @@ class Shared:
             [np.concatenate([x.entity for x in examples]), np.concatenate([x.time for x in examples])], 1
         )
         self.keys = np.unique(pairs, axis=0)
-        device = loop.pick_device(self.cfg.training_params.foundation.device)  # the GPU featurises too
+        device = runtime.resolve_device(self.cfg.training_params.foundation.device)  # the GPU featurises too
         self.X = np.empty((len(self.keys), self.enc.dim), np.float32)  # filled block by block: one copy
         for a in range(0, len(self.keys), FEATURISE_BLOCK):
             k = self.keys[a : a + FEATURISE_BLOCK]
@@ -109,14 +109,14 @@ class Shared:
         if self.H is None:
             model = self.new_model(1).to(device)
             assert self.X is not None
-            self.H = loop.predict(model.trunk, self.X, device)
+            self.H = runtime.predict(model.trunk, self.X, device)
         return self.H
 
     def embeddings(self, device: torch.device) -> np.ndarray:
         if self.E is None:
             model = self.new_model(1).to(device)
             assert self.X is not None
-            self.E = loop.predict(_Embed(model), self.X, device)
+            self.E = runtime.predict(_Embed(model), self.X, device)
         return self.E
 
     def rows_of(self, ex: Examples, model: TrunkWithHead, mode: str) -> Rows:
@@ -124,10 +124,10 @@ class Shared:
         the network's outputs and the embeddings come from the shared trunk passes."""
         assert self.X is not None
         idx = self.rows(ex)
-        device = loop.pick_device(self.cfg.training_params.foundation.device)
+        device = runtime.resolve_device(self.cfg.training_params.foundation.device)
         rows = Rows(self.cache, self.enc, ex.entity, ex.time, RowView(self.X, idx), ex.labels, model, device)
         if mode == "frozen":
-            rows.memo["logits"] = loop.predict(model.head, self.trunk_outputs(device)[idx], device)
+            rows.memo["logits"] = runtime.predict(model.head, self.trunk_outputs(device)[idx], device)
             rows.memo["embedding"] = self.embeddings(device)[idx]
         return rows
 
@@ -307,8 +307,8 @@ def _train(
     epochs = fixed_epochs or scenario.epochs or p.epochs
     lr = scenario.learning_rate or p.learning_rate
     torch.manual_seed(p.seed)
-    loop.set_threads()
-    device = loop.pick_device(shared.cfg.training_params.foundation.device)
+    runtime.set_threads()
+    device = runtime.resolve_device(shared.cfg.training_params.foundation.device)
     head = Head(spec)
     model = shared.new_model(spec.out_dim)
     head.init_bias(model.head, ex["train"].labels)
@@ -348,7 +348,7 @@ def _train(
     for epoch in range(epochs):
         net.train()
         total, started = 0.0, time.perf_counter()
-        for idx in loop.batches(n, p.batch_size, rng):
+        for idx in runtime.batches(n, p.batch_size, rng):
             xb = torch.from_numpy(inputs[rows["train"][idx]]).to(device)
             yb = head.targets(ex["train"].labels, idx).to(device)
             loss = head.loss(net(xb).float(), yb)
@@ -363,7 +363,7 @@ def _train(
             sched.step()
             total += float(loss.detach()) * len(idx)
             progress.advance(f"finetune {scenario.name}", 1, loss=float(loss.detach()))
-        val_logits = loop.predict(net, inputs[rows["val"]], device)
+        val_logits = runtime.predict(net, inputs[rows["val"]], device)
         val_metric = float(
             metrics.primary_metric(scenario.task, val_truth, _network_outputs(head, val_logits))
         )
@@ -458,7 +458,7 @@ def _finish(
     work["train_examples_per_s"] = round(len(parts["train"]) * len(history) / max(timing["train_s"], 1e-9), 1)
     ctx = Context(scenario, spec, head, cfg.training_params.finetune.seed, progress)
     mode = scenario.mode or cfg.training_params.finetune.mode
-    model.to(loop.pick_device(cfg.training_params.foundation.device))
+    model.to(runtime.resolve_device(cfg.training_params.foundation.device))
     rows = {k: shared.rows_of(v, model, mode) for k, v in {**parts, "test": ex["test"]}.items()}
     candidates = candidate_models(ctx, scenario.candidates)
     if task == "recommendation":
@@ -692,7 +692,7 @@ def _refit(
         model = _train(
             shared, scenario, spec, {"train": everything, "val": parts["select"]}, progress, epochs
         )[0]
-        model.to(loop.pick_device(shared.cfg.training_params.foundation.device))
+        model.to(runtime.resolve_device(shared.cfg.training_params.foundation.device))
     # the re-ranker learns from validation windows only (rerank.Reranker.fit): all of them now
     windows = concat_examples(labelled[1:]) if scenario.task == "recommendation" else everything
     progress.log(f"{scenario.name}: refitting {type(published).__name__} on {len(windows):,} examples")

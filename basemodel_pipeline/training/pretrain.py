@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from basemodel_pipeline import runtime
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache.build import cache_dir
 from basemodel_pipeline.cache.build import data_version as cache_data_version
@@ -250,9 +251,9 @@ def pretrain(cfg: PipelineConfig, progress: Progress) -> dict[str, Any]:
     lo, hi, val_times = _windows(cfg)
     started = time.perf_counter()
     torch.manual_seed(p.seed)
-    loop.set_threads()
-    world = init_world(loop.pick_device(p.device))
-    device = world.device(loop.pick_device(p.device))
+    runtime.set_threads()
+    world = init_world(runtime.resolve_device(p.device))
+    device = world.device(runtime.resolve_device(p.device))
     if not world.main:
         progress = NullProgress()  # rank 0 reports
     try:
@@ -444,7 +445,7 @@ def _end_epoch(run, kept, epoch, model, loss_fn, Xv, Yv, device, sizes: Sizes, p
     """Validation loss, history, best weights; reset the per-epoch counters."""
     train_loss = run["loss_sum"] / max(run["loss_count"], 1)
     with torch.no_grad():
-        out = torch.from_numpy(loop.predict(model, Xv, device, amp=sizes.amp_dtype))
+        out = torch.from_numpy(runtime.predict(model, Xv, device, amp=sizes.amp_dtype))
         val_loss = float(loss_fn(out, Yv.cpu()))
     run["history"].append({"epoch": epoch + 1, "train_loss": train_loss, "val_loss": val_loss})
     progress.log(f"epoch {epoch + 1}: train_loss={train_loss:.4f} val_loss={val_loss:.4f}")
