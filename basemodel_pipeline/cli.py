@@ -74,7 +74,7 @@ def user_errors() -> Iterator[None]:
 
 
 def metadata_table(title: str, meta: Mapping[str, Any]) -> Table:
-    from basemodel_pipeline.jobs._common import flatten_metadata
+    from basemodel_pipeline.metadata import flatten_metadata
 
     table = Table(title=title, title_justify="left")
     table.add_column("field", style="cyan")
