@@ -106,7 +106,7 @@ def validate(config: ConfigArg) -> None:
     with user_errors():
         cfg = load_config(config)
         try:
-            from basemodel_pipeline.config.data_checks import check_config_against_data
+            from basemodel_pipeline.sources.data_checks import check_config_against_data
         except ImportError:
             check_config_against_data = None
         if check_config_against_data is not None:
@@ -206,7 +206,7 @@ def data_report(config: ConfigArg) -> None:
 @app.command("cache-info")
 def cache_info(config: ConfigArg) -> None:
     """Sizing report of the cache: bytes vs source bytes, entities, events, dates, recommended working volume."""
-    from basemodel_pipeline.sources.volume import cache_sizing
+    from basemodel_pipeline.cache.sizing import cache_sizing
 
     with user_errors():
         info = cache_sizing(load_config(config))

@@ -20,7 +20,6 @@ import yaml
 from typer.testing import CliRunner
 
 from basemodel_pipeline import workspace as ws
-from basemodel_pipeline.cache.build import cache_dir
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.cli import app
 from basemodel_pipeline.config import load_config
@@ -46,6 +45,7 @@ from basemodel_pipeline.pipeline import run_cache, run_extract, run_pretrain
 from basemodel_pipeline.progress import NullProgress
 from basemodel_pipeline.reports.html import with_explanation
 from basemodel_pipeline.training.finetune import Shared, finetune_many, prepare
+from basemodel_pipeline.workspace import cache_dir
 
 N, DAYS, START = 200, 112, dt.date(2024, 1, 1)
 runner = CliRunner()

@@ -266,10 +266,10 @@ def test_multiclass_and_regression_outputs(world) -> None:
 
 
 def _test_examples(cfg, name: str):
-    from basemodel_pipeline.cache.build import cache_dir
     from basemodel_pipeline.cache.store import EventCache
     from basemodel_pipeline.features.sketch import FeatureEncoder
     from basemodel_pipeline.training.finetune import Shared, prepare
+    from basemodel_pipeline.workspace import cache_dir
 
     cache = EventCache(cache_dir(cfg))
     foundation = ws.latest_foundation_dir(cfg)
@@ -313,8 +313,8 @@ def test_only_new_items_are_never_items_the_entity_had(world) -> None:
     # nothing of their own may be recommended: "repeat" falls back to the popular items they never had
     assert m["test"]["repeat_purchases"] == m["test"]["popularity"]
     table = pq.read_table(run_predict(cfg, "new_products")["path"]).to_pandas()
-    from basemodel_pipeline.cache.build import cache_dir
     from basemodel_pipeline.cache.store import EventCache
+    from basemodel_pipeline.workspace import cache_dir
 
     cache = EventCache(cache_dir(cfg))
     src = cache.source("transactions")

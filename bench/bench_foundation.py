@@ -28,13 +28,13 @@ import yaml
 
 from basemodel_pipeline import pipeline
 from basemodel_pipeline import workspace as ws
-from basemodel_pipeline.cache.build import cache_dir
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.config.params import FoundationParams
 from basemodel_pipeline.features.sketch import FeatureEncoder
 from basemodel_pipeline.model.checkpoint import load_checkpoint
 from basemodel_pipeline.runtime import resolve_device
+from basemodel_pipeline.workspace import cache_dir
 
 REFERENCE_INFERENCE_ENTITIES_PER_S = 2_718  # BaseModel: per GPU
 

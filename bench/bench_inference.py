@@ -41,7 +41,6 @@ from basemodel_pipeline import (
     runtime,  # noqa: E402
 )
 from basemodel_pipeline import workspace as ws  # noqa: E402
-from basemodel_pipeline.cache.build import cache_dir  # noqa: E402
 from basemodel_pipeline.cache.store import EventCache  # noqa: E402
 from basemodel_pipeline.config import load_config  # noqa: E402
 from basemodel_pipeline.evaluation.metrics import primary_metric  # noqa: E402
@@ -50,6 +49,7 @@ from basemodel_pipeline.inference.predict import Scorer, default_as_of  # noqa: 
 from basemodel_pipeline.inference.state import ensure_state  # noqa: E402
 from basemodel_pipeline.scenarios.targets import build_examples, choose_classes  # noqa: E402
 from basemodel_pipeline.training.splits import scenario_split_times  # noqa: E402
+from basemodel_pipeline.workspace import cache_dir  # noqa: E402
 
 REFERENCE_INFERENCE_ENTITIES_PER_S = 2_718  # BaseModel: clients/s per GPU
 RESULTS = Path(__file__).parent / "results"

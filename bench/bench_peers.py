@@ -54,11 +54,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_foundation import MemorySampler  # noqa: E402
 
-from basemodel_pipeline.cache.build import cache_dir  # noqa: E402
 from basemodel_pipeline.cache.store import EventCache  # noqa: E402
 from basemodel_pipeline.config import load_config  # noqa: E402
 from basemodel_pipeline.dates import DAY  # noqa: E402
 from basemodel_pipeline.evaluation import metrics  # noqa: E402
+from basemodel_pipeline.workspace import cache_dir  # noqa: E402
 
 PARTS = ("ours", "lgbm", "coles")
 SCENARIOS = ("churn", "department_propensity")

@@ -20,7 +20,6 @@ import torch
 
 from basemodel_pipeline import runtime
 from basemodel_pipeline import workspace as ws
-from basemodel_pipeline.cache.build import cache_dir
 from basemodel_pipeline.cache.history import provenance as cache_provenance
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import PipelineConfig
@@ -31,6 +30,7 @@ from basemodel_pipeline.inference.predict import CHUNK, entity_features, feature
 from basemodel_pipeline.inference.state import default_as_of
 from basemodel_pipeline.model.checkpoint import load_checkpoint
 from basemodel_pipeline.progress import Progress
+from basemodel_pipeline.workspace import cache_dir
 
 
 @torch.no_grad()

@@ -49,7 +49,6 @@ import torch
 
 from basemodel_pipeline import runtime
 from basemodel_pipeline import workspace as ws
-from basemodel_pipeline.cache.build import cache_dir
 from basemodel_pipeline.cache.store import EventCache, expand_ranges
 from basemodel_pipeline.config import PipelineConfig, Scenario
 from basemodel_pipeline.dates import DAY, epoch_seconds
@@ -64,6 +63,7 @@ from basemodel_pipeline.features.sketch import ColumnPlan, FeatureEncoder
 from basemodel_pipeline.inference.predict import default_as_of, load_scenario
 from basemodel_pipeline.model.trunk import TrunkWithHead
 from basemodel_pipeline.scenarios.heads import Head
+from basemodel_pipeline.workspace import cache_dir
 
 DEFAULT_STEPS = 32
 DEFAULT_POPULATION = 2000

@@ -31,7 +31,6 @@ import torch
 
 from basemodel_pipeline import runtime
 from basemodel_pipeline import workspace as ws
-from basemodel_pipeline.cache.build import cache_dir
 from basemodel_pipeline.cache.history import provenance as cache_provenance
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import PipelineConfig, Scenario
@@ -55,6 +54,7 @@ from basemodel_pipeline.scenarios.candidates import Candidate, Context, load_can
 from basemodel_pipeline.scenarios.heads import Head
 from basemodel_pipeline.scenarios.inputs import Rows, RowView
 from basemodel_pipeline.scenarios.targets import TargetSpec
+from basemodel_pipeline.workspace import cache_dir
 
 MAX_LABELS_ALL = 100  # multilabel: write every class's score up to this many classes
 DEFAULT_TOP_K = 20

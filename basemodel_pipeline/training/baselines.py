@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from basemodel_pipeline.cache.build import data_version as cache_data_version
+from basemodel_pipeline.cache.versions import data_version as cache_data_version
 from basemodel_pipeline.config import PipelineConfig, Scenario
 from basemodel_pipeline.progress import Progress
 from basemodel_pipeline.scenarios import staging

@@ -23,9 +23,8 @@ from torch import nn
 
 from basemodel_pipeline import runtime
 from basemodel_pipeline import workspace as ws
-from basemodel_pipeline.cache.build import cache_dir
-from basemodel_pipeline.cache.build import data_version as cache_data_version
 from basemodel_pipeline.cache.store import EventCache
+from basemodel_pipeline.cache.versions import data_version as cache_data_version
 from basemodel_pipeline.cache.windows import windows_metadata
 from basemodel_pipeline.config import PipelineConfig, Scenario
 from basemodel_pipeline.config.models import PythonTarget
@@ -60,6 +59,7 @@ from basemodel_pipeline.scenarios.targets import (
 )
 from basemodel_pipeline.training.splits import scenario_split_times
 from basemodel_pipeline.training.work import WorkCounter
+from basemodel_pipeline.workspace import cache_dir
 
 SMALL_ENTITIES = 1000  # fewer entities: the "small" data regime (data_regime)
 HURDLE_ZERO_SHARE = 0.1  # regression: a non-negative target zero in at least this share of rows -> hurdle

@@ -24,9 +24,8 @@ from torch import nn
 
 from basemodel_pipeline import runtime
 from basemodel_pipeline import workspace as ws
-from basemodel_pipeline.cache.build import cache_dir
-from basemodel_pipeline.cache.build import data_version as cache_data_version
 from basemodel_pipeline.cache.store import EventCache, expand_ranges_t
+from basemodel_pipeline.cache.versions import data_version as cache_data_version
 from basemodel_pipeline.cache.windows import windows_metadata
 from basemodel_pipeline.config import PipelineConfig
 from basemodel_pipeline.dates import DAY, epoch_seconds
@@ -39,6 +38,7 @@ from basemodel_pipeline.training import loop, resume
 from basemodel_pipeline.training.calibrate import Sizes, calibrate
 from basemodel_pipeline.training.distributed import World, init_world, shutdown
 from basemodel_pipeline.training.work import WorkCounter
+from basemodel_pipeline.workspace import cache_dir
 
 FIELD = "training_params.foundation"
 ACTIVITY_DAYS = (7, 14)  # "any event within N days" targets besides the horizon
