@@ -106,7 +106,7 @@ def head_only_scenario(cfg, name: str) -> dict:  # noqa: ANN001
     """A binary scenario checkpoint of the production shape (the foundation trunk + a fresh 1-output head),
     published without training: scoring speed depends on the model's shape, not on its weights."""
     from basemodel_pipeline.model.checkpoint import build_model, load_checkpoint, publish_checkpoint
-    from basemodel_pipeline.scenarios.targets import TargetSpec
+    from basemodel_pipeline.scenarios.examples import TargetSpec
 
     foundation, fmeta = load_checkpoint(ws.latest_foundation_dir(cfg))
     model = build_model({**fmeta["arch"], "out_dim": 1})

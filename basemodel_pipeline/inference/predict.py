@@ -50,10 +50,11 @@ from basemodel_pipeline.inference.state import (
 )
 from basemodel_pipeline.model.checkpoint import load_checkpoint
 from basemodel_pipeline.progress import Progress
-from basemodel_pipeline.scenarios.candidates import Candidate, Context, load_candidate
+from basemodel_pipeline.scenarios.candidates import Candidate, Context
+from basemodel_pipeline.scenarios.examples import TargetSpec
 from basemodel_pipeline.scenarios.heads import Head
 from basemodel_pipeline.scenarios.inputs import Rows, RowView
-from basemodel_pipeline.scenarios.targets import TargetSpec
+from basemodel_pipeline.scenarios.loading import load_candidate
 from basemodel_pipeline.workspace import cache_dir
 
 MAX_LABELS_ALL = 100  # multilabel: write every class's score up to this many classes

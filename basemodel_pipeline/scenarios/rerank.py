@@ -34,8 +34,8 @@ from basemodel_pipeline.evaluation.baselines import item_popularity
 from basemodel_pipeline.evaluation.gbm import fit_ranker
 from basemodel_pipeline.evaluation.probe import entity_folds
 from basemodel_pipeline.scenarios.candidates import Context
+from basemodel_pipeline.scenarios.examples import SparseLabels
 from basemodel_pipeline.scenarios.inputs import Rows
-from basemodel_pipeline.scenarios.targets import SparseLabels
 
 RANKED_ITEMS = 100  # items ranked per entity for the metrics (MRR over this list)
 POOL_HISTORY = 50  # pool: the entity's own items (by decayed count)

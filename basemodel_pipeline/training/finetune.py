@@ -37,6 +37,13 @@ from basemodel_pipeline.model.trunk import TrunkWithHead
 from basemodel_pipeline.progress import Progress
 from basemodel_pipeline.scenarios import staging
 from basemodel_pipeline.scenarios.candidates import Blend, Candidate, Context, LightGBM, Neural, Popularity
+from basemodel_pipeline.scenarios.examples import (
+    Examples,
+    SparseLabels,
+    TargetSpec,
+    concat_examples,
+    dense_labels,
+)
 from basemodel_pipeline.scenarios.heads import REPEAT_HALF_LIFE_DAYS, REPEAT_WEIGHTS, Head
 from basemodel_pipeline.scenarios.inputs import Rows, RowView, _Embed
 from basemodel_pipeline.scenarios.lora import add_lora, merge_lora
@@ -48,15 +55,7 @@ from basemodel_pipeline.scenarios.rerank import (
     Reranker,
 )
 from basemodel_pipeline.scenarios.selection import Selection, choose, primary, split_validation
-from basemodel_pipeline.scenarios.targets import (
-    Examples,
-    SparseLabels,
-    TargetSpec,
-    build_examples,
-    choose_classes,
-    concat_examples,
-    dense_labels,
-)
+from basemodel_pipeline.scenarios.targets import build_examples, choose_classes
 from basemodel_pipeline.training.splits import scenario_split_times
 from basemodel_pipeline.training.work import WorkCounter
 from basemodel_pipeline.workspace import cache_dir
