@@ -66,9 +66,6 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
 
 # Known violations not removed yet: "importer -> imported": why it is still there. The list only shrinks.
 ALLOWED: dict[str, str] = {
-    # features built from evaluation's aggregates
-    "features.names -> evaluation.aggregates": "aggregate features live in evaluation/; they move to features/",
-    "features.sketch -> evaluation.aggregates": "aggregate features live in evaluation/; they move to features/",
     # explanations render into the report
     "inference.explain -> reports.html": "explanations render their HTML section with the report's helpers",
     # training/finetune.py and training/baselines.py compose the scenario stage (composition: pipeline.py)

@@ -17,7 +17,7 @@ test window's rows; the parts' test (entity, time) keys and labels are checked e
 
   ours   foundation pretrain + fine-tune of the scenarios (one featurisation pass, every candidate, selection,
          report; the published model is what is compared) + ``run_predict`` of every entity.
-  lgbm   hand-crafted aggregates (evaluation/aggregates.py) of every example + the pipeline's LightGBM
+  lgbm   hand-crafted aggregates (features/aggregates.py) of every example + the pipeline's LightGBM
          baseline candidate fitted on them (same code as ``lightgbm_aggregates``) + aggregates and scores of
          every entity as of the day after the last event.
   coles  CoLES from ptls with its documented recipe for transaction data (ptls demo/coles-emb: TrxEncoder with
@@ -182,7 +182,7 @@ def run_ours(cfg, names: list[str], sampler: MemorySampler, info: dict) -> dict:
 # ---- hand-crafted aggregates + LightGBM ------------------------------------------------------------
 def run_lgbm(cfg, cache: EventCache, names: list[str], sampler: MemorySampler, info: dict, seed: int) -> dict:
     from basemodel_pipeline.dates import epoch_seconds
-    from basemodel_pipeline.evaluation.aggregates import aggregate_features
+    from basemodel_pipeline.features.aggregates import aggregate_features
     from basemodel_pipeline.inference.state import default_as_of
 
     arrays: dict = {}

@@ -38,7 +38,6 @@ import torch
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import load_config
-from basemodel_pipeline.evaluation.aggregates import aggregate_features
 from basemodel_pipeline.evaluation.probe import (
     cross_fitted_scores,
     entity_folds,
@@ -46,6 +45,7 @@ from basemodel_pipeline.evaluation.probe import (
     paired_bootstrap,
     probe_scores,
 )
+from basemodel_pipeline.features.aggregates import aggregate_features
 from basemodel_pipeline.features.sketch import FeatureEncoder
 from basemodel_pipeline.model.checkpoint import load_checkpoint
 from basemodel_pipeline.scenarios.examples import Examples

@@ -45,7 +45,7 @@ from basemodel_pipeline.cache.history import history_version
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.cache.versions import data_version
 from basemodel_pipeline.dates import epoch_seconds
-from basemodel_pipeline.evaluation.aggregates import advance_sums, all_history_totals, window_totals
+from basemodel_pipeline.features.aggregates import advance_sums, all_history_totals, window_totals
 from basemodel_pipeline.features.kernels import (
     decayed_sums,
     expand_ranges_t,

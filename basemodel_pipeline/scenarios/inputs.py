@@ -119,7 +119,7 @@ class Rows:
             if self.enc.aggregate_dim:
                 self.memo["tabular"] = tabular_from_features(self.enc, self.X)
             else:
-                from basemodel_pipeline.evaluation.aggregates import aggregate_features
+                from basemodel_pipeline.features.aggregates import aggregate_features
 
                 self.memo["tabular"] = aggregate_features(self.cache, self.entity, self.time)[0]
         return self.memo["tabular"]
