@@ -383,7 +383,7 @@ def explain(
     steps: Annotated[int, typer.Option("--steps", help="Integrated-gradients quadrature steps.", min=2)] = 32,
 ) -> None:
     """Integrated-gradients attributions of a scenario's output per source, column and value (docs/explain.md)."""
-    from basemodel_pipeline.inference.explain import run_explain
+    from basemodel_pipeline.reports.explanations import run_explain
 
     date = _as_of(as_of)
     with user_errors():

@@ -29,20 +29,18 @@ from basemodel_pipeline.features.names import ATTRIBUTES, describe
 from basemodel_pipeline.features.sketch import FeatureEncoder
 from basemodel_pipeline.inference.explain import (
     OTHER_BUCKETS,
-    REPORT_POPULATION,
     Explainer,
     HashedValues,
     Model,
-    add_report_explanation,
     baseline_features,
     choose_output,
     explain,
     integrated_gradients,
-    run_explain,
 )
 from basemodel_pipeline.inference.predict import default_as_of
 from basemodel_pipeline.pipeline import run_cache, run_extract, run_pretrain
 from basemodel_pipeline.progress import NullProgress
+from basemodel_pipeline.reports.explanations import REPORT_POPULATION, add_report_explanation, run_explain
 from basemodel_pipeline.reports.html import with_explanation
 from basemodel_pipeline.training.finetune import Shared, finetune_many, prepare
 from basemodel_pipeline.workspace import cache_dir

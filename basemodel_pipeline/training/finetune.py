@@ -443,7 +443,7 @@ def _finish(
 ) -> dict[str, Any]:
     """Train the network, fit the other candidates, choose on validation, score the test window once,
     publish the checkpoint with the chosen candidate and write the report."""
-    from basemodel_pipeline.inference.explain import add_report_explanation
+    from basemodel_pipeline.reports.explanations import add_report_explanation
     from basemodel_pipeline.reports.html import scenario_report
 
     cfg, task = shared.cfg, scenario.task
