@@ -42,7 +42,8 @@ from basemodel_pipeline.pipeline import run_cache, run_extract, run_pretrain
 from basemodel_pipeline.progress import NullProgress
 from basemodel_pipeline.reports.explanations import REPORT_POPULATION, add_report_explanation, run_explain
 from basemodel_pipeline.reports.html import with_explanation
-from basemodel_pipeline.training.finetune import Shared, finetune_many, prepare
+from basemodel_pipeline.scenarios.finetune import finetune_many
+from basemodel_pipeline.scenarios.shared import Shared, prepare
 from basemodel_pipeline.workspace import cache_dir
 
 N, DAYS, START = 200, 112, dt.date(2024, 1, 1)
@@ -261,7 +262,7 @@ def test_population(world) -> None:
 
 
 def test_report_explanation_from_finetune_state(world) -> None:
-    """add_report_explanation works on what training/finetune._finish holds (Shared, model, head, test)."""
+    """add_report_explanation works on what scenarios/finetune._finish holds (Shared, model, head, test)."""
     _, cfg, _ = world
     cache = EventCache(cache_dir(cfg))
     foundation = ws.latest_foundation_dir(cfg)

@@ -18,8 +18,8 @@ from basemodel_pipeline.config import load_config
 from basemodel_pipeline.errors import ConfigError
 from basemodel_pipeline.pipeline import run_cache, run_extract, run_pretrain
 from basemodel_pipeline.progress import NullProgress
+from basemodel_pipeline.scenarios.finetune import finetune
 from basemodel_pipeline.sources.data_checks import check_config_against_data
-from basemodel_pipeline.training.finetune import finetune
 from basemodel_pipeline.workspace import cache_dir
 
 TAGS = {"GROCERY": ["food", "daily"], "PRODUCE": ["food", "fresh"], "MEAT": ["food", "fresh", "protein"]}

@@ -11,7 +11,7 @@ project's ``.venv`` does not hold ptls; ``--parts ours,lgbm`` runs there.
 Each peer runs in its own process (``--run-part``), so its peak memory is its own (MemorySampler of
 bench/bench_foundation.py: resident and anonymous memory sampled every 0.2 s), after the shared extract and
 event cache (timed apart and charged to nobody). Every part builds the scenarios' examples with the
-pipeline's own code (training/finetune.py ``prepare``: the weekly split points, labels, caps), so every peer
+pipeline's own code (scenarios/shared.py ``prepare``: the weekly split points, labels, caps), so every peer
 fits on the training windows, early-stops on the validation half ``stop`` (split_parts) and is scored on the
 test window's rows; the parts' test (entity, time) keys and labels are checked equal before any comparison.
 
@@ -94,7 +94,7 @@ def load() -> list[float]:
 # ---- examples: the pipeline's own split and labels -------------------------------------------------
 def scenario_examples(cfg, cache: EventCache, name: str):
     """(scenario, spec, {train, stop, select, test} Examples) exactly as fine-tuning builds them."""
-    from basemodel_pipeline.training.finetune import prepare, split_parts
+    from basemodel_pipeline.scenarios.shared import prepare, split_parts
 
     sc = cfg.scenario(name)
     spec, ex = prepare(SimpleNamespace(cfg=cfg, cache=cache, available={}), sc)
@@ -142,7 +142,7 @@ def _keys(arrays: dict, cfg, cache: EventCache, names: list[str]) -> dict:
 def run_ours(cfg, names: list[str], sampler: MemorySampler, info: dict) -> dict:
     from basemodel_pipeline.cache.windows import resolve_windows
     from basemodel_pipeline.pipeline import run_predict, run_pretrain
-    from basemodel_pipeline.training.finetune import finetune_many
+    from basemodel_pipeline.scenarios.finetune import finetune_many
 
     stage = sampler.timed
     pre = stage("pretrain_s", lambda: run_pretrain(cfg, Log()))

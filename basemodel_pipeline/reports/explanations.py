@@ -90,10 +90,10 @@ def run_explain(
 def add_report_explanation(
     extra: dict[str, str], shared: Any, model: TrunkWithHead, head: Head, test: Any
 ) -> None:
-    """For training/finetune._finish: explain up to REPORT_POPULATION test examples (population, mean
+    """For scenarios/finetune._finish: explain up to REPORT_POPULATION test examples (population, mean
     baseline), add the section to extra["report.html"] and the JSON as extra["explanation.json"].
 
-    shared: finetune.Shared (cache, enc, X, rows()); test: the test Examples. Recommendation: nothing."""
+    shared: scenarios.shared.Shared (cache, enc, X, rows()); test: the test Examples. Recommendation: nothing."""
     if head.task not in TASKS or len(test) == 0:
         return
     pick = sample_entities(len(test), REPORT_POPULATION)

@@ -11,7 +11,7 @@ A scenario fits several candidates on its training windows, compares them on val
     save() -> (meta, files)        JSON-able meta and files (LightGBM model text, safetensors): no pickle
     load_candidate(meta, files, ctx)  the inverse, given the scenario context (scenarios/loading.py)
 
-    neural               the fine-tuned network's head (trained in training/finetune.py)
+    neural               the fine-tuned network's head (trained in scenarios/finetune.py)
     lightgbm_hybrid      LightGBM on the automatic aggregates + the foundation embedding (PCA, 32 dims)
     lightgbm_aggregates  baseline: LightGBM on the automatic aggregates alone
     popularity           baseline: recent activity (binary), recent shares of each class, the same quantity
@@ -86,7 +86,7 @@ def labels_of(ctx: Context, rows: Rows) -> np.ndarray:
 
 # ---- neural ----------------------------------------------------------------------------------------
 class Neural:
-    """The scenario network's outputs (its training lives in training/finetune.py)."""
+    """The scenario network's outputs (its training lives in scenarios/finetune.py)."""
 
     name = "neural"
 
@@ -100,7 +100,7 @@ class Neural:
         return self.ctx.head.scores(rows.logits())
 
     def refit(self, rows: Rows) -> None:
-        pass  # the network is trained again by training/finetune.py (it owns the training loop)
+        pass  # the network is trained again by scenarios/finetune.py (it owns the training loop)
 
     def save(self) -> tuple[dict[str, Any], dict[str, bytes]]:
         return {"kind": "neural"}, {}

@@ -2,7 +2,7 @@
 scenarios/candidates.py. Their outputs are ranked item lists ``(items [n, K], scores [n, K])``.
 
     neural             the network's scores of the whole catalogue (+ the entity's own history, weighted on
-                       the early-stopping rows: training/finetune.py)
+                       the early-stopping rows: scenarios/finetune.py)
     repeat_purchases   baseline: the entity's own past items by time-decayed count, popular items after them
     popularity         baseline: the items most bought by everyone in the 28 days before the split
     reranker           a candidate pool per entity, re-ranked by LightGBM LambdaRank:
@@ -470,7 +470,7 @@ class RecommendPopularity(_Untrained):
         return ranked(pool, s.astype(np.float64), len(rows), k, pops, rows.time, exclude)
 
 
-class NeuralRanking:  # the network's refit lives in training/finetune.py
+class NeuralRanking:  # the network's refit lives in scenarios/finetune.py
     """The network's catalogue scores plus weight x log1p(decayed count) of the entity's own items (the weight
     chosen on the early-stopping rows; 0 = the network alone). ``items: new`` removes the own items."""
 

@@ -17,7 +17,7 @@ from basemodel_pipeline.progress import Progress
 from basemodel_pipeline.scenarios import staging
 from basemodel_pipeline.scenarios.candidates import Context
 from basemodel_pipeline.scenarios.heads import REPEAT_HALF_LIFE_DAYS, Head
-from basemodel_pipeline.training.finetune import candidate_models, open_shared, prepare, split_parts
+from basemodel_pipeline.scenarios.shared import candidate_models, open_shared, prepare, split_parts
 
 
 def run_baselines(cfg: PipelineConfig, scenario: Scenario, progress: Progress) -> dict[str, Any]:
