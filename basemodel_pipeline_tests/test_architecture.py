@@ -205,6 +205,8 @@ def test_every_module_has_a_layer() -> None:
     )
     tops = [name for _, members in LAYERS for name in members]
     assert len(tops) == len(set(tops)), "a name in two layers"
+    gone = sorted(t for t in tops if t not in {m.split(".")[0] for m in modules()})
+    assert not gone, f"LAYERS names modules that no longer exist (remove them): {gone}"
 
 
 def test_imports_only_point_down() -> None:
