@@ -31,18 +31,11 @@ from basemodel_pipeline.model.trunk import TrunkWithHead
 from basemodel_pipeline.progress import Progress
 from basemodel_pipeline.scenarios import staging
 from basemodel_pipeline.scenarios.candidates import Blend, Candidate, Context, LightGBM, Neural
-from basemodel_pipeline.scenarios.examples import (
-    Examples,
-    TargetSpec,
-    concat_examples,
-)
+from basemodel_pipeline.scenarios.examples import Examples, TargetSpec, concat_examples
 from basemodel_pipeline.scenarios.heads import REPEAT_HALF_LIFE_DAYS, REPEAT_WEIGHTS
 from basemodel_pipeline.scenarios.inputs import Rows
 from basemodel_pipeline.scenarios.network import train_network
-from basemodel_pipeline.scenarios.rerank import (
-    NeuralRanking,
-    Reranker,
-)
+from basemodel_pipeline.scenarios.rerank import NeuralRanking, Reranker
 from basemodel_pipeline.scenarios.selection import Selection, choose, primary
 from basemodel_pipeline.scenarios.shared import (
     Shared,

@@ -15,15 +15,10 @@ from basemodel_pipeline.config import Scenario
 from basemodel_pipeline.evaluation import metrics
 from basemodel_pipeline.model.trunk import TrunkWithHead
 from basemodel_pipeline.progress import Progress
-from basemodel_pipeline.scenarios.examples import (
-    Examples,
-    TargetSpec,
-)
+from basemodel_pipeline.scenarios.examples import Examples, TargetSpec
 from basemodel_pipeline.scenarios.heads import Head
 from basemodel_pipeline.scenarios.lora import add_lora, merge_lora
-from basemodel_pipeline.scenarios.rerank import (
-    RANKED_ITEMS,
-)
+from basemodel_pipeline.scenarios.rerank import RANKED_ITEMS
 from basemodel_pipeline.scenarios.shared import Shared, metric_truth
 
 

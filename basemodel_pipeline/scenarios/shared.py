@@ -24,19 +24,9 @@ from basemodel_pipeline.model.trunk import TrunkWithHead
 from basemodel_pipeline.progress import Progress
 from basemodel_pipeline.scenarios import staging
 from basemodel_pipeline.scenarios.candidates import Candidate, Context, LightGBM, Neural, Popularity
-from basemodel_pipeline.scenarios.examples import (
-    Examples,
-    SparseLabels,
-    TargetSpec,
-    dense_labels,
-)
+from basemodel_pipeline.scenarios.examples import Examples, SparseLabels, TargetSpec, dense_labels
 from basemodel_pipeline.scenarios.inputs import Rows, RowView, _Embed
-from basemodel_pipeline.scenarios.rerank import (
-    NeuralRanking,
-    RecommendPopularity,
-    RepeatPurchases,
-    Reranker,
-)
+from basemodel_pipeline.scenarios.rerank import NeuralRanking, RecommendPopularity, RepeatPurchases, Reranker
 from basemodel_pipeline.scenarios.selection import split_validation
 from basemodel_pipeline.scenarios.targets import build_examples, choose_classes
 from basemodel_pipeline.training.splits import scenario_split_times

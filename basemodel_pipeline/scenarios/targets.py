@@ -23,12 +23,7 @@ from basemodel_pipeline.config.models import (
 from basemodel_pipeline.dates import DAY
 from basemodel_pipeline.errors import ConfigError
 from basemodel_pipeline.scenarios.events import filter_rows, vocab
-from basemodel_pipeline.scenarios.examples import (
-    Examples,
-    SparseLabels,
-    TargetSpec,
-    candidate_pairs,
-)
+from basemodel_pipeline.scenarios.examples import Examples, SparseLabels, TargetSpec, candidate_pairs
 from basemodel_pipeline.scenarios.python_target import python_examples
 
 SPARSE_FROM_CLASSES = 512  # multilabel targets with more classes keep their labels sparse
