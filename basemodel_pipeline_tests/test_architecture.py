@@ -18,10 +18,8 @@ from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
 
-import basemodel_pipeline
-
 PACKAGE = "basemodel_pipeline"
-ROOT = Path(basemodel_pipeline.__file__).parent
+ROOT = Path(__file__).resolve().parents[1] / PACKAGE  # the source tree beside the tests, installed or not
 
 # Bottom to top. Names are the first component below basemodel_pipeline ("" is the package's __init__).
 # A module at the root sits in the lowest layer that fits what it imports.
