@@ -22,11 +22,11 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from basemodel_pipeline.metadata import SECRET_KEY
+
 MAX_REASON = 300
 LOGGER = logging.getLogger("basemodel_pipeline.alerts")
-SECRET_NAME = re.compile(
-    r"pass(word|wd)?|secret|token|credential|private|api[_-]?key|access[_-]?key|webhook", re.I
-)
+SECRET_NAME = re.compile(SECRET_KEY.pattern + "|webhook", re.I)  # the metadata's secret keys, and the webhook
 URL_CREDENTIALS = re.compile(r"(?<=://)[^/\s:@]+:[^/\s@]+@")
 
 

@@ -74,7 +74,7 @@ def user_errors() -> Iterator[None]:
 
 
 def metadata_table(title: str, meta: Mapping[str, Any]) -> Table:
-    from basemodel_pipeline.jobs._common import flatten_metadata
+    from basemodel_pipeline.metadata import flatten_metadata
 
     table = Table(title=title, title_justify="left")
     table.add_column("field", style="cyan")
@@ -106,7 +106,7 @@ def validate(config: ConfigArg) -> None:
     with user_errors():
         cfg = load_config(config)
         try:
-            from basemodel_pipeline.config.data_checks import check_config_against_data
+            from basemodel_pipeline.sources.data_checks import check_config_against_data
         except ImportError:
             check_config_against_data = None
         if check_config_against_data is not None:
@@ -206,7 +206,7 @@ def data_report(config: ConfigArg) -> None:
 @app.command("cache-info")
 def cache_info(config: ConfigArg) -> None:
     """Sizing report of the cache: bytes vs source bytes, entities, events, dates, recommended working volume."""
-    from basemodel_pipeline.sources.volume import cache_sizing
+    from basemodel_pipeline.cache.sizing import cache_sizing
 
     with user_errors():
         info = cache_sizing(load_config(config))
@@ -383,7 +383,7 @@ def explain(
     steps: Annotated[int, typer.Option("--steps", help="Integrated-gradients quadrature steps.", min=2)] = 32,
 ) -> None:
     """Integrated-gradients attributions of a scenario's output per source, column and value (docs/explain.md)."""
-    from basemodel_pipeline.inference.explain import run_explain
+    from basemodel_pipeline.reports.explanations import run_explain
 
     date = _as_of(as_of)
     with user_errors():

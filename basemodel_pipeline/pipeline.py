@@ -65,7 +65,7 @@ def run_pretrain(cfg: PipelineConfig, progress: Progress | None = None) -> dict[
 @guarded
 def run_finetune(cfg: PipelineConfig, scenario: str, progress: Progress | None = None) -> dict[str, Any]:
     """Fine-tune one scenario from the foundation checkpoint; evaluate it and the baselines on the test window."""
-    from basemodel_pipeline.training.finetune import finetune
+    from basemodel_pipeline.scenarios.finetune import finetune
 
     cfg = resolve_windows(cfg)
     return finetune(cfg, cfg.scenario(scenario), progress or NullProgress())
@@ -74,8 +74,8 @@ def run_finetune(cfg: PipelineConfig, scenario: str, progress: Progress | None =
 @guarded
 def run_baselines(cfg: PipelineConfig, scenario: str, progress: Progress | None = None) -> dict[str, Any]:
     """A scenario's CPU phase: fit its baselines (no network) and stage them for run_finetune, which then
-    reads them instead of fitting them (training/baselines.py). Returns {data_version, path, reused, ...}."""
-    from basemodel_pipeline.training.baselines import run_baselines as fit_and_stage
+    reads them instead of fitting them (scenarios/baselines.py). Returns {data_version, path, reused, ...}."""
+    from basemodel_pipeline.scenarios.baselines import run_baselines as fit_and_stage
 
     cfg = resolve_windows(cfg)
     return fit_and_stage(cfg, cfg.scenario(scenario), progress or NullProgress())
@@ -87,7 +87,7 @@ def run_finetune_many(
 ) -> dict[str, Any]:
     """Fine-tune several scenarios with one featurisation pass (each stops on its own validation metric).
     Returns {scenario: metadata} (a single scenario returns its metadata directly)."""
-    from basemodel_pipeline.training.finetune import finetune_many
+    from basemodel_pipeline.scenarios.finetune import finetune_many
 
     cfg = resolve_windows(cfg)
     out = finetune_many(cfg, [cfg.scenario(s) for s in scenarios], progress or NullProgress())

@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from basemodel_pipeline import workspace as ws
-from basemodel_pipeline.cache.build import cache_dir, read_manifest
 from basemodel_pipeline.cache.history import history_version
 from basemodel_pipeline.cache.integrity import first, manifest_problems
+from basemodel_pipeline.cache.versions import read_manifest
 from basemodel_pipeline.config import PipelineConfig
 from basemodel_pipeline.errors import UserError
 from basemodel_pipeline.model import checkpoint as ckpt
 from basemodel_pipeline.outputs import manifest as outputs_manifest
+from basemodel_pipeline.workspace import cache_dir
 
 MIB = 2**20
 

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from basemodel_pipeline.config import PipelineConfig
+from basemodel_pipeline.config import PipelineConfig, data_fingerprint
 from basemodel_pipeline.errors import UserError
 
 
@@ -46,6 +46,11 @@ def extracts_dir(cfg: PipelineConfig, source: str) -> Path:
 
 def cache_root(cfg: PipelineConfig) -> Path:
     return root(cfg) / "cache"
+
+
+def cache_dir(cfg: PipelineConfig) -> Path:
+    """The event cache of this config's data (a symlink to its current version, cache/versions.py)."""
+    return cache_root(cfg) / data_fingerprint(cfg)
 
 
 def foundation_root(cfg: PipelineConfig) -> Path:

@@ -13,12 +13,12 @@ import pytest
 from typer.testing import CliRunner
 
 from basemodel_pipeline import workspace as ws
-from basemodel_pipeline.cache.build import cache_dir
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.cli import app
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.errors import UserError
 from basemodel_pipeline.model.checkpoint import load_checkpoint
+from basemodel_pipeline.workspace import cache_dir
 
 runner = CliRunner()
 

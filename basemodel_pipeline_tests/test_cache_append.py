@@ -18,12 +18,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from basemodel_pipeline.cache.build import cache_dir
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.cache.versions import versions_dir
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.errors import UserError
 from basemodel_pipeline.pipeline import run_cache, run_extract
+from basemodel_pipeline.workspace import cache_dir
 
 
 def decoded(cache: EventCache) -> dict[str, dict[str, np.ndarray]]:

@@ -20,11 +20,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from basemodel_pipeline.cache import versions
-from basemodel_pipeline.cache.build import cache_dir
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import PipelineConfig, load_config
 from basemodel_pipeline.defs.cache.checks import manifest_problems
 from basemodel_pipeline.pipeline import run_cache, run_extract
+from basemodel_pipeline.workspace import cache_dir
 
 # A reader stage in miniature: open the cache, read every array, wait for the test's signal, read again,
 # this time also what EventCache reads lazily (entity ids, vocabularies), then let go of the cache.

@@ -237,8 +237,8 @@ def _predictions_root(cfg) -> Path:
 def test_two_predicts_of_one_scenario_at_once_both_publish(trained: Path, tmp_path: Path) -> None:
     """Process A pauses with its staging directory open; process B (another as-of date) runs to the end,
     cleaning stale temporaries on its way. A must still publish its table, and so must B."""
-    from basemodel_pipeline.cache.build import cache_dir
     from basemodel_pipeline.cache.store import EventCache
+    from basemodel_pipeline.workspace import cache_dir
 
     cfg = load_config(trained)
     cache = EventCache(cache_dir(cfg))

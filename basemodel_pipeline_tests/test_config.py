@@ -17,9 +17,10 @@ import pytest
 import yaml
 
 from basemodel_pipeline.config import load_config, parse_config
-from basemodel_pipeline.config.data_checks import check_config_against_data, read_parquet_sql, source_columns
 from basemodel_pipeline.demo import DEMO_CONFIG
 from basemodel_pipeline.errors import ConfigError, UserError
+from basemodel_pipeline.sources.data_checks import check_config_against_data, source_columns
+from basemodel_pipeline.sources.parquet import read_parquet_sql
 
 FAKE = Path("/configs/demo/config.yaml")
 Mutation = Callable[[dict[str, Any]], None]
@@ -566,9 +567,9 @@ def test_validate_refuses_entity_ids_that_are_integers_in_one_source_and_other_t
 
 def test_entity_ids_as_plain_integer_text_match_integers(tiny_config: Path) -> None:
     """The documented coercion: ids written as plain integer text ('42') match the integer 42."""
-    from basemodel_pipeline.cache.build import cache_dir
     from basemodel_pipeline.cache.store import EventCache
     from basemodel_pipeline.pipeline import run_cache, run_extract
+    from basemodel_pipeline.workspace import cache_dir
 
     cfg = load_config(tiny_config)
     run_extract(cfg)

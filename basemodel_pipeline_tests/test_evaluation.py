@@ -7,13 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from basemodel_pipeline.cache.store import DAY, ColumnInfo, EventCache, EventSource
-from basemodel_pipeline.evaluation.aggregates import (
-    NO_HISTORY_DAYS,
-    aggregate_features,
-    categorical_feature_indices,
-    feature_names,
-)
+from basemodel_pipeline.cache.store import ColumnInfo, EventCache, EventSource
+from basemodel_pipeline.dates import DAY
 from basemodel_pipeline.evaluation.baselines import lightgbm_scores, popularity_scores
 from basemodel_pipeline.evaluation.metrics import (
     PRIMARY_METRIC,
@@ -23,6 +18,12 @@ from basemodel_pipeline.evaluation.metrics import (
     macro_auroc,
     micro_auroc,
     primary_metric,
+)
+from basemodel_pipeline.features.aggregates import (
+    NO_HISTORY_DAYS,
+    aggregate_features,
+    categorical_feature_indices,
+    feature_names,
 )
 
 T = 200 * DAY  # split time, a UTC midnight

@@ -20,32 +20,31 @@ import yaml
 from typer.testing import CliRunner
 
 from basemodel_pipeline import workspace as ws
-from basemodel_pipeline.cache.build import cache_dir
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.cli import app
 from basemodel_pipeline.config import load_config
+from basemodel_pipeline.dates import epoch_seconds
 from basemodel_pipeline.errors import UserError
 from basemodel_pipeline.features.names import ATTRIBUTES, describe
 from basemodel_pipeline.features.sketch import FeatureEncoder
 from basemodel_pipeline.inference.explain import (
     OTHER_BUCKETS,
-    REPORT_POPULATION,
     Explainer,
     HashedValues,
     Model,
-    add_report_explanation,
     baseline_features,
     choose_output,
     explain,
     integrated_gradients,
-    run_explain,
 )
 from basemodel_pipeline.inference.predict import default_as_of
 from basemodel_pipeline.pipeline import run_cache, run_extract, run_pretrain
 from basemodel_pipeline.progress import NullProgress
+from basemodel_pipeline.reports.explanations import REPORT_POPULATION, add_report_explanation, run_explain
 from basemodel_pipeline.reports.html import with_explanation
-from basemodel_pipeline.training.finetune import Shared, finetune_many, prepare
-from basemodel_pipeline.training.splits import epoch_seconds
+from basemodel_pipeline.scenarios.finetune import finetune_many
+from basemodel_pipeline.scenarios.shared import Shared, prepare
+from basemodel_pipeline.workspace import cache_dir
 
 N, DAYS, START = 200, 112, dt.date(2024, 1, 1)
 runner = CliRunner()
@@ -263,7 +262,7 @@ def test_population(world) -> None:
 
 
 def test_report_explanation_from_finetune_state(world) -> None:
-    """add_report_explanation works on what training/finetune._finish holds (Shared, model, head, test)."""
+    """add_report_explanation works on what scenarios/finetune._finish holds (Shared, model, head, test)."""
     _, cfg, _ = world
     cache = EventCache(cache_dir(cfg))
     foundation = ws.latest_foundation_dir(cfg)

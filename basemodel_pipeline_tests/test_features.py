@@ -7,8 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from basemodel_pipeline.cache.store import DAY, EventCache
+from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import load_config
+from basemodel_pipeline.dates import DAY
 from basemodel_pipeline.features.sketch import FeatureEncoder
 from basemodel_pipeline.pipeline import run_cache, run_extract
 

@@ -11,12 +11,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from basemodel_pipeline import pipeline
-from basemodel_pipeline.cache.build import cache_dir
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import load_config
+from basemodel_pipeline.dates import epoch_seconds
 from basemodel_pipeline.features.sketch import FeatureEncoder
 from basemodel_pipeline.inference.state import ensure_state
-from basemodel_pipeline.training.splits import epoch_seconds
+from basemodel_pipeline.workspace import cache_dir
 
 
 def _encoder(cache: EventCache) -> FeatureEncoder:

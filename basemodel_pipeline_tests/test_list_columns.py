@@ -13,14 +13,14 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from basemodel_pipeline.cache.build import cache_dir
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import load_config
-from basemodel_pipeline.config.data_checks import check_config_against_data
 from basemodel_pipeline.errors import ConfigError
 from basemodel_pipeline.pipeline import run_cache, run_extract, run_pretrain
 from basemodel_pipeline.progress import NullProgress
-from basemodel_pipeline.training.finetune import finetune
+from basemodel_pipeline.scenarios.finetune import finetune
+from basemodel_pipeline.sources.data_checks import check_config_against_data
+from basemodel_pipeline.workspace import cache_dir
 
 TAGS = {"GROCERY": ["food", "daily"], "PRODUCE": ["food", "fresh"], "MEAT": ["food", "fresh", "protein"]}
 

@@ -10,15 +10,16 @@ import yaml
 from dagster._core.test_utils import create_run_for_test
 
 from basemodel_pipeline.config.scenarios import RetrainPolicy
+from basemodel_pipeline.dates import DAY
 from basemodel_pipeline.defs import build_definitions
-from basemodel_pipeline.defs.models.retrain import DAY_S, Latest, retrain_reason
+from basemodel_pipeline.defs.models.retrain import Latest, retrain_reason
 from basemodel_pipeline.defs.resources import BasemodelConfigResource
 
 NOW = 1_800_000_000.0
 
 
 def _latest(**kw: object) -> Latest:
-    base = {"trained_on": "c1", "trained_at": NOW - 2 * DAY_S, "cache_now": "c2", "cache_at": NOW - 60}
+    base = {"trained_on": "c1", "trained_at": NOW - 2 * DAY, "cache_now": "c2", "cache_at": NOW - 60}
     return Latest(**{**base, **kw})  # type: ignore[arg-type]
 
 
@@ -29,7 +30,7 @@ def test_retrain_reasons_follow_the_policy() -> None:
     assert retrain_reason(every, _latest(cache_now="c1"), NOW) is None  # up to date
     assert retrain_reason(every, _latest(trained_on=None), NOW) is None  # never trained: the automation's
     assert retrain_reason(weekly, _latest(), NOW) is None  # 2 days old
-    assert "8.0 days old" in (retrain_reason(weekly, _latest(trained_at=NOW - 8 * DAY_S), NOW) or "")
+    assert "8.0 days old" in (retrain_reason(weekly, _latest(trained_at=NOW - 8 * DAY), NOW) or "")
     assert retrain_reason(drift, _latest(), NOW) is None  # not scored on the new cache yet
     stale = _latest(drift=0.5, scored_at=NOW - 3600)  # scored before the new cache
     assert retrain_reason(drift, stale, NOW) is None

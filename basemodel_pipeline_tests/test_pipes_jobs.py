@@ -10,7 +10,7 @@ import dagster as dg
 
 from basemodel_pipeline.defs._run import run_pipes_job
 from basemodel_pipeline.defs.launcher import Launcher
-from basemodel_pipeline.jobs._common import flatten_metadata, to_pipes_metadata
+from basemodel_pipeline.metadata import flatten_metadata, to_pipes_metadata
 
 
 def _materialize(asset: dg.AssetsDefinition, config: Path, **kwargs: object) -> dg.ExecuteInProcessResult:

@@ -16,7 +16,7 @@ from basemodel_pipeline.config import load_config
 from basemodel_pipeline.evaluation.metrics import auroc
 from basemodel_pipeline.pipeline import run_cache, run_extract, run_predict, run_pretrain
 from basemodel_pipeline.progress import NullProgress
-from basemodel_pipeline.training.finetune import finetune_many
+from basemodel_pipeline.scenarios.finetune import finetune_many
 
 GROCERY = {
     "kind": "binary",

@@ -93,7 +93,7 @@ def test_a_retrain_after_new_days_uses_later_windows_and_changes_the_model(tmp_p
 
 
 def test_validate_resolves_rolling_windows_against_the_sources(tmp_path: Path) -> None:
-    from basemodel_pipeline.config.data_checks import check_config_against_data
+    from basemodel_pipeline.sources.data_checks import check_config_against_data
 
     config = write_tiny_dataset(tmp_path, n_entities=20, days=120, start=START)
     text = yaml.safe_load(config.read_text())

@@ -11,19 +11,15 @@ import pytest
 import torch
 from torch import nn
 
-from basemodel_pipeline.cache.store import DAY, ColumnInfo, EventCache, EventSource
+from basemodel_pipeline.cache.store import ColumnInfo, EventCache, EventSource
 from basemodel_pipeline.config.models import Scenario
+from basemodel_pipeline.dates import DAY
 from basemodel_pipeline.errors import ConfigError
 from basemodel_pipeline.scenarios.events import SourceEvents
+from basemodel_pipeline.scenarios.examples import SparseLabels, TargetSpec, label_columns
 from basemodel_pipeline.scenarios.heads import Head
 from basemodel_pipeline.scenarios.lora import LoRALinear, add_lora, merge_lora
-from basemodel_pipeline.scenarios.targets import (
-    SparseLabels,
-    TargetSpec,
-    build_examples,
-    choose_classes,
-    label_columns,
-)
+from basemodel_pipeline.scenarios.targets import build_examples, choose_classes
 
 T = 300 * DAY
 ITEMS = ["a", "b", "c", "d"]  # codes 1..4

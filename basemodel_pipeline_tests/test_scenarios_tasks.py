@@ -19,8 +19,8 @@ from basemodel_pipeline.config import load_config
 from basemodel_pipeline.errors import DataError, UserError
 from basemodel_pipeline.pipeline import run_cache, run_extract, run_predict, run_pretrain
 from basemodel_pipeline.progress import NullProgress
+from basemodel_pipeline.scenarios.finetune import finetune, finetune_many
 from basemodel_pipeline.scenarios.heads import REPEAT_WEIGHTS
-from basemodel_pipeline.training.finetune import finetune, finetune_many
 
 TARGET_MODULE = '''
 import numpy as np
@@ -266,10 +266,10 @@ def test_multiclass_and_regression_outputs(world) -> None:
 
 
 def _test_examples(cfg, name: str):
-    from basemodel_pipeline.cache.build import cache_dir
     from basemodel_pipeline.cache.store import EventCache
     from basemodel_pipeline.features.sketch import FeatureEncoder
-    from basemodel_pipeline.training.finetune import Shared, prepare
+    from basemodel_pipeline.scenarios.shared import Shared, prepare
+    from basemodel_pipeline.workspace import cache_dir
 
     cache = EventCache(cache_dir(cfg))
     foundation = ws.latest_foundation_dir(cfg)
@@ -313,8 +313,8 @@ def test_only_new_items_are_never_items_the_entity_had(world) -> None:
     # nothing of their own may be recommended: "repeat" falls back to the popular items they never had
     assert m["test"]["repeat_purchases"] == m["test"]["popularity"]
     table = pq.read_table(run_predict(cfg, "new_products")["path"]).to_pandas()
-    from basemodel_pipeline.cache.build import cache_dir
     from basemodel_pipeline.cache.store import EventCache
+    from basemodel_pipeline.workspace import cache_dir
 
     cache = EventCache(cache_dir(cfg))
     src = cache.source("transactions")

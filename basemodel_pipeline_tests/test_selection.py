@@ -11,10 +11,10 @@ from basemodel_pipeline.errors import ConfigError
 from basemodel_pipeline.evaluation import metrics
 from basemodel_pipeline.evaluation.gbm import GBM, fit_gbm
 from basemodel_pipeline.scenarios.candidates import Blend, Context
+from basemodel_pipeline.scenarios.examples import TargetSpec
 from basemodel_pipeline.scenarios.heads import Head
 from basemodel_pipeline.scenarios.selection import choose, split_validation
-from basemodel_pipeline.scenarios.targets import TargetSpec
-from basemodel_pipeline.training.finetune import json_dumps, regression_extra
+from basemodel_pipeline.scenarios.shared import json_dumps, regression_extra
 
 
 def _ctx(task: str, extra: dict | None = None) -> Context:

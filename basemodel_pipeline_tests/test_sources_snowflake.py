@@ -12,10 +12,10 @@ import pytest
 from test_sources_support import edit_config, local_extract, read_extract, relocate
 
 from basemodel_pipeline.config import load_config
-from basemodel_pipeline.config.data_checks import check_config_against_data
 from basemodel_pipeline.errors import ConfigError, DataError
 from basemodel_pipeline.pipeline import run_extract
 from basemodel_pipeline.sources import read_source, watermark
+from basemodel_pipeline.sources.data_checks import check_config_against_data
 
 TABLES = ["transactions", "products", "demographics"]
 PASSWORD = "pw-Secret-42"

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from basemodel_pipeline.cli import app
 from basemodel_pipeline.config import load_config
-from basemodel_pipeline.config.data_checks import check_config_against_data
 from basemodel_pipeline.errors import DataError
+from basemodel_pipeline.sources.data_checks import check_config_against_data
 from basemodel_pipeline.sources.suggest import suggest_config
 
 

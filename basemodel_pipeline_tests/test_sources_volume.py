@@ -49,8 +49,8 @@ def test_cli_data_report(tiny_config: Path) -> None:
 
 
 def test_cache_sizing_and_cli(tiny_config: Path) -> None:
+    from basemodel_pipeline.cache.sizing import cache_sizing
     from basemodel_pipeline.pipeline import run_cache
-    from basemodel_pipeline.sources.volume import cache_sizing
 
     cfg = load_config(tiny_config)
     with pytest.raises(UserError, match="run `basemodel cache CONFIG` first"):

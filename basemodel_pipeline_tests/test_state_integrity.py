@@ -206,7 +206,6 @@ def test_dagster_checks_call_the_library_verification(workspace: Path) -> None:
     import dagster as dg
 
     from basemodel_pipeline import workspace as ws
-    from basemodel_pipeline.cache.build import cache_dir
     from basemodel_pipeline.defs import build_definitions
     from basemodel_pipeline.defs.models.assets import foundation_model, scenario_model
     from basemodel_pipeline.defs.models.checks import (
@@ -215,6 +214,7 @@ def test_dagster_checks_call_the_library_verification(workspace: Path) -> None:
     )
     from basemodel_pipeline.defs.predictions.assets import predictions
     from basemodel_pipeline.defs.predictions.checks import predictions_output_sha256
+    from basemodel_pipeline.workspace import cache_dir
 
     cfg = load_config(workspace)
     [table] = (workspace.parent / "predictions" / "churn").glob("*/predictions.parquet")

@@ -116,9 +116,10 @@ def test_embeddings_export_float16_in_recsys_layout(trained) -> None:
 def test_activity_targets_match_a_direct_count(trained) -> None:
     import torch
 
-    from basemodel_pipeline.cache.build import cache_dir
-    from basemodel_pipeline.cache.store import DAY, EventCache
+    from basemodel_pipeline.cache.store import EventCache
+    from basemodel_pipeline.dates import DAY
     from basemodel_pipeline.training.pretrain import ACTIVITY_DAYS, activity_targets, fit_encoder
+    from basemodel_pipeline.workspace import cache_dir
 
     cfg, _ = trained
     cache = EventCache(cache_dir(cfg))

@@ -8,11 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from basemodel_pipeline.cache.build import cache_dir
-from basemodel_pipeline.cache.store import DAY, EventCache
+from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import load_config
+from basemodel_pipeline.dates import DAY
 from basemodel_pipeline.pipeline import run_cache, run_extract, run_finetune, run_pretrain
 from basemodel_pipeline.training.work import WorkCounter
+from basemodel_pipeline.workspace import cache_dir
 
 
 @pytest.fixture(scope="module")

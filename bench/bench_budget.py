@@ -41,7 +41,8 @@ from basemodel_pipeline.config.params import FoundationParams  # noqa: E402
 from basemodel_pipeline.demo import prepare_demo  # noqa: E402
 from basemodel_pipeline.evaluation import metrics  # noqa: E402
 from basemodel_pipeline.pipeline import run_baselines, run_cache, run_extract, run_pretrain  # noqa: E402
-from basemodel_pipeline.training.finetune import finetune_many  # noqa: E402
+from basemodel_pipeline.runtime import resolve_device  # noqa: E402
+from basemodel_pipeline.scenarios.finetune import finetune_many  # noqa: E402
 
 DEFAULT_CAP = FoundationParams.model_fields["max_examples_per_epoch"].default
 SPLIT_POINTS = FoundationParams.model_fields["split_points_per_entity"].default
@@ -94,9 +95,7 @@ def main() -> None:
     config, name = base_config(args)
     name = args.name or name
     names = args.scenarios.split(",")
-    device = (
-        "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
-    )
+    device = resolve_device(args.device).type
     result: dict = {
         "benchmark": "budget",
         "dataset": name,

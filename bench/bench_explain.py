@@ -22,11 +22,11 @@ import torch
 
 from basemodel_pipeline import pipeline
 from basemodel_pipeline import workspace as ws
-from basemodel_pipeline.cache.build import cache_dir
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.demo import prepare_demo
-from basemodel_pipeline.inference.explain import run_explain
+from basemodel_pipeline.reports.explanations import run_explain
+from basemodel_pipeline.workspace import cache_dir
 
 
 def main() -> None:

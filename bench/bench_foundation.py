@@ -28,12 +28,13 @@ import yaml
 
 from basemodel_pipeline import pipeline
 from basemodel_pipeline import workspace as ws
-from basemodel_pipeline.cache.build import cache_dir
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.config.params import FoundationParams
 from basemodel_pipeline.features.sketch import FeatureEncoder
 from basemodel_pipeline.model.checkpoint import load_checkpoint
+from basemodel_pipeline.runtime import resolve_device
+from basemodel_pipeline.workspace import cache_dir
 
 REFERENCE_INFERENCE_ENTITIES_PER_S = 2_718  # BaseModel: per GPU
 
@@ -121,9 +122,7 @@ def main() -> None:
     cache = EventCache(cache_dir(cfg))
     model, meta = load_checkpoint(ws.latest_foundation_dir(cfg))
     enc = FeatureEncoder.from_dict(meta["encoder"])
-    device = (
-        "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
-    )
+    device = resolve_device(args.device).type
     entities = np.arange(min(cache.n_entities, 100_000))
     t_end = int(max(s.ts[-1] for s in cache.sources.values())) + 1
     src_rows = sum(int(s.offsets[len(entities)]) for s in cache.sources.values())

@@ -36,9 +36,11 @@ import yaml
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_foundation import MemorySampler  # noqa: E402
 
-from basemodel_pipeline import pipeline  # noqa: E402
+from basemodel_pipeline import (
+    pipeline,  # noqa: E402
+    runtime,  # noqa: E402
+)
 from basemodel_pipeline import workspace as ws  # noqa: E402
-from basemodel_pipeline.cache.build import cache_dir  # noqa: E402
 from basemodel_pipeline.cache.store import EventCache  # noqa: E402
 from basemodel_pipeline.config import load_config  # noqa: E402
 from basemodel_pipeline.evaluation.metrics import primary_metric  # noqa: E402
@@ -46,8 +48,8 @@ from basemodel_pipeline.features.sketch import FeatureEncoder  # noqa: E402
 from basemodel_pipeline.inference.predict import Scorer, default_as_of  # noqa: E402
 from basemodel_pipeline.inference.state import ensure_state  # noqa: E402
 from basemodel_pipeline.scenarios.targets import build_examples, choose_classes  # noqa: E402
-from basemodel_pipeline.training import loop  # noqa: E402
 from basemodel_pipeline.training.splits import scenario_split_times  # noqa: E402
+from basemodel_pipeline.workspace import cache_dir  # noqa: E402
 
 REFERENCE_INFERENCE_ENTITIES_PER_S = 2_718  # BaseModel: clients/s per GPU
 RESULTS = Path(__file__).parent / "results"
@@ -67,7 +69,7 @@ def quality(args: argparse.Namespace) -> dict:
     test = build_examples(cache, sc, spec, times["test"])
     meta = json.loads((checkpoint / "model.json").read_text())
     X = FeatureEncoder.from_dict(meta["encoder"]).history(cache, test.entity, test.time)
-    loop.set_threads()
+    runtime.set_threads()
     result: dict = {
         "benchmark": "inference_precision",
         "dataset": f"{args.workspace} scenario {sc.name}, {len(test.entity):,} test examples",
@@ -79,7 +81,7 @@ def quality(args: argparse.Namespace) -> dict:
         scorer.outputs(cache, X[:256], test.entity[:256], dt.date.today(), 10)  # warm-up
         t0 = time.perf_counter()
         for _ in range(args.repeats):
-            scores = scorer.head.scores(loop.predict(scorer.model, X, scorer.device, amp=scorer.amp))
+            scores = scorer.head.scores(runtime.predict(scorer.model, X, scorer.device, amp=scorer.amp))
         wall = (time.perf_counter() - t0) / args.repeats
         result[f"{precision}_{_metric(sc.task)}"] = round(
             float(primary_metric(sc.task, test.labels, scores)), 5
@@ -104,7 +106,7 @@ def head_only_scenario(cfg, name: str) -> dict:  # noqa: ANN001
     """A binary scenario checkpoint of the production shape (the foundation trunk + a fresh 1-output head),
     published without training: scoring speed depends on the model's shape, not on its weights."""
     from basemodel_pipeline.model.checkpoint import build_model, load_checkpoint, publish_checkpoint
-    from basemodel_pipeline.scenarios.targets import TargetSpec
+    from basemodel_pipeline.scenarios.examples import TargetSpec
 
     foundation, fmeta = load_checkpoint(ws.latest_foundation_dir(cfg))
     model = build_model({**fmeta["arch"], "out_dim": 1})

@@ -11,13 +11,13 @@ project's ``.venv`` does not hold ptls; ``--parts ours,lgbm`` runs there.
 Each peer runs in its own process (``--run-part``), so its peak memory is its own (MemorySampler of
 bench/bench_foundation.py: resident and anonymous memory sampled every 0.2 s), after the shared extract and
 event cache (timed apart and charged to nobody). Every part builds the scenarios' examples with the
-pipeline's own code (training/finetune.py ``prepare``: the weekly split points, labels, caps), so every peer
+pipeline's own code (scenarios/shared.py ``prepare``: the weekly split points, labels, caps), so every peer
 fits on the training windows, early-stops on the validation half ``stop`` (split_parts) and is scored on the
 test window's rows; the parts' test (entity, time) keys and labels are checked equal before any comparison.
 
   ours   foundation pretrain + fine-tune of the scenarios (one featurisation pass, every candidate, selection,
          report; the published model is what is compared) + ``run_predict`` of every entity.
-  lgbm   hand-crafted aggregates (evaluation/aggregates.py) of every example + the pipeline's LightGBM
+  lgbm   hand-crafted aggregates (features/aggregates.py) of every example + the pipeline's LightGBM
          baseline candidate fitted on them (same code as ``lightgbm_aggregates``) + aggregates and scores of
          every entity as of the day after the last event.
   coles  CoLES from ptls with its documented recipe for transaction data (ptls demo/coles-emb: TrxEncoder with
@@ -54,10 +54,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_foundation import MemorySampler  # noqa: E402
 
-from basemodel_pipeline.cache.build import cache_dir  # noqa: E402
-from basemodel_pipeline.cache.store import DAY, EventCache  # noqa: E402
+from basemodel_pipeline.cache.store import EventCache  # noqa: E402
 from basemodel_pipeline.config import load_config  # noqa: E402
+from basemodel_pipeline.dates import DAY  # noqa: E402
 from basemodel_pipeline.evaluation import metrics  # noqa: E402
+from basemodel_pipeline.workspace import cache_dir  # noqa: E402
 
 PARTS = ("ours", "lgbm", "coles")
 SCENARIOS = ("churn", "department_propensity")
@@ -93,7 +94,7 @@ def load() -> list[float]:
 # ---- examples: the pipeline's own split and labels -------------------------------------------------
 def scenario_examples(cfg, cache: EventCache, name: str):
     """(scenario, spec, {train, stop, select, test} Examples) exactly as fine-tuning builds them."""
-    from basemodel_pipeline.training.finetune import prepare, split_parts
+    from basemodel_pipeline.scenarios.shared import prepare, split_parts
 
     sc = cfg.scenario(name)
     spec, ex = prepare(SimpleNamespace(cfg=cfg, cache=cache, available={}), sc)
@@ -101,7 +102,7 @@ def scenario_examples(cfg, cache: EventCache, name: str):
 
 
 def truth_of(task: str, ex) -> np.ndarray:
-    from basemodel_pipeline.scenarios.targets import dense_labels
+    from basemodel_pipeline.scenarios.examples import dense_labels
 
     return dense_labels(ex.labels) if task == "multilabel" else np.asarray(ex.labels)
 
@@ -143,7 +144,7 @@ def _keys(arrays: dict, cfg, cache: EventCache, names: list[str]) -> dict:
 def run_ours(cfg, names: list[str], sampler: MemorySampler, info: dict) -> dict:
     from basemodel_pipeline.cache.windows import resolve_windows
     from basemodel_pipeline.pipeline import run_predict, run_pretrain
-    from basemodel_pipeline.training.finetune import finetune_many
+    from basemodel_pipeline.scenarios.finetune import finetune_many
 
     stage = sampler.timed
     pre = stage("pretrain_s", lambda: run_pretrain(cfg, Log()))
@@ -182,9 +183,9 @@ def run_ours(cfg, names: list[str], sampler: MemorySampler, info: dict) -> dict:
 
 # ---- hand-crafted aggregates + LightGBM ------------------------------------------------------------
 def run_lgbm(cfg, cache: EventCache, names: list[str], sampler: MemorySampler, info: dict, seed: int) -> dict:
-    from basemodel_pipeline.evaluation.aggregates import aggregate_features
+    from basemodel_pipeline.dates import epoch_seconds
+    from basemodel_pipeline.features.aggregates import aggregate_features
     from basemodel_pipeline.inference.state import default_as_of
-    from basemodel_pipeline.training.splits import epoch_seconds
 
     arrays: dict = {}
     fitted = {}
@@ -356,9 +357,9 @@ def coles_states(seq_encoder, records: list[dict], take: list[np.ndarray]) -> li
 def run_coles(cfg, cache: EventCache, names: list[str], sampler: MemorySampler, info: dict, args) -> dict:
     import pytorch_lightning as pl
 
+    from basemodel_pipeline.dates import epoch_seconds
     from basemodel_pipeline.evaluation.probe import probe_scores
     from basemodel_pipeline.inference.state import default_as_of
-    from basemodel_pipeline.training.splits import epoch_seconds
 
     dp = cfg.data_params
     start_day = epoch_seconds(dp.data_start_date)

@@ -36,10 +36,8 @@ import psutil
 import torch
 
 from basemodel_pipeline import workspace as ws
-from basemodel_pipeline.cache.build import cache_dir
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import load_config
-from basemodel_pipeline.evaluation.aggregates import aggregate_features
 from basemodel_pipeline.evaluation.probe import (
     cross_fitted_scores,
     entity_folds,
@@ -47,10 +45,13 @@ from basemodel_pipeline.evaluation.probe import (
     paired_bootstrap,
     probe_scores,
 )
+from basemodel_pipeline.features.aggregates import aggregate_features
 from basemodel_pipeline.features.sketch import FeatureEncoder
 from basemodel_pipeline.model.checkpoint import load_checkpoint
-from basemodel_pipeline.scenarios.targets import Examples, build_examples, choose_classes
+from basemodel_pipeline.scenarios.examples import Examples
+from basemodel_pipeline.scenarios.targets import build_examples, choose_classes
 from basemodel_pipeline.training.splits import scenario_split_times
+from basemodel_pipeline.workspace import cache_dir
 
 PROTOCOLS = ("recsys", "weekly", "unseen_weeks")
 PARTS = {"recsys": ("test",), "weekly": ("train", "val", "test"), "unseen_weeks": ("val", "test")}

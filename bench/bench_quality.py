@@ -47,7 +47,7 @@ from basemodel_pipeline.evaluation import metrics
 from basemodel_pipeline.evaluation.probe import bootstrap_rounds
 from basemodel_pipeline.pipeline import run_cache, run_extract, run_pretrain
 from basemodel_pipeline.progress import NullProgress
-from basemodel_pipeline.training.finetune import finetune_many
+from basemodel_pipeline.scenarios.finetune import finetune_many
 
 BASELINES = ("popularity", "lightgbm_aggregates", "repeat_purchases", "neural")
 # task types a data set's full demo config lacks, added here so every task type is measured on both sets

@@ -23,7 +23,7 @@ from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.demo import prepare_demo
 from basemodel_pipeline.progress import NullProgress
-from basemodel_pipeline.training.finetune import finetune_many
+from basemodel_pipeline.scenarios.finetune import finetune_many
 
 COMMAND = "python bench/bench_scenarios.py"
 

@@ -25,10 +25,11 @@ from typing import Any
 import duckdb
 
 from basemodel_pipeline import workspace as ws
-from basemodel_pipeline.cache import build as B
 from basemodel_pipeline.cache import plan as P
 from basemodel_pipeline.cache import versions
+from basemodel_pipeline.cache import writer as W
 from basemodel_pipeline.config import PipelineConfig
+from basemodel_pipeline.dates import iso_day
 from basemodel_pipeline.progress import Progress
 
 DAY_FILE = re.compile(r"^\d{4}-\d{2}-\d{2}\.parquet$")
@@ -79,7 +80,7 @@ def append_days(
         if cfg.cache.spill_directory
         else tmp / ".spill"
     )
-    con = B.connect(cfg, spill / "duckdb")
+    con = W.connect(cfg, spill / "duckdb")
     try:
         result = _write(cfg, con, final, manifest, new_days, out, name, spill, progress)
     except duckdb.Error as exc:  # e.g. a column whose type changed: rebuild, which reports real problems
@@ -93,10 +94,10 @@ def append_days(
         return None
     new_manifest, hashes = result
     new_manifest["inputs"] = signature
-    new_manifest["files"] = {**manifest["files"], **B.file_records(tmp, hashes, under=out)}
+    new_manifest["files"] = {**manifest["files"], **W.file_records(tmp, hashes, under=out)}
     (tmp / "manifest.json").write_text(json.dumps(new_manifest, indent=2))
     versions.publish(tmp, final)
-    return {**B.summary(final, new_manifest, reused=False), "appended": new_manifest["appends"][-1]}
+    return {**W.summary(final, new_manifest, reused=False), "appended": new_manifest["appends"][-1]}
 
 
 def _write(
@@ -112,8 +113,8 @@ def _write(
 ) -> tuple[dict[str, Any], dict[str, str]] | None:
     progress.start("cache append", len(new_days) + 1)
     id_type = "BIGINT" if manifest["entity_id_type"] == "int64" else "VARCHAR"
-    n_old = B.load_entity_map(con, final, manifest, id_type)
-    attr_rels = B.attribute_rels(cfg)
+    n_old = W.load_entity_map(con, final, manifest, id_type)
+    attr_rels = W.attribute_rels(cfg)
     plans = []
     for src_name, files in new_days.items():
         src = cfg.source(src_name)
@@ -124,7 +125,7 @@ def _write(
             progress.log(f"source '{src.name}': the new days have other columns; rebuilding the cache")
             return None
         plans.append(plan)
-    n_total = B.add_new_entities(con, P.entity_counts_sql(plans, id_type), n_old)
+    n_total = W.add_new_entities(con, P.entity_counts_sql(plans, id_type), n_old)
     if n_total > n_old:
         con.execute(
             f"COPY (SELECT id AS entity_id FROM ent_map WHERE idx >= {n_old} ORDER BY idx) "
@@ -136,8 +137,8 @@ def _write(
     for plan in plans:
         meta = new["sources"][plan.src.name]
         P.key_counts(con, plan)
-        old_vocab = B.previous_vocab((final, manifest), plan.src.name, plan.columns)
-        n, ts_range, h, vocab = B.write_source(
+        old_vocab = W.previous_vocab((final, manifest), plan.src.name, plan.columns)
+        n, ts_range, h, vocab = W.write_source(
             con, plan, id_type, old_vocab, [(0, n_total)], n_total, out, spill, segment=True
         )
         if ts_range and meta.get("max_ts") is not None and ts_range[0] <= meta["max_ts"]:
@@ -149,16 +150,16 @@ def _write(
         events += n
         meta["n_events"] += n
         if ts_range:
-            meta["max_ts"], meta["max_date"] = ts_range[1], B.day(ts_range[1])
+            meta["max_ts"], meta["max_date"] = ts_range[1], iso_day(ts_range[1])
             if meta.get("min_ts") is None:
-                meta["min_ts"], meta["min_date"] = ts_range[0], B.day(ts_range[0])
+                meta["min_ts"], meta["min_date"] = ts_range[0], iso_day(ts_range[0])
         for c in plan.columns:
             if c.name in vocab:
                 meta["columns"][c.name]["vocab_size"] = vocab[c.name][1]
         progress.advance("cache append", events=n)
     if manifest.get("attributes") and n_total > n_old:
-        old_attr = B.previous_attribute_vocab((final, manifest))
-        attrs = B.write_attributes(cfg, con, out, id_type, n_old, old_attr, segment=True)
+        old_attr = W.previous_attribute_vocab((final, manifest))
+        attrs = W.write_attributes(cfg, con, out, id_type, n_old, old_attr, segment=True)
         if set(attrs.get("columns", {})) != set(manifest["attributes"]["columns"]):
             return None
         new["attributes"] = {**manifest["attributes"], "columns": attrs["columns"]}

@@ -29,40 +29,32 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache import integrity, versions
 from basemodel_pipeline.cache import plan as P
 from basemodel_pipeline.cache.preflight import DiskUsage, preflight
-from basemodel_pipeline.cache.segment import write_segment
-from basemodel_pipeline.cache.view import active_segments, compact, existing_vocab, segment_dirs
+from basemodel_pipeline.cache.view import active_segments, compact
+from basemodel_pipeline.cache.writer import (
+    add_new_entities,
+    attribute_rels,
+    connect,
+    extract_files,
+    file_records,
+    load_entity_map,
+    previous_attribute_vocab,
+    previous_vocab,
+    source_meta,
+    summary,
+    write_attributes,
+    write_source,
+)
 from basemodel_pipeline.config import PipelineConfig, data_fingerprint
-from basemodel_pipeline.config.models import DataSource
 from basemodel_pipeline.errors import DataError
 from basemodel_pipeline.progress import Progress
 from basemodel_pipeline.sources import damaged
 
 FORMAT_VERSION = 3  # 3: column files of names with other characters carry a hash (no collisions)
-# re-exported for sources/suggest.py
-infer_column_type, FLOAT_PREFIXES, NUMERIC_PREFIXES = (
-    P.infer_column_type,
-    P.FLOAT_PREFIXES,
-    P.NUMERIC_PREFIXES,
-)
-
-
-def extract_files(cfg: PipelineConfig, src: DataSource) -> list[Path]:
-    d = ws.extracts_dir(cfg, src.name)
-    files = sorted(d.glob("*.parquet"))
-    if not files:
-        raise DataError(f"no extract found for source '{src.name}' in {d}; run the extract stage first")
-    return files
-
-
-def extract_glob(cfg: PipelineConfig, src: DataSource) -> str:
-    extract_files(cfg, src)
-    return str(ws.extracts_dir(cfg, src.name) / "*.parquet")
 
 
 def content_hash(path: Path) -> str:
@@ -90,17 +82,6 @@ def input_signature(cfg: PipelineConfig) -> dict[str, list[list[Any]]]:
     return sig
 
 
-def cache_dir(cfg: PipelineConfig) -> Path:
-    return ws.cache_root(cfg) / data_fingerprint(cfg)
-
-
-def read_manifest(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads((path / "manifest.json").read_text())
-    except (OSError, ValueError):
-        return None
-
-
 @contextlib.contextmanager
 def cache_lock(final: Path) -> Iterator[None]:
     """One writer per cache directory (across processes); released when the process dies. On the way out
@@ -124,10 +105,10 @@ def build_cache(
     new version; readers of older versions keep theirs (cache/versions.py)."""
     from basemodel_pipeline.cache.append import append_days, plan_append
 
-    final = cache_dir(cfg)
+    final = ws.cache_dir(cfg)
     signature = input_signature(cfg)
     with cache_lock(final), damaged_extracts_named(cfg):
-        manifest = read_manifest(final)
+        manifest = versions.read_manifest(final)
         if manifest and manifest.get("format_version") == FORMAT_VERSION:
             manifest = _unless_changed(final, manifest, progress)
         if manifest and manifest.get("format_version") == FORMAT_VERSION:
@@ -209,113 +190,9 @@ def compact_cache(final: Path, manifest: dict[str, Any], progress: Progress) -> 
     return new
 
 
-def file_records(root: Path, known: dict[str, str], under: Path | None = None) -> dict[str, Any]:
-    """{relative path: {bytes, sha256, mtime_ns}} of every file under `under` (default: root); `known` hashes are
-    reused (computed while writing), the rest are read."""
-    records = {}
-    for f in sorted((under or root).rglob("*")):
-        if f.is_file() and f.name != "manifest.json":
-            rel = str(f.relative_to(root))
-            records[rel] = integrity.record(f, known.get(str(f)) or ws.sha256_file(f))
-    return records
-
-
-def connect(cfg: PipelineConfig, spill: Path) -> duckdb.DuckDBPyConnection:
-    """DuckDB with bounded memory: whatever exceeds the limit spills to disk instead of growing the process."""
-    p = cfg.cache
-    spill.mkdir(parents=True, exist_ok=True)
-    config: dict[str, Any] = {
-        "memory_limit": p.duckdb_memory_limit,
-        "temp_directory": str(spill),
-        "preserve_insertion_order": False,  # the order is restored by the sort (segment.py)
-    }
-    if p.threads:
-        config["threads"] = p.threads
-    return duckdb.connect(config=config)
-
-
-def data_version(manifest: dict[str, Any]) -> str:
-    """Changes exactly when the extracts' content does (Dagster's data version of event_cache)."""
-    content = json.dumps([manifest.get("format_version"), manifest.get("inputs")], sort_keys=True)
-    return f"{manifest['fingerprint']}-{hashlib.sha256(content.encode()).hexdigest()[:12]}"
-
-
-def summary(path: Path, manifest: dict[str, Any], reused: bool) -> dict[str, Any]:
-    sources = manifest["sources"].values()
-    appends = manifest.get("appends", [])
-    return {
-        "path": str(path),
-        "fingerprint": manifest["fingerprint"],
-        "data_version": data_version(manifest),
-        "entities": manifest["n_entities"],
-        "events": sum(s["n_events"] for s in sources),
-        "bytes": sum(f["bytes"] for f in manifest["files"].values()),
-        "shards": len(manifest.get("shards", [])),
-        "appends": len(appends),
-        "active_segments": len(active_segments(manifest)),
-        "min_date": min((s["min_date"] for s in sources if s["min_date"]), default=None),
-        "max_date": max((s["max_date"] for s in sources if s["max_date"]), default=None),
-        "reused": reused,
-    }
-
-
-def attribute_rels(cfg: PipelineConfig) -> dict[str, str]:
-    return {s.name: P.parquet_rel([str(f) for f in extract_files(cfg, s)]) for s in cfg.sources("attribute")}
-
-
-def day(ts: int | None) -> str | None:
-    return None if ts is None else dt.datetime.fromtimestamp(ts, dt.UTC).date().isoformat()
-
-
-def source_meta(plan: P.SourcePlan, n: int, ts_range: tuple[int, int] | None, vocab: dict) -> dict[str, Any]:
-    return {
-        "n_events": n,
-        "entity_column": plan.src.main_entity_column,
-        "min_ts": ts_range[0] if ts_range else None,
-        "max_ts": ts_range[1] if ts_range else None,
-        "min_date": day(ts_range[0]) if ts_range else None,
-        "max_date": day(ts_range[1]) if ts_range else None,
-        "columns": {c.name: c.meta(vocab.get(c.name, (None, 0))[1]) for c in plan.columns},
-    }
-
-
-def write_vocab(out: Path, plan: P.SourcePlan, vocab: dict[str, tuple[pa.Table, int]]) -> None:
-    for col in plan.columns:
-        if col.name in vocab:
-            (out / "vocab" / plan.src.name).mkdir(parents=True, exist_ok=True)
-            pq.write_table(vocab[col.name][0], out / "vocab" / plan.src.name / f"{col.file}.parquet")
-
-
 def shard_count(cfg: PipelineConfig, events: int, entities: int) -> int:
     k = cfg.cache.shards or max(1, math.ceil(events / cfg.cache.shard_events))
     return max(1, min(k, entities))
-
-
-def load_entity_map(
-    con: duckdb.DuckDBPyConnection, path: Path, manifest: dict[str, Any], id_type: str
-) -> int:
-    """ent_map(id, idx) of an existing cache (base and active segments); returns its number of entities."""
-    ids = pa.concat_tables(
-        [
-            pq.read_table(d / "entities.parquet")
-            for d in segment_dirs(path, manifest)
-            if (d / "entities.parquet").exists()
-        ]
-    ).column("entity_id")
-    con.register("__ids", pa.table({"id": ids, "idx": pa.array(range(len(ids)), pa.int64())}))
-    con.execute(f"CREATE OR REPLACE TEMP TABLE ent_map AS SELECT CAST(id AS {id_type}) AS id, idx FROM __ids")
-    con.unregister("__ids")
-    return len(ids)
-
-
-def add_new_entities(con: duckdb.DuckDBPyConnection, ids_sql: str, first: int) -> int:
-    """Give the ids of `ids_sql` missing from ent_map the indices first, first + 1, ... (by id); returns the
-    number of entities."""
-    con.execute(
-        f"INSERT INTO ent_map SELECT c.id, {first} + row_number() OVER (ORDER BY c.id) - 1 FROM ({ids_sql}) c "
-        "WHERE NOT EXISTS (SELECT 1 FROM ent_map m WHERE m.id = c.id)"
-    )
-    return int(con.execute("SELECT count(*) FROM ent_map").fetchone()[0])
 
 
 def _hash_shards(con: duckdb.DuckDBPyConnection, k: int) -> list[tuple[int, int]]:
@@ -332,30 +209,6 @@ def _hash_shards(con: duckdb.DuckDBPyConnection, k: int) -> list[tuple[int, int]
             shards.append((start, start + sizes[s]))
             start += sizes[s]
     return shards
-
-
-def previous_vocab(
-    previous: tuple[Path, dict[str, Any]] | None, source: str, columns: list[P.Column]
-) -> dict[str, pa.Table]:
-    """Values of an existing cache's vocabularies of categorical columns that are still categorical."""
-    if not previous or source not in previous[1]["sources"]:
-        return {}
-    old = previous[1]["sources"][source]["columns"]
-    return {
-        c.name: existing_vocab(*previous, source, old[c.name]["file"])
-        for c in columns
-        if c.kind == "categorical" and old.get(c.name, {}).get("type") == "categorical"
-    }
-
-
-def previous_attribute_vocab(previous: tuple[Path, dict[str, Any]] | None) -> dict[str, pa.Table]:
-    """Values of an existing cache's vocabularies of categorical main-entity attributes."""
-    columns = (previous[1].get("attributes") or {}).get("columns", {}) if previous else {}
-    return {
-        c: existing_vocab(*previous, "__attributes", m["file"])
-        for c, m in columns.items()
-        if m["type"] == "categorical"
-    }
 
 
 def _build(
@@ -422,54 +275,3 @@ def _build(
     manifest["attributes"] = write_attributes(cfg, con, out, id_type, 0, old_attr_vocab, segment=False)
     progress.advance("cache")
     return manifest, hashes
-
-
-def write_source(
-    con: duckdb.DuckDBPyConnection,
-    plan: P.SourcePlan,
-    id_type: str,
-    old_vocab: dict[str, pa.Table],
-    shards: list[tuple[int, int]],
-    n_entities: int,
-    out: Path,
-    spill: Path,
-    segment: bool,
-) -> tuple[int, tuple[int, int] | None, dict[str, str], dict[str, tuple[pa.Table, int]]]:
-    """Vocabularies (extending old_vocab) and the sorted CSR arrays of one event source into `out` (an append
-    `segment` writes only the new vocabulary values). Returns (events, time range, sha256 of the arrays,
-    {column: (vocabulary values written, vocabulary size)})."""
-    vocab = P.build_vocabularies(con, plan, old_vocab, only_new=segment)
-    write_vocab(out, plan, vocab)
-    sql, entity, cols = P.scan_sql(con, plan, id_type)
-    events = out / "events" / plan.src.name
-    n, ts_range, hashes = write_segment(
-        con, sql, entity, cols, shards, n_entities, events, spill / plan.src.name
-    )
-    return n, ts_range, hashes, vocab
-
-
-def write_attributes(
-    cfg: PipelineConfig,
-    con: duckdb.DuckDBPyConnection,
-    out: Path,
-    id_type: str,
-    first: int,
-    existing: dict[str, pa.Table],
-    segment: bool,
-) -> dict[str, Any]:
-    """attributes/<column>.npy for entity indices >= first and their vocabularies (new values only for an
-    append segment)."""
-    srcs = cfg.sources("main_entity_attribute")
-    if not srcs:
-        return {}
-    import numpy as np
-
-    rel = P.parquet_rel([str(f) for f in extract_files(cfg, srcs[0])])
-    meta, arrays, new_vocab = P.attribute_arrays(cfg, con, rel, id_type, first, existing, segment)
-    (out / "attributes").mkdir(parents=True, exist_ok=True)
-    for name, values in arrays.items():
-        np.save(out / "attributes" / f"{name}.npy", values)
-    for col, table in new_vocab.items():
-        (out / "vocab" / "__attributes").mkdir(parents=True, exist_ok=True)
-        pq.write_table(table, out / "vocab" / "__attributes" / f"{P.file_name(col)}.parquet")
-    return meta

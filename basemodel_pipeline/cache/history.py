@@ -38,6 +38,6 @@ def history_version(manifest: dict[str, Any], as_of: dt.date) -> str | None:
 def provenance(manifest: dict[str, Any], as_of: dt.date) -> dict[str, str | None]:
     """The cache content an output as of a date was built from, for its provenance.json: the cache's data
     version (informative) and its history version before that date (what staleness is judged by)."""
-    from basemodel_pipeline.cache.build import data_version
+    from basemodel_pipeline.cache.versions import data_version
 
     return {"cache_data_version": data_version(manifest), "cache_history": history_version(manifest, as_of)}

@@ -1,5 +1,5 @@
 """Is a cache version what its manifest says? Every file is recorded with its size, sha256 and modification
-time (ns) when the version is written (build.file_records).
+time (ns) when the version is written (writer.file_records).
 
     quick   (every open, and the `cache` stage before reusing or appending): each file exists with its
             size and modification time; a file whose time differs (edited in place, or a copy of the

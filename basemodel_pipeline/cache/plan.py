@@ -22,37 +22,9 @@ from basemodel_pipeline.config import PipelineConfig
 from basemodel_pipeline.config.models import DataSource
 from basemodel_pipeline.errors import DataError
 from basemodel_pipeline.sources.sql import quote_ident, quote_literal
-
-INTEGER_PREFIXES = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT",
-                    "UINTEGER", "UBIGINT")  # fmt: skip
-NUMERIC_PREFIXES = (*INTEGER_PREFIXES, "FLOAT", "DOUBLE", "DECIMAL", "REAL")
-FLOAT_PREFIXES = ("FLOAT", "DOUBLE", "DECIMAL", "REAL")
-
+from basemodel_pipeline.sources.types import INTEGER_PREFIXES, infer_column_type
 
 LIST_VALUES = 32  # a list-valued column becomes 0/1 indicators of its most frequent values
-
-
-def is_list_type(duck_type: str) -> bool:
-    """A list-valued column (a movie's genres): VARCHAR[], INTEGER[], LIST(...)."""
-    t = duck_type.upper()
-    return t.endswith("[]") or t.startswith("LIST")
-
-
-def infer_column_type(name: str, duck_type: str, override: str | None) -> str:
-    """categorical | numeric | list | ignore. Integers named like ids are categorical; floats numeric; text
-    categorical; lists of values become multi-hot indicators (list_columns)."""
-    if override:
-        return override
-    t = duck_type.upper()
-    if is_list_type(t):
-        return "list"
-    if t.startswith(("DATE", "TIME", "INTERVAL", "BLOB", "STRUCT", "MAP", "LIST")) or t.endswith("[]"):
-        return "ignore"
-    if t.startswith(FLOAT_PREFIXES):
-        return "numeric"
-    if t.startswith(NUMERIC_PREFIXES):
-        return "categorical" if name.lower().endswith("id") or name.lower().endswith("_key") else "numeric"
-    return "categorical"
 
 
 def file_name(col: str) -> str:

@@ -1,6 +1,6 @@
 """Free-space preflight before a cache build: what the build will write (the cache and its sort spill,
 estimated from the extracts' Parquet footers) against the free space of the workspace volume and of the
-spill directory's volume, with the recommended working volume (sources/volume.py) in the message."""
+spill directory's volume, with the recommended working volume (cache/sizing.py) in the message."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from basemodel_pipeline import workspace as ws
+from basemodel_pipeline.cache.sizing import HEADROOM, recommended_working_volume
 from basemodel_pipeline.config import PipelineConfig
 from basemodel_pipeline.diskfaults import existing_ancestor
 from basemodel_pipeline.errors import UserError
 
 DiskUsage = Callable[[str], Any]  # shutil.disk_usage: an object with .free (bytes)
-HEADROOM = 0.2
 GIB = 2**30
 
 
@@ -41,8 +41,6 @@ def build_estimate(cfg: PipelineConfig) -> dict[str, int]:
 
 def preflight(cfg: PipelineConfig, cache_root: Path, disk_usage: DiskUsage) -> dict[str, Any]:
     """Raise UserError when the build cannot fit; returns the numbers it compared."""
-    from basemodel_pipeline.sources.volume import recommended_working_volume
-
     est = build_estimate(cfg)
     spill_dir = (
         existing_ancestor(Path(cfg.cache.spill_directory)) if cfg.cache.spill_directory else cache_root

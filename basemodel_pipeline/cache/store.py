@@ -17,8 +17,6 @@ import torch
 
 from basemodel_pipeline.errors import UserError
 
-DAY = 86400
-
 
 @dataclass(frozen=True)
 class ColumnInfo:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
+import json
 import os
 import shutil
 import time
@@ -197,3 +199,16 @@ def sweep(final: Path) -> list[str]:
         shutil.rmtree(trash, ignore_errors=True)
         removed.append(version.name)
     return removed
+
+
+def read_manifest(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((path / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def data_version(manifest: dict[str, Any]) -> str:
+    """Changes exactly when the extracts' content does (Dagster's data version of event_cache)."""
+    content = json.dumps([manifest.get("format_version"), manifest.get("inputs")], sort_keys=True)
+    return f"{manifest['fingerprint']}-{hashlib.sha256(content.encode()).hexdigest()[:12]}"

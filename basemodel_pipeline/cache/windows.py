@@ -17,8 +17,8 @@ def resolve_windows(cfg: PipelineConfig, last_event_day: dt.date | None = None) 
     if not cfg.data_params.rolling:
         return cfg
     if last_event_day is None:
-        from basemodel_pipeline.cache.build import cache_dir
         from basemodel_pipeline.cache.store import EventCache
+        from basemodel_pipeline.workspace import cache_dir
 
         last_event_day = EventCache(cache_dir(cfg)).max_date
     dp = cfg.data_params.resolved(last_event_day, cfg.longest_horizon_days)

@@ -3,7 +3,7 @@
 A scenario is a task type plus a target over the window after each split time. Targets are declarative
 (one model per kind below) or a Python function (``kind: python``). Every target names its event
 ``source`` and the columns it reads (``columns()``), so validation can reject unknown names before any data
-is read (PipelineConfig._references, config.data_checks).
+is read (PipelineConfig._references, sources.data_checks).
 """
 
 from __future__ import annotations

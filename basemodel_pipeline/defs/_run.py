@@ -10,7 +10,7 @@ import dagster as dg
 
 from basemodel_pipeline.defs.launcher import Launcher
 from basemodel_pipeline.errors import UserError
-from basemodel_pipeline.jobs._common import data_version_of, flatten_metadata
+from basemodel_pipeline.metadata import data_version_of, flatten_metadata
 
 
 def to_dagster_metadata(meta: Mapping[str, Any]) -> dict[str, Any]:

@@ -30,7 +30,7 @@ import dagster as dg
 from pydantic import Field
 
 from basemodel_pipeline.defs.gpu_devices import reserve_devices
-from basemodel_pipeline.jobs._common import ERROR_FILE_EXTRA, FORWARDED_ENV_VAR
+from basemodel_pipeline.metadata import ERROR_FILE_EXTRA, FORWARDED_ENV_VAR
 
 Backend = Literal["subprocess", "docker", "k8s", "ecs"]
 BACKENDS: tuple[str, ...] = ("subprocess", "docker", "k8s", "ecs")

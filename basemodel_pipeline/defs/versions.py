@@ -18,15 +18,16 @@ PACKAGE = Path(basemodel_pipeline.__file__).parent
 
 # What each asset's content depends on (packages or modules of basemodel_pipeline). The config and the
 # workspace layout sit under everything.
-_GROUND = ("config", "errors.py", "workspace.py", "pipeline.py")
+_GROUND = ("config", "errors.py", "workspace.py", "dates.py", "pipeline.py")
+_NET = (*_GROUND, "runtime.py")  # the stages that run the network: device, mixed precision, forward passes
 DEPENDS_ON: dict[str, tuple[str, ...]] = {
     "extract": (*_GROUND, "sources"),
     "event_cache": (*_GROUND, "sources", "cache"),
-    "foundation_model": (*_GROUND, "cache", "features", "model", "training"),
-    "scenario_baselines": (*_GROUND, "cache", "features", "training", "evaluation", "scenarios"),
-    "scenario_model": (*_GROUND, "cache", "features", "model", "training", "evaluation", "scenarios"),
-    "predictions": (*_GROUND, "cache", "features", "model", "scenarios", "inference"),
-    "entity_embeddings": (*_GROUND, "cache", "features", "model", "inference"),
+    "foundation_model": (*_NET, "cache", "features", "model", "training"),
+    "scenario_baselines": (*_NET, "cache", "features", "training", "evaluation", "scenarios"),
+    "scenario_model": (*_NET, "cache", "features", "model", "training", "evaluation", "scenarios"),
+    "predictions": (*_NET, "cache", "features", "model", "scenarios", "inference"),
+    "entity_embeddings": (*_NET, "cache", "features", "model", "inference"),
     "metrics_summary": (*_GROUND, "reports"),
     "published_artifacts": (*_GROUND, "publish.py"),
     "workspace_retention": (*_GROUND, "retention.py"),

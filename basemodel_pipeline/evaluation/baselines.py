@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from basemodel_pipeline.cache.store import DAY, EventCache, expand_ranges
+from basemodel_pipeline.cache.store import EventCache, expand_ranges
+from basemodel_pipeline.dates import DAY
 
 
 def lightgbm_scores(

@@ -16,7 +16,8 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from basemodel_pipeline.cache.store import DAY, EventSource, expand_ranges
+from basemodel_pipeline.cache.store import EventSource, expand_ranges
+from basemodel_pipeline.dates import DAY
 
 COLUMN_BLOCK = 32  # embedding columns propagated at a time
 

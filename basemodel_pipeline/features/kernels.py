@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from basemodel_pipeline.cache.store import DAY, EventSource, bisect_rows, expand_ranges_t
+from basemodel_pipeline.cache.store import EventSource, bisect_rows, expand_ranges_t
+from basemodel_pipeline.dates import DAY
 
 MAX_ROWS = 1 << 21  # event rows expanded at a time: bounds memory whatever the history lengths
 

@@ -5,7 +5,7 @@ The input layout (features/sketch.py) is, in order:
     per event source s:  channels(s) x half-lives decayed sums, index h * channels(s) + c
                          then 4 extras: log count, log recency days, log tenure days, has history
     main-entity attributes: one-hot per categorical attribute (code 0 = missing), one value per numeric one
-    automatic aggregates (evaluation/aggregates.py), named by aggregates.feature_names(cache)
+    automatic aggregates (features/aggregates.py), named by aggregates.feature_names(cache)
 
 Channels of a source: 0 = the event count, then each column's block (ColumnPlan offset/width): numeric 1,
 direct vocab_size + 1 (code k; 0 = missing), hashed P x W sketch buckets (partition p, bucket b at
@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from basemodel_pipeline.cache.store import EventCache
-from basemodel_pipeline.evaluation.aggregates import feature_names as aggregate_names
+from basemodel_pipeline.features.aggregates import feature_names as aggregate_names
 from basemodel_pipeline.features.sketch import HOUR_BIN, ColumnPlan, FeatureEncoder
 
 ATTRIBUTES = "attributes"

@@ -22,8 +22,9 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from basemodel_pipeline.cache.store import DAY, EventCache, EventSource
-from basemodel_pipeline.evaluation.aggregates import aggregate_features_t, feature_names
+from basemodel_pipeline.cache.store import EventCache, EventSource
+from basemodel_pipeline.dates import DAY
+from basemodel_pipeline.features.aggregates import aggregate_features_t, feature_names
 from basemodel_pipeline.features.cleora import cleora, incidence
 from basemodel_pipeline.features.dlsh import dlsh_table
 from basemodel_pipeline.features.kernels import (
@@ -120,7 +121,7 @@ class FeatureEncoder:
     sources: list[SourcePlan]
     half_lives_days: list[float]
     attributes: list[ColumnPlan] = field(default_factory=list)
-    aggregate_dim: int = 0  # > 0: append the automatic aggregate features (evaluation/aggregates.py)
+    aggregate_dim: int = 0  # > 0: append the automatic aggregate features (features/aggregates.py)
     _tables: dict[tuple[str, str, str], torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
 
     EXTRAS_PER_SOURCE = 4  # log1p(count), log1p(recency days), log1p(tenure days), has history

@@ -18,19 +18,19 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from basemodel_pipeline import runtime
 from basemodel_pipeline import workspace as ws
-from basemodel_pipeline.cache.build import cache_dir
 from basemodel_pipeline.cache.history import provenance as cache_provenance
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import PipelineConfig
 from basemodel_pipeline.diskfaults import require_space
 from basemodel_pipeline.features.sketch import FeatureEncoder
-from basemodel_pipeline.inference.precision import prepare_model, resolve_device
+from basemodel_pipeline.inference.precision import prepare_model
 from basemodel_pipeline.inference.predict import CHUNK, entity_features, feature_chunks
 from basemodel_pipeline.inference.state import default_as_of
 from basemodel_pipeline.model.checkpoint import load_checkpoint
 from basemodel_pipeline.progress import Progress
-from basemodel_pipeline.training import loop
+from basemodel_pipeline.workspace import cache_dir
 
 
 @torch.no_grad()
@@ -39,7 +39,7 @@ def embedding_chunks(
 ) -> Iterator[np.ndarray]:
     """float16 [chunk, d] embeddings of each feature chunk."""
     for X in chunks:
-        with loop.autocast(device, amp):
+        with runtime.autocast(device, amp):
             yield model.embed(torch.from_numpy(X).to(device)).float().cpu().numpy().astype(np.float16)
 
 
@@ -56,7 +56,7 @@ def entity_embeddings(
     model, meta = load_checkpoint(checkpoint_dir)
     model, amp, _ = prepare_model(model, precision, torch.device("cpu"))
     enc = FeatureEncoder.from_dict(meta["encoder"])
-    loop.set_threads()
+    runtime.set_threads()
     outs = []
     for emb in embedding_chunks(
         model, feature_chunks(cache, enc, entity, as_of, chunk), torch.device("cpu"), amp
@@ -83,14 +83,14 @@ def export_embeddings(
     cache = EventCache(cache_dir(cfg))
     foundation = ws.latest_foundation_dir(cfg)
     model, meta = load_checkpoint(foundation)
-    dev = resolve_device(device)
+    dev = runtime.resolve_device(device)
     model, amp, chosen = prepare_model(model, precision, dev)
     as_of = as_of or default_as_of(cache)
     entity = np.arange(cache.n_entities, dtype=np.int64)
     chunks, info = entity_features(
         Path(cfg.workspace), cache, meta["encoder"], entity, as_of, replay, progress
     )
-    loop.set_threads()
+    runtime.set_threads()
     ids = cache.entity_ids
     writer = open_writer(cfg, "embeddings", None, as_of, destination)
     directory = getattr(writer, "directory", None)  # file destinations: add the RecSys-2025 arrays

@@ -31,13 +31,12 @@ summed over partitions. With the empty baseline this is exact (buckets the entit
 get nothing); with the mean baseline the attribution of the buckets the entity never used is reported as the
 value "(buckets without the entity's values)". A population explanation is the mean |attribution| over the
 entities (and the mean signed one) at every level, each entity's totals taken before the absolute value.
+
+Writing explanations to files and into the scenario report: reports/explanations.py.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import json
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,10 +46,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from basemodel_pipeline import workspace as ws
-from basemodel_pipeline.cache.build import cache_dir
-from basemodel_pipeline.cache.store import DAY, EventCache, expand_ranges
-from basemodel_pipeline.config import PipelineConfig, Scenario
+from basemodel_pipeline import runtime
+from basemodel_pipeline.cache.store import EventCache, expand_ranges
+from basemodel_pipeline.dates import DAY, epoch_seconds
 from basemodel_pipeline.errors import UserError
 from basemodel_pipeline.features.names import (
     ATTRIBUTES,
@@ -59,15 +57,12 @@ from basemodel_pipeline.features.names import (
     describe,
 )
 from basemodel_pipeline.features.sketch import ColumnPlan, FeatureEncoder
-from basemodel_pipeline.inference.predict import default_as_of, load_scenario
+from basemodel_pipeline.inference.predict import load_scenario
 from basemodel_pipeline.model.trunk import TrunkWithHead
 from basemodel_pipeline.scenarios.heads import Head
-from basemodel_pipeline.training import loop
-from basemodel_pipeline.training.splits import epoch_seconds
 
 DEFAULT_STEPS = 32
 DEFAULT_POPULATION = 2000
-REPORT_POPULATION = 256  # test entities explained for the scenario report
 MAX_STEPS = 256  # rows whose completeness gap stays above GAP_TOLERANCE get up to this many steps
 GAP_TOLERANCE = 1e-3  # of 1 + |f(x) - f(baseline)|
 MAX_ROWS = 8192  # path points per forward/backward pass
@@ -493,7 +488,7 @@ def explain(
     training = m.model.training
     m.model.eval()
     try:
-        scores = m.head.scores(loop.predict(m.model, X, torch.device("cpu"), amp=None))
+        scores = m.head.scores(runtime.predict(m.model, X, torch.device("cpu"), amp=None))
         out = choose_output(m.head, label, scores if m.head.task in ("multiclass", "multilabel") else None)
         ex = Explainer(cache, m.enc)
         base = baseline_features(baseline, cache, m, entity, times)
@@ -544,77 +539,3 @@ def sample_entities(n_entities: int, n: int, seed: int = 0) -> np.ndarray:
     """A sorted, seeded sample of min(n, n_entities) entity indices."""
     rng = np.random.default_rng(seed)
     return np.sort(rng.choice(n_entities, min(n, n_entities), replace=False)).astype(np.int64)
-
-
-def _file_stem(entity_id: str) -> str:
-    return "entity-" + re.sub(r"[^A-Za-z0-9_.-]", "_", entity_id)[:100]
-
-
-def run_explain(
-    cfg: PipelineConfig,
-    scenario: Scenario,
-    entity_id: str | None = None,
-    as_of: dt.date | None = None,
-    population: int = DEFAULT_POPULATION,
-    label: str | None = None,
-    steps: int = DEFAULT_STEPS,
-    baseline: str = "mean",
-) -> dict[str, Any]:
-    """Explain one entity (entity_id) or a population sample of the latest scenario model as of a date;
-    writes <workspace>/explanations/<scenario>/<as_of>/{entity-<id>,population}.{json,png}."""
-    from basemodel_pipeline.reports.html import explanation_png
-
-    cache = EventCache(cache_dir(cfg))
-    m = Model.load(ws.latest_scenario_dir(cfg, scenario.name))
-    as_of = as_of or default_as_of(cache)
-    if as_of <= cfg.data_params.data_start_date:
-        raise UserError(f"--as-of {as_of} is before data_start_date ({cfg.data_params.data_start_date})")
-    if population <= 0:
-        raise UserError(f"--population {population}: give a positive number of entities")
-    if entity_id is not None:
-        try:
-            idx = int(cache.entity_index(np.array([entity_id]))[0])
-        except ValueError:  # not even of the ids' type (text for integer ids)
-            idx = -1
-        if idx < 0:
-            some = ", ".join(str(i) for i in cache.entity_ids[:5])
-            raise UserError(
-                f"--entity '{entity_id}' is not an entity of the event cache at {cache.path} "
-                f"({cache.n_entities} entities, e.g. {some})"
-            )
-        entity, stem = np.array([idx], np.int64), _file_stem(entity_id)
-    else:
-        entity, stem = sample_entities(cache.n_entities, population), "population"
-    t = np.full(len(entity), epoch_seconds(as_of), np.int64)
-    result = explain(cache, m, entity, t, label, steps, baseline)
-    result = {
-        "scenario": scenario.name,
-        "as_of": as_of.isoformat(),
-        "model_version": m.meta.get("version"),
-        **({"entity_id": entity_id} if entity_id is not None else {}),
-        **result,
-    }
-    out_dir = ws.root(cfg) / "explanations" / scenario.name / as_of.isoformat()
-    json_path, png_path = out_dir / f"{stem}.json", out_dir / f"{stem}.png"
-    result["json_path"], result["plot_path"] = str(json_path), str(png_path)
-    ws.atomic_write_bytes(png_path, explanation_png(result))
-    ws.atomic_write_text(json_path, json.dumps(result, indent=2))
-    return result
-
-
-def add_report_explanation(
-    extra: dict[str, str], shared: Any, model: TrunkWithHead, head: Head, test: Any
-) -> None:
-    """For training/finetune._finish: explain up to REPORT_POPULATION test examples (population, mean
-    baseline), add the section to extra["report.html"] and the JSON as extra["explanation.json"].
-
-    shared: finetune.Shared (cache, enc, X, rows()); test: the test Examples. Recommendation: nothing."""
-    from basemodel_pipeline.reports.html import with_explanation
-
-    if head.task not in TASKS or len(test) == 0:
-        return
-    pick = sample_entities(len(test), REPORT_POPULATION)
-    X = shared.X[shared.rows(test)[pick]]
-    expl = explain(shared.cache, Model(model, shared.enc, head), test.entity[pick], test.time[pick], X=X)
-    extra["report.html"] = with_explanation(extra["report.html"], expl)
-    extra["explanation.json"] = json.dumps(expl, indent=2)

@@ -16,17 +16,9 @@ import torch
 from torch import nn
 
 from basemodel_pipeline.errors import UserError
-from basemodel_pipeline.training.calibrate import cpu_has_bf16
+from basemodel_pipeline.runtime import cpu_has_bf16
 
 PRECISIONS = ("auto", "fp32", "bf16", "int8")
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"--device {device}: no CUDA device is visible here; use --device cpu")
-    return torch.device(device)
 
 
 def choose(precision: str, device: torch.device) -> str:

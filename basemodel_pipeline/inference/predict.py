@@ -29,16 +29,17 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from basemodel_pipeline import runtime
 from basemodel_pipeline import workspace as ws
-from basemodel_pipeline.cache.build import cache_dir
 from basemodel_pipeline.cache.history import provenance as cache_provenance
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import PipelineConfig, Scenario
+from basemodel_pipeline.dates import epoch_seconds
 from basemodel_pipeline.errors import UserError
 from basemodel_pipeline.evaluation import drift
 from basemodel_pipeline.evaluation.drift import RowSample
 from basemodel_pipeline.features.sketch import FeatureEncoder
-from basemodel_pipeline.inference.precision import prepare_model, resolve_device
+from basemodel_pipeline.inference.precision import prepare_model
 from basemodel_pipeline.inference.shards import PartWriter, parts_dir, shard_range
 from basemodel_pipeline.inference.state import (
     EntityState,
@@ -49,12 +50,12 @@ from basemodel_pipeline.inference.state import (
 )
 from basemodel_pipeline.model.checkpoint import load_checkpoint
 from basemodel_pipeline.progress import Progress
-from basemodel_pipeline.scenarios.candidates import Candidate, Context, load_candidate
+from basemodel_pipeline.scenarios.candidates import Candidate, Context
+from basemodel_pipeline.scenarios.examples import TargetSpec
 from basemodel_pipeline.scenarios.heads import Head
 from basemodel_pipeline.scenarios.inputs import Rows, RowView
-from basemodel_pipeline.scenarios.targets import TargetSpec
-from basemodel_pipeline.training import loop
-from basemodel_pipeline.training.splits import epoch_seconds
+from basemodel_pipeline.scenarios.loading import load_candidate
+from basemodel_pipeline.workspace import cache_dir
 
 MAX_LABELS_ALL = 100  # multilabel: write every class's score up to this many classes
 DEFAULT_TOP_K = 20
@@ -152,7 +153,7 @@ class Scorer:
     @classmethod
     def load(cls, checkpoint: Path, precision: str = "auto", device: str = "cpu") -> Scorer:
         model, meta, head = load_scenario(checkpoint)
-        dev = resolve_device(device)
+        dev = runtime.resolve_device(device)
         model, amp, chosen = prepare_model(model.eval(), precision, dev)
         return cls(model, meta, head, dev, amp, chosen, load_published(checkpoint, meta, head))
 
@@ -186,7 +187,7 @@ def score_entities(
     [n] (binary) / [n, C], values [n], or (items [n, k], scores) (recommendation)."""
     scorer = Scorer.load(checkpoint, precision)
     enc = FeatureEncoder.from_dict(scorer.meta["encoder"])
-    loop.set_threads()
+    runtime.set_threads()
     chunks = state_chunks(state, entity, chunk) if state else feature_chunks(cache, enc, entity, as_of, chunk)
     outs: list = []
     for a, X in zip(range(0, len(entity), chunk), chunks, strict=True):
@@ -396,7 +397,7 @@ def predict(
     chunks, meta = entity_features(
         Path(cfg.workspace), cache, scorer.meta["encoder"], entity, as_of, replay, progress
     )
-    loop.set_threads()
+    runtime.set_threads()
     model_top_k = top_k or scorer.meta["scenario"].get("k", DEFAULT_TOP_K)
     ids = cache.entity_ids
     if shard:

@@ -24,13 +24,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from basemodel_pipeline import workspace as ws
-from basemodel_pipeline.cache.build import cache_dir
 from basemodel_pipeline.cache.history import provenance as cache_provenance
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import PipelineConfig
 from basemodel_pipeline.errors import UserError
 from basemodel_pipeline.inference.state import default_as_of, ensure_state, state_serves
 from basemodel_pipeline.progress import Progress
+from basemodel_pipeline.workspace import cache_dir
 
 SHARD_ALIGN = (
     4096  # shard boundaries fall on the scorer's batch boundaries: identical batches, identical bits

@@ -41,10 +41,11 @@ import torch
 
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache import integrity
-from basemodel_pipeline.cache.build import data_version
 from basemodel_pipeline.cache.history import history_version
 from basemodel_pipeline.cache.store import EventCache
-from basemodel_pipeline.evaluation.aggregates import advance_sums, all_history_totals, window_totals
+from basemodel_pipeline.cache.versions import data_version
+from basemodel_pipeline.dates import epoch_seconds
+from basemodel_pipeline.features.aggregates import advance_sums, all_history_totals, window_totals
 from basemodel_pipeline.features.kernels import (
     decayed_sums,
     expand_ranges_t,
@@ -53,7 +54,6 @@ from basemodel_pipeline.features.kernels import (
 )
 from basemodel_pipeline.features.sketch import FeatureEncoder
 from basemodel_pipeline.progress import NullProgress, Progress
-from basemodel_pipeline.training.splits import epoch_seconds
 
 STATE_VERSION = 3  # 3: tied to the cache content (history version) and checksummed
 CHUNK = 16384  # entities per step: bounds memory

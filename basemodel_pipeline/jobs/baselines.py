@@ -2,7 +2,7 @@
 ``python -m basemodel_pipeline.jobs.baselines --config PATH --scenario NAME``.
 
 Under Dagster the scenario defaults to the partition key of the ``scenario_baselines`` asset; the
-``scenario_model`` step (jobs/finetune.py) then reads what this wrote (training/baselines.py).
+``scenario_model`` step (jobs/finetune.py) then reads what this wrote (scenarios/baselines.py).
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ A scenario fits several candidates on its training windows, compares them on val
     refit(rows: Rows)              train again on more windows (training + validation) for the epochs or
                                    rounds early stopping chose (finetune.refit_on_validation)
     save() -> (meta, files)        JSON-able meta and files (LightGBM model text, safetensors): no pickle
-    load(meta, files, ctx)         the inverse, given the scenario context
+    load_candidate(meta, files, ctx)  the inverse, given the scenario context (scenarios/loading.py)
 
-    neural               the fine-tuned network's head (trained in training/finetune.py)
+    neural               the fine-tuned network's head (trained in scenarios/finetune.py)
     lightgbm_hybrid      LightGBM on the automatic aggregates + the foundation embedding (PCA, 32 dims)
     lightgbm_aggregates  baseline: LightGBM on the automatic aggregates alone
     popularity           baseline: recent activity (binary), recent shares of each class, the same quantity
@@ -31,21 +31,16 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from basemodel_pipeline.cache.store import DAY
 from basemodel_pipeline.config import Scenario
 from basemodel_pipeline.config.models import BinaryTarget, PythonTarget, RegressionTarget
+from basemodel_pipeline.dates import DAY
 from basemodel_pipeline.evaluation import baselines, metrics
 from basemodel_pipeline.evaluation.gbm import GBM, fit_gbm
 from basemodel_pipeline.progress import NullProgress, Progress
+from basemodel_pipeline.scenarios.examples import SparseLabels, TargetSpec, dense_labels, label_columns
 from basemodel_pipeline.scenarios.heads import Head
 from basemodel_pipeline.scenarios.inputs import Rows
-from basemodel_pipeline.scenarios.targets import (
-    SparseLabels,
-    TargetSpec,
-    dense_labels,
-    label_columns,
-    regression_values,
-)
+from basemodel_pipeline.scenarios.targets import regression_values
 
 EMBEDDING_COMPONENTS = 32  # lightgbm_hybrid: principal components of the foundation embedding
 BLEND_STEP = 0.1  # multilabel / multiclass blends: grid step of the weights on the simplex
@@ -91,7 +86,7 @@ def labels_of(ctx: Context, rows: Rows) -> np.ndarray:
 
 # ---- neural ----------------------------------------------------------------------------------------
 class Neural:
-    """The scenario network's outputs (its training lives in training/finetune.py)."""
+    """The scenario network's outputs (its training lives in scenarios/finetune.py)."""
 
     name = "neural"
 
@@ -105,7 +100,7 @@ class Neural:
         return self.ctx.head.scores(rows.logits())
 
     def refit(self, rows: Rows) -> None:
-        pass  # the network is trained again by training/finetune.py (it owns the training loop)
+        pass  # the network is trained again by scenarios/finetune.py (it owns the training loop)
 
     def save(self) -> tuple[dict[str, Any], dict[str, bytes]]:
         return {"kind": "neural"}, {}
@@ -402,40 +397,6 @@ class Blend:
             "scale": self.scale,
             "intercept": self.intercept,
         }, files
-
-
-# ---- loading ---------------------------------------------------------------------------------------
-def load_candidate(meta: dict[str, Any], files: dict[str, bytes], ctx: Context) -> Candidate:
-    """A published candidate from its saved meta and files (inference/predict.py)."""
-    kind = meta["kind"]
-    if kind == "neural":
-        return Neural(ctx)
-    if kind == "popularity":
-        return Popularity(ctx, meta.get("sign", 1.0), meta.get("prior"))
-    if kind == "lightgbm":
-        from safetensors.numpy import load
-
-        c = LightGBM(ctx, meta["features"])
-        if "fallback" in meta:
-            c.fallback = Popularity(ctx, meta["fallback"].get("sign", 1.0), meta["fallback"].get("prior"))
-        if f"{c.name}.json" in files:
-            c.gbm = GBM.from_json(files[f"{c.name}.json"].decode())
-        if "top" in meta:
-            c.top = np.asarray(meta["top"], np.int64)
-        if f"{c.name}_pca.safetensors" in files:
-            t = load(files[f"{c.name}_pca.safetensors"])
-            c.pca = (t["mean"], t["components"])
-        return c
-    if kind == "blend":
-        b = Blend(ctx, [load_candidate(m, files, ctx) for m in meta["members"]])
-        b.weights, b.intercept = np.asarray(meta["weights"], np.float64), float(meta["intercept"])
-        b.scale = float(meta.get("scale", 1.0))
-        return b
-    if kind in ("reranker", "repeat", "recommend_popularity", "neural_ranking"):
-        from basemodel_pipeline.scenarios.rerank import load_ranking_candidate
-
-        return load_ranking_candidate(meta, files, ctx)
-    raise ValueError(f"unknown candidate kind '{kind}' in the checkpoint")
 
 
 def meta_json(meta: dict[str, Any]) -> str:

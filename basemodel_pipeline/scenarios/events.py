@@ -19,8 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from basemodel_pipeline.cache.store import DAY, EventSource
+from basemodel_pipeline.cache.store import EventSource
 from basemodel_pipeline.config.models import Condition
+from basemodel_pipeline.dates import DAY
 from basemodel_pipeline.errors import ConfigError
 
 _OPS = {

@@ -32,7 +32,7 @@ from torch import nn
 
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.evaluation.baselines import decayed_history_items
-from basemodel_pipeline.scenarios.targets import Examples, Labels, SparseLabels, TargetSpec, dense_labels
+from basemodel_pipeline.scenarios.examples import Examples, Labels, SparseLabels, TargetSpec, dense_labels
 
 Bonus = tuple[np.ndarray, np.ndarray, np.ndarray]  # (row, item, decayed count) of the entities' own history
 REPEAT_HALF_LIFE_DAYS = 30.0

@@ -21,9 +21,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from basemodel_pipeline import runtime
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.features.sketch import FeatureEncoder
-from basemodel_pipeline.training import loop
 
 
 class RowView:
@@ -78,7 +78,7 @@ class Rows:
 
     def subset(self, idx: np.ndarray) -> Rows:
         """Rows `idx` (memoised arrays sliced, labels taken, features still not copied)."""
-        from basemodel_pipeline.scenarios.targets import take_labels
+        from basemodel_pipeline.scenarios.examples import take_labels
 
         idx = np.asarray(idx, np.int64)
         view = RowView(self.X.X, idx if self.X.rows is None else self.X.rows[idx])
@@ -100,10 +100,10 @@ class Rows:
     def _forward(self, key: str, module: nn.Module) -> np.ndarray:
         if key not in self.memo:
             if len(self) == 0:
-                probe = loop.predict(module, RowView(np.zeros((1, self.enc.dim), np.float32)), self.device)
+                probe = runtime.predict(module, RowView(np.zeros((1, self.enc.dim), np.float32)), self.device)
                 self.memo[key] = np.zeros((0, probe.shape[1]), np.float32)
             else:
-                self.memo[key] = loop.predict(module, self.X, self.device, amp=self.amp)
+                self.memo[key] = runtime.predict(module, self.X, self.device, amp=self.amp)
         return self.memo[key]
 
     def logits(self) -> np.ndarray:
@@ -119,7 +119,7 @@ class Rows:
             if self.enc.aggregate_dim:
                 self.memo["tabular"] = tabular_from_features(self.enc, self.X)
             else:
-                from basemodel_pipeline.evaluation.aggregates import aggregate_features
+                from basemodel_pipeline.features.aggregates import aggregate_features
 
                 self.memo["tabular"] = aggregate_features(self.cache, self.entity, self.time)[0]
         return self.memo["tabular"]

@@ -22,12 +22,12 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from basemodel_pipeline.cache.store import DAY, EventCache
+from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config.models import PythonTarget, Scenario
+from basemodel_pipeline.dates import DAY, epoch_seconds
 from basemodel_pipeline.errors import ConfigError, DataError
 from basemodel_pipeline.scenarios.events import Events, SourceEvents, TargetContext
-from basemodel_pipeline.scenarios.targets import Examples, TargetSpec, _candidates
-from basemodel_pipeline.training.splits import epoch_seconds
+from basemodel_pipeline.scenarios.examples import Examples, TargetSpec, candidate_pairs
 
 
 def load_function(scenario: Scenario) -> Callable[..., Any]:
@@ -100,7 +100,7 @@ def python_examples(cache: EventCache, scenario: Scenario, spec: TargetSpec, tim
     target = scenario.target
     assert isinstance(target, PythonTarget)
     fn = load_function(scenario)
-    e, t = _candidates(cache, scenario, times)
+    e, t = candidate_pairs(cache, scenario, times)
     data_end = epoch_seconds(cache.max_date) + DAY
     horizon = target.horizon_days * DAY
     bounds = {n: (s, s.positions(e, t), s.positions(e, t + horizon)) for n, s in cache.sources.items()}

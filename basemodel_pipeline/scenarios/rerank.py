@@ -2,7 +2,7 @@
 scenarios/candidates.py. Their outputs are ranked item lists ``(items [n, K], scores [n, K])``.
 
     neural             the network's scores of the whole catalogue (+ the entity's own history, weighted on
-                       the early-stopping rows: training/finetune.py)
+                       the early-stopping rows: scenarios/finetune.py)
     repeat_purchases   baseline: the entity's own past items by time-decayed count, popular items after them
     popularity         baseline: the items most bought by everyone in the 28 days before the split
     reranker           a candidate pool per entity, re-ranked by LightGBM LambdaRank:
@@ -28,13 +28,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from basemodel_pipeline.cache.store import DAY, EventCache
+from basemodel_pipeline.cache.store import EventCache
+from basemodel_pipeline.dates import DAY
 from basemodel_pipeline.evaluation.baselines import item_popularity
 from basemodel_pipeline.evaluation.gbm import fit_ranker
 from basemodel_pipeline.evaluation.probe import entity_folds
 from basemodel_pipeline.scenarios.candidates import Context
+from basemodel_pipeline.scenarios.examples import SparseLabels
 from basemodel_pipeline.scenarios.inputs import Rows
-from basemodel_pipeline.scenarios.targets import SparseLabels
 
 RANKED_ITEMS = 100  # items ranked per entity for the metrics (MRR over this list)
 POOL_HISTORY = 50  # pool: the entity's own items (by decayed count)
@@ -469,7 +470,7 @@ class RecommendPopularity(_Untrained):
         return ranked(pool, s.astype(np.float64), len(rows), k, pops, rows.time, exclude)
 
 
-class NeuralRanking:  # the network's refit lives in training/finetune.py
+class NeuralRanking:  # the network's refit lives in scenarios/finetune.py
     """The network's catalogue scores plus weight x log1p(decayed count) of the entity's own items (the weight
     chosen on the early-stopping rows; 0 = the network alone). ``items: new`` removes the own items."""
 

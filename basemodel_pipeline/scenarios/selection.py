@@ -24,7 +24,7 @@ from basemodel_pipeline.errors import ConfigError
 from basemodel_pipeline.evaluation import metrics
 from basemodel_pipeline.evaluation.probe import bootstrap_rounds, entity_folds, paired_bootstrap
 from basemodel_pipeline.scenarios.candidates import Blend, Candidate, Context
-from basemodel_pipeline.scenarios.targets import SparseLabels, take_labels
+from basemodel_pipeline.scenarios.examples import SparseLabels, take_labels
 
 PREFERENCE = (
     "popularity",

@@ -32,8 +32,9 @@ import numpy as np
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.config import PipelineConfig, Scenario
 from basemodel_pipeline.progress import Progress
-from basemodel_pipeline.scenarios.candidates import Candidate, Context, load_candidate
+from basemodel_pipeline.scenarios.candidates import Candidate, Context
 from basemodel_pipeline.scenarios.inputs import Rows
+from basemodel_pipeline.scenarios.loading import load_candidate
 
 BASELINES = ("lightgbm_aggregates", "popularity", "repeat_purchases")  # fitted without the network
 KEEP_STAGES = 2  # stages kept per scenario (the newest keys)

@@ -2,17 +2,15 @@
 
 Declarative targets are vectorised over all examples at once (CSR window rows, bincount); Python targets
 (scenarios/python_target.py) are called per example. Labels with many columns (large multilabel,
-recommendation) are kept sparse (``SparseLabels``) and densified one mini-batch at a time.
+recommendation) are kept sparse (``SparseLabels``, scenarios/examples.py) and densified one mini-batch at a
+time.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
 import numpy as np
 
-from basemodel_pipeline.cache.store import DAY, EventCache, EventSource
+from basemodel_pipeline.cache.store import EventCache, EventSource
 from basemodel_pipeline.config.models import (
     BinaryTarget,
     MulticlassTarget,
@@ -22,161 +20,14 @@ from basemodel_pipeline.config.models import (
     RegressionTarget,
     Scenario,
 )
+from basemodel_pipeline.dates import DAY
 from basemodel_pipeline.errors import ConfigError
 from basemodel_pipeline.scenarios.events import filter_rows, vocab
+from basemodel_pipeline.scenarios.examples import Examples, SparseLabels, TargetSpec, candidate_pairs
+from basemodel_pipeline.scenarios.python_target import python_examples
 
 SPARSE_FROM_CLASSES = 512  # multilabel targets with more classes keep their labels sparse
 OTHER_CLASS = "(other)"
-
-
-@dataclass
-class SparseLabels:
-    """Row-compressed labels [n, n_cols]: row i holds columns indices[indptr[i]:indptr[i+1]] with values."""
-
-    indptr: np.ndarray  # int64 [n + 1]
-    indices: np.ndarray  # int64 [nnz]
-    values: np.ndarray  # float32 [nnz]
-    n_cols: int
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return len(self.indptr) - 1, self.n_cols
-
-    def __len__(self) -> int:
-        return len(self.indptr) - 1
-
-    def rows(self, idx: np.ndarray) -> SparseLabels:
-        idx = np.asarray(idx, dtype=np.int64)
-        lo, hi = self.indptr[idx], self.indptr[idx + 1]
-        lengths = hi - lo
-        take = np.repeat(lo - np.r_[0, np.cumsum(lengths)[:-1]], lengths) + np.arange(lengths.sum())
-        return SparseLabels(np.r_[0, np.cumsum(lengths)], self.indices[take], self.values[take], self.n_cols)
-
-    def dense(self, idx: np.ndarray | None = None) -> np.ndarray:
-        part = self if idx is None else self.rows(idx)
-        out = np.zeros(part.shape, dtype=np.float32)
-        owner = np.repeat(np.arange(len(part)), np.diff(part.indptr))
-        out[owner, part.indices] = part.values
-        return out
-
-    @classmethod
-    def from_pairs(
-        cls, owner: np.ndarray, col: np.ndarray, value: np.ndarray, n: int, n_cols: int
-    ) -> SparseLabels:
-        order = np.lexsort((col, owner))
-        indptr = np.r_[0, np.cumsum(np.bincount(owner, minlength=n))].astype(np.int64)
-        return cls(indptr, col[order].astype(np.int64), value[order].astype(np.float32), n_cols)
-
-
-Labels = np.ndarray | SparseLabels
-
-
-def take_labels(labels: Labels, idx: np.ndarray) -> Labels:
-    return labels.rows(idx) if isinstance(labels, SparseLabels) else labels[idx]
-
-
-def dense_labels(labels: Labels, idx: np.ndarray | None = None) -> np.ndarray:
-    if isinstance(labels, SparseLabels):
-        return labels.dense(idx)
-    return labels if idx is None else labels[idx]
-
-
-def label_columns(labels: Labels, cols: np.ndarray) -> np.ndarray:
-    """Dense [n, len(cols)] of the given label columns (without densifying the others)."""
-    if not isinstance(labels, SparseLabels):
-        return np.asarray(labels)[:, cols]
-    lut = np.full(labels.n_cols, -1, np.int64)
-    lut[np.asarray(cols, np.int64)] = np.arange(len(cols))
-    owner = np.repeat(np.arange(len(labels)), np.diff(labels.indptr))
-    j = lut[labels.indices]
-    out = np.zeros((len(labels), len(cols)), np.float32)
-    out[owner[j >= 0], j[j >= 0]] = labels.values[j >= 0]
-    return out
-
-
-@dataclass
-class Examples:
-    entity: np.ndarray  # int64 [n] entity index
-    time: np.ndarray  # int64 [n] split time, epoch seconds
-    labels: (
-        Labels  # binary/regression [n]; multiclass [n] int class; multilabel [n, C]; recommendation sparse
-    )
-
-    def __len__(self) -> int:
-        return len(self.entity)
-
-    def subset(self, keep: np.ndarray) -> Examples:
-        idx = np.flatnonzero(keep) if np.asarray(keep).dtype == bool else np.asarray(keep)
-        return Examples(self.entity[idx], self.time[idx], take_labels(self.labels, idx))
-
-
-def concat_examples(parts: list[Examples]) -> Examples:
-    """The rows of several Examples, in order (dense or sparse labels alike)."""
-    labels = [p.labels for p in parts]
-    if isinstance(labels[0], SparseLabels):
-        sizes = np.cumsum([0] + [lab.indptr[-1] for lab in labels[:-1]])
-        indptr = np.concatenate(
-            [[0]] + [lab.indptr[1:] + off for lab, off in zip(labels, sizes, strict=True)]
-        )
-        merged: Labels = SparseLabels(
-            indptr.astype(np.int64),
-            np.concatenate([lab.indices for lab in labels]),
-            np.concatenate([lab.values for lab in labels]),
-            labels[0].n_cols,
-        )
-    else:
-        merged = np.concatenate([np.asarray(lab) for lab in labels])
-    return Examples(
-        np.concatenate([p.entity for p in parts]), np.concatenate([p.time for p in parts]), merged
-    )
-
-
-@dataclass
-class TargetSpec:
-    """What a trained scenario needs to rebuild its labels and decode its outputs: stored in the checkpoint.
-
-    ``extra`` holds task-specific values: regression ``mean``/``std``/``log1p``; recommendation ``n_items``,
-    ``head`` (dense | sketch), ``partitions``, ``width``, ``seed``, ``popularity`` [n_items] (training
-    target counts) and ``items`` (item names, code k -> items[k - 1])."""
-
-    task: str
-    classes: list[str]  # class names (multiclass/multilabel); [] otherwise
-    class_codes: list[int]  # vocabulary codes of the classes in the target column ([] for python targets)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict:
-        return {"task": self.task, "classes": self.classes, "class_codes": self.class_codes, **self.extra}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> TargetSpec:
-        rest = {k: v for k, v in d.items() if k not in ("task", "classes", "class_codes")}
-        return cls(d["task"], list(d.get("classes", [])), list(d.get("class_codes", [])), rest)
-
-    @property
-    def out_dim(self) -> int:
-        if self.task in ("multiclass", "multilabel"):
-            return len(self.classes)
-        if self.task == "recommendation":
-            e = self.extra
-            return e["n_items"] if e["head"] == "dense" else e["partitions"] * e["width"]
-        return 2 if self.task == "regression" and self.extra.get("hurdle") else 1
-
-
-# ---- shared pieces ---------------------------------------------------------------------------------
-def _grid(cache: EventCache, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    n = cache.n_entities
-    return np.repeat(np.arange(n, dtype=np.int64), len(times)), np.tile(times.astype(np.int64), n)
-
-
-def population(
-    cache: EventCache, source: str, e: np.ndarray, t: np.ndarray, active_days: int | None
-) -> np.ndarray:
-    """Entities with history before t (and, if set, an event in the `active_days` before t)."""
-    src = cache.source(source)
-    pos = src.positions(e, t)
-    if active_days is None:
-        return pos > src.offsets[e]
-    return pos > src.positions(e, t - active_days * DAY)
 
 
 def _source(cache: EventCache, scenario: Scenario) -> EventSource:
@@ -207,14 +58,6 @@ def window_events(
         keep = filter_rows(src, rows, target.filter, f"scenario '{scenario.name}': target")
         owner, rows = owner[keep], rows[keep]
     return owner, rows
-
-
-def _candidates(cache: EventCache, scenario: Scenario, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    e, t = _grid(cache, times)
-    keep = population(
-        cache, scenario.target.source, e, t, getattr(scenario.target, "active_in_last_days", None)
-    )
-    return e[keep], t[keep]
 
 
 def _code_counts(
@@ -252,7 +95,7 @@ def choose_classes(cache: EventCache, scenario: Scenario, train_times: np.ndarra
         return _list_classes(cache, scenario, target, indicators, train_times)
     _column(src, scenario, target.column, "categorical")
     values = vocab(src, target.column)[0]
-    e, t = _candidates(cache, scenario, train_times)
+    e, t = candidate_pairs(cache, scenario, train_times)
     if isinstance(target, MultilabelTarget):
         ex_idx, code, _ = _code_counts(cache, scenario, e, t, target.column)
         pairs = np.unique(e[ex_idx] * len(values) + code)  # distinct (entity, value) buyers
@@ -309,7 +152,7 @@ def _list_classes(
 ) -> TargetSpec:
     """Multilabel over a list-valued column: one label per indicated value (cache/plan.py: the column's most
     frequent values), kept like any multilabel class (min_positive_entities, top_k)."""
-    e, t = _candidates(cache, scenario, train_times)
+    e, t = candidate_pairs(cache, scenario, train_times)
     owner, rows = window_events(cache, scenario, e, t)
     src = cache.source(target.source)
     buyers = np.array(
@@ -345,7 +188,7 @@ def list_label_pairs(
 
 # ---- examples per kind -----------------------------------------------------------------------------
 def binary_examples(cache: EventCache, scenario: Scenario, times: np.ndarray) -> Examples:
-    e, t = _candidates(cache, scenario, times)
+    e, t = candidate_pairs(cache, scenario, times)
     owner, _ = window_events(cache, scenario, e, t)
     any_event = np.bincount(owner, minlength=len(e)) > 0
     label = any_event if scenario.target.event == "any" else ~any_event
@@ -355,7 +198,7 @@ def binary_examples(cache: EventCache, scenario: Scenario, times: np.ndarray) ->
 def multilabel_examples(
     cache: EventCache, scenario: Scenario, spec: TargetSpec, times: np.ndarray
 ) -> Examples:
-    e, t = _candidates(cache, scenario, times)
+    e, t = candidate_pairs(cache, scenario, times)
     if spec.extra.get("list_columns"):
         ex_idx, cls = list_label_pairs(cache, scenario, spec, e, t)
         keep = np.ones(len(cls), bool)
@@ -386,7 +229,7 @@ def most_frequent_code(
 def multiclass_examples(
     cache: EventCache, scenario: Scenario, spec: TargetSpec, times: np.ndarray
 ) -> Examples:
-    e, t = _candidates(cache, scenario, times)
+    e, t = candidate_pairs(cache, scenario, times)
     ex_idx, code = most_frequent_code(cache, scenario, e, t)
     size = cache.source(scenario.target.source).info[scenario.target.column].vocab_size + 1
     other = len(spec.classes) - 1 if spec.classes[-1] == OTHER_CLASS else -1
@@ -409,7 +252,7 @@ def regression_values(cache: EventCache, scenario: Scenario, e: np.ndarray, t: n
 
 
 def regression_examples(cache: EventCache, scenario: Scenario, times: np.ndarray) -> Examples:
-    e, t = _candidates(cache, scenario, times)
+    e, t = candidate_pairs(cache, scenario, times)
     return Examples(e, t, regression_values(cache, scenario, e, t).astype(np.float32))
 
 
@@ -420,7 +263,7 @@ def recommendation_examples(
     target = scenario.target
     assert isinstance(target, RecommendationTarget)
     src = cache.source(target.source)
-    e, t = _candidates(cache, scenario, times)
+    e, t = candidate_pairs(cache, scenario, times)
     owner, rows = window_events(cache, scenario, e, t)
     ts = np.asarray(src.ts)[rows]
     if target.next_basket:  # only the first active (UTC) day of each example's window
@@ -461,8 +304,6 @@ def recommendation_examples(
 def build_examples(cache: EventCache, scenario: Scenario, spec: TargetSpec, times: np.ndarray) -> Examples:
     target = scenario.target
     if isinstance(target, PythonTarget):
-        from basemodel_pipeline.scenarios.python_target import python_examples
-
         return python_examples(cache, scenario, spec, times)
     if isinstance(target, BinaryTarget):
         return binary_examples(cache, scenario, times)

@@ -19,11 +19,11 @@ from typing import Any
 import duckdb
 import yaml
 
-from basemodel_pipeline.cache.build import FLOAT_PREFIXES, NUMERIC_PREFIXES
 from basemodel_pipeline.config.models import DataSource, PipelineConfig
 from basemodel_pipeline.errors import DataError
 from basemodel_pipeline.sources import sample_rows
 from basemodel_pipeline.sources.sql import quote_ident, resolve
+from basemodel_pipeline.sources.types import FLOAT_PREFIXES, NUMERIC_PREFIXES
 
 SAMPLE_ROWS = 200_000
 KEY_ROWS = 10_000_000

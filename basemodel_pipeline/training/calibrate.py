@@ -9,6 +9,7 @@ import psutil
 import torch
 
 from basemodel_pipeline.config.params import FoundationParams
+from basemodel_pipeline.runtime import cpu_has_bf16
 
 MIN_CHUNK, MAX_CHUNK = 4096, 131072
 CHUNK_MEMORY_SHARE = 0.15  # of the available memory, for one featurised chunk (x2 with a prefetch worker)
@@ -33,14 +34,6 @@ class Sizes:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def cpu_has_bf16() -> bool:
-    """Native bf16 matmuls on this CPU (AVX512-BF16 or AMX): bf16 autocast is then ~2-3x faster than fp32."""
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
 
 
 def calibrate(p: FoundationParams, n_entities: int, in_dim: int, out_dim: int, device: torch.device) -> Sizes:

@@ -1,28 +1,16 @@
-"""Small, explicit training utilities shared by pretraining and fine-tuning."""
+"""Small, explicit training utilities shared by pretraining and fine-tuning (the device, threads, mixed
+precision and batched forward passes are runtime.py's)."""
 
 from __future__ import annotations
 
 import math
-import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 import torch
 from torch import nn
 
-from basemodel_pipeline.settings import setting
-
-
-def pick_device(choice: str) -> torch.device:
-    if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
-        return torch.device("cuda")
-    return torch.device("cpu")
-
-
-def set_threads() -> None:
-    """All cores (up to 16), or BASEMODEL_TORCH_THREADS when several workers share the machine."""
-    wanted = setting("BASEMODEL_TORCH_THREADS") or None
-    torch.set_num_threads(int(wanted) if wanted else max(1, min(os.cpu_count() or 1, 16)))
+from basemodel_pipeline.runtime import Array, autocast, batches, take
 
 
 def optimizer_and_schedule(
@@ -38,29 +26,6 @@ def optimizer_and_schedule(
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
-
-
-def batches(n: int, size: int, rng: np.random.Generator | None = None) -> Iterator[np.ndarray]:
-    idx = rng.permutation(n) if rng is not None else np.arange(n)
-    for a in range(0, n, size):
-        yield idx[a : a + size]
-
-
-Array = np.ndarray | torch.Tensor
-
-
-def take(X: Array, idx: np.ndarray, device: torch.device) -> torch.Tensor:
-    """Rows idx of a numpy array or a tensor, as a tensor on device."""
-    if isinstance(X, torch.Tensor):
-        return X[torch.from_numpy(idx).to(X.device)].to(device)
-    return torch.from_numpy(X[idx]).to(device)
-
-
-def autocast(device: torch.device, amp: torch.dtype | None | str = "cuda-bf16"):
-    """Mixed precision context: amp=None is fp32; the default keeps the old rule (bf16 on CUDA only)."""
-    if amp == "cuda-bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
-    return torch.autocast(device.type, dtype=amp or torch.bfloat16, enabled=amp is not None)
 
 
 def train_epoch(
@@ -102,20 +67,3 @@ def train_epoch(
         if on_step is not None:
             on_step(float(loss.detach()), len(idx))
     return total / max(count, 1)
-
-
-@torch.no_grad()
-def predict(
-    model: nn.Module,
-    X: Array,
-    device: torch.device,
-    batch_size: int = 4096,
-    amp: torch.dtype | None | str = "cuda-bf16",
-) -> np.ndarray:
-    """Raw outputs (logits) of the model on X, as float32 numpy."""
-    model.eval()
-    outs = []
-    for idx in batches(len(X), batch_size):
-        with autocast(device, amp):
-            outs.append(model(take(X, idx, device)).float().cpu().numpy())
-    return np.concatenate(outs) if outs else np.zeros((0, 0), np.float32)

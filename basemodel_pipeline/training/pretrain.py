@@ -22,12 +22,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from basemodel_pipeline import runtime
 from basemodel_pipeline import workspace as ws
-from basemodel_pipeline.cache.build import cache_dir
-from basemodel_pipeline.cache.build import data_version as cache_data_version
-from basemodel_pipeline.cache.store import DAY, EventCache, expand_ranges_t
+from basemodel_pipeline.cache.store import EventCache, expand_ranges_t
+from basemodel_pipeline.cache.versions import data_version as cache_data_version
 from basemodel_pipeline.cache.windows import windows_metadata
 from basemodel_pipeline.config import PipelineConfig
+from basemodel_pipeline.dates import DAY, epoch_seconds
 from basemodel_pipeline.errors import ConfigError
 from basemodel_pipeline.features.kernels import new_day, source_tensors
 from basemodel_pipeline.features.sketch import FeatureEncoder
@@ -36,8 +37,8 @@ from basemodel_pipeline.progress import NullProgress, Progress
 from basemodel_pipeline.training import loop, resume
 from basemodel_pipeline.training.calibrate import Sizes, calibrate
 from basemodel_pipeline.training.distributed import World, init_world, shutdown
-from basemodel_pipeline.training.splits import epoch_seconds
 from basemodel_pipeline.training.work import WorkCounter
+from basemodel_pipeline.workspace import cache_dir
 
 FIELD = "training_params.foundation"
 ACTIVITY_DAYS = (7, 14)  # "any event within N days" targets besides the horizon
@@ -250,9 +251,9 @@ def pretrain(cfg: PipelineConfig, progress: Progress) -> dict[str, Any]:
     lo, hi, val_times = _windows(cfg)
     started = time.perf_counter()
     torch.manual_seed(p.seed)
-    loop.set_threads()
-    world = init_world(loop.pick_device(p.device))
-    device = world.device(loop.pick_device(p.device))
+    runtime.set_threads()
+    world = init_world(runtime.resolve_device(p.device))
+    device = world.device(runtime.resolve_device(p.device))
     if not world.main:
         progress = NullProgress()  # rank 0 reports
     try:
@@ -444,7 +445,7 @@ def _end_epoch(run, kept, epoch, model, loss_fn, Xv, Yv, device, sizes: Sizes, p
     """Validation loss, history, best weights; reset the per-epoch counters."""
     train_loss = run["loss_sum"] / max(run["loss_count"], 1)
     with torch.no_grad():
-        out = torch.from_numpy(loop.predict(model, Xv, device, amp=sizes.amp_dtype))
+        out = torch.from_numpy(runtime.predict(model, Xv, device, amp=sizes.amp_dtype))
         val_loss = float(loss_fn(out, Yv.cpu()))
     run["history"].append({"epoch": epoch + 1, "train_loss": train_loss, "val_loss": val_loss})
     progress.log(f"epoch {epoch + 1}: train_loss={train_loss:.4f} val_loss={val_loss:.4f}")

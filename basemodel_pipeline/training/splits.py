@@ -6,13 +6,9 @@ import datetime as dt
 
 import numpy as np
 
-from basemodel_pipeline.cache.store import DAY
 from basemodel_pipeline.config.models import DataParams
+from basemodel_pipeline.dates import DAY, epoch_seconds
 from basemodel_pipeline.errors import ConfigError
-
-
-def epoch_seconds(day: dt.date) -> int:
-    return int(dt.datetime(day.year, day.month, day.day, tzinfo=dt.UTC).timestamp())
 
 
 def scenario_split_times(dp: DataParams, horizon_days: int, field: str) -> dict[str, np.ndarray]:

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from basemodel_pipeline.cache.store import DAY, EventCache
+from basemodel_pipeline.cache.store import EventCache
+from basemodel_pipeline.dates import DAY
 
 
 def history_lengths(cache: EventCache, sources: list[str], e: np.ndarray, t: np.ndarray) -> np.ndarray:

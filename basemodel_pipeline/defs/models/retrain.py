@@ -28,6 +28,7 @@ import dagster as dg
 
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.config.scenarios import RetrainPolicy
+from basemodel_pipeline.dates import DAY
 from basemodel_pipeline.defs.models.partitions import scenarios_partitions
 from basemodel_pipeline.defs.resources import BasemodelConfigResource
 
@@ -36,7 +37,6 @@ BASELINES, MODEL = dg.AssetKey("scenario_baselines"), dg.AssetKey("scenario_mode
 PREDICTIONS = dg.AssetKey("predictions")
 RETRAIN_ASSETS = [BASELINES, MODEL, PREDICTIONS]  # one run: the CPU step, the GPU step, the scores
 DATA_VERSION_TAG = "dagster/data_version"
-DAY_S = 86_400
 ACTIVE = [
     dg.DagsterRunStatus.QUEUED,
     dg.DagsterRunStatus.NOT_STARTED,
@@ -69,7 +69,7 @@ def retrain_reason(policy: RetrainPolicy, latest: Latest, now: float) -> str | N
     if policy.when == "every_cache":
         return changed
     if policy.when == "weekly":
-        age = (now - latest.trained_at) / DAY_S
+        age = (now - latest.trained_at) / DAY
         return f"{changed}; model {age:.1f} days old" if age >= policy.min_days else None
     if latest.drift is None or latest.scored_at < latest.cache_at:
         return None  # waiting for the predictions on the new cache to measure the drift

@@ -196,7 +196,7 @@ class _Checker:
         else text, an integer written as plain decimal text ('42'). When the types differ, every id of a
         non-integer column must be such plain integer text: '000042', '42.0' or 'H42' would match by
         accident of a cast, or not at all, and silently split or lose entities."""
-        from basemodel_pipeline.cache.plan import INTEGER_PREFIXES
+        from basemodel_pipeline.sources.types import INTEGER_PREFIXES
 
         typed = []
         for i, src in enumerate(self.cfg.data_sources):
@@ -236,7 +236,7 @@ class _Checker:
 
     def check_list_use(self, where: str, sc: Any, src: DataSource, field: str, column: str) -> None:
         """A list-valued column (a movie's genres) can be a multilabel target or a feature, nothing else."""
-        from basemodel_pipeline.cache.plan import is_list_type
+        from basemodel_pipeline.sources.types import is_list_type
 
         if not is_list_type(self.column_type(src, column)):
             return

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from basemodel_pipeline.cache.store import DAY, EventCache, EventSource, expand_ranges_t
+from basemodel_pipeline.cache.store import EventCache, EventSource, expand_ranges_t
+from basemodel_pipeline.dates import DAY
 from basemodel_pipeline.features.kernels import (
     SourceTensors,
     as_tensor,

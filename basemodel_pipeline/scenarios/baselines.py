@@ -11,13 +11,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from basemodel_pipeline.cache.build import data_version as cache_data_version
+from basemodel_pipeline.cache.versions import data_version as cache_data_version
 from basemodel_pipeline.config import PipelineConfig, Scenario
 from basemodel_pipeline.progress import Progress
 from basemodel_pipeline.scenarios import staging
 from basemodel_pipeline.scenarios.candidates import Context
 from basemodel_pipeline.scenarios.heads import REPEAT_HALF_LIFE_DAYS, Head
-from basemodel_pipeline.training.finetune import candidate_models, open_shared, prepare, split_parts
+from basemodel_pipeline.scenarios.shared import candidate_models, open_shared, prepare, split_parts
 
 
 def run_baselines(cfg: PipelineConfig, scenario: Scenario, progress: Progress) -> dict[str, Any]:

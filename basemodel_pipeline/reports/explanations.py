@@ -1,0 +1,103 @@
+"""Explanations as files and as a report section: `basemodel explain` writes one entity's or a population's
+attributions (inference/explain.py) as JSON and a PNG chart under <workspace>/explanations/, and fine-tuning
+adds a population explanation of the test examples to the scenario report (reports/html.py)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from typing import Any
+
+import numpy as np
+
+from basemodel_pipeline import workspace as ws
+from basemodel_pipeline.cache.store import EventCache
+from basemodel_pipeline.config import PipelineConfig, Scenario
+from basemodel_pipeline.dates import epoch_seconds
+from basemodel_pipeline.errors import UserError
+from basemodel_pipeline.inference.explain import (
+    DEFAULT_POPULATION,
+    DEFAULT_STEPS,
+    TASKS,
+    Model,
+    explain,
+    sample_entities,
+)
+from basemodel_pipeline.inference.predict import default_as_of
+from basemodel_pipeline.model.trunk import TrunkWithHead
+from basemodel_pipeline.reports.html import explanation_png, with_explanation
+from basemodel_pipeline.scenarios.heads import Head
+from basemodel_pipeline.workspace import cache_dir
+
+REPORT_POPULATION = 256  # test entities explained for the scenario report
+
+
+def _file_stem(entity_id: str) -> str:
+    return "entity-" + re.sub(r"[^A-Za-z0-9_.-]", "_", entity_id)[:100]
+
+
+def run_explain(
+    cfg: PipelineConfig,
+    scenario: Scenario,
+    entity_id: str | None = None,
+    as_of: dt.date | None = None,
+    population: int = DEFAULT_POPULATION,
+    label: str | None = None,
+    steps: int = DEFAULT_STEPS,
+    baseline: str = "mean",
+) -> dict[str, Any]:
+    """Explain one entity (entity_id) or a population sample of the latest scenario model as of a date;
+    writes <workspace>/explanations/<scenario>/<as_of>/{entity-<id>,population}.{json,png}."""
+    cache = EventCache(cache_dir(cfg))
+    m = Model.load(ws.latest_scenario_dir(cfg, scenario.name))
+    as_of = as_of or default_as_of(cache)
+    if as_of <= cfg.data_params.data_start_date:
+        raise UserError(f"--as-of {as_of} is before data_start_date ({cfg.data_params.data_start_date})")
+    if population <= 0:
+        raise UserError(f"--population {population}: give a positive number of entities")
+    if entity_id is not None:
+        try:
+            idx = int(cache.entity_index(np.array([entity_id]))[0])
+        except ValueError:  # not even of the ids' type (text for integer ids)
+            idx = -1
+        if idx < 0:
+            some = ", ".join(str(i) for i in cache.entity_ids[:5])
+            raise UserError(
+                f"--entity '{entity_id}' is not an entity of the event cache at {cache.path} "
+                f"({cache.n_entities} entities, e.g. {some})"
+            )
+        entity, stem = np.array([idx], np.int64), _file_stem(entity_id)
+    else:
+        entity, stem = sample_entities(cache.n_entities, population), "population"
+    t = np.full(len(entity), epoch_seconds(as_of), np.int64)
+    result = explain(cache, m, entity, t, label, steps, baseline)
+    result = {
+        "scenario": scenario.name,
+        "as_of": as_of.isoformat(),
+        "model_version": m.meta.get("version"),
+        **({"entity_id": entity_id} if entity_id is not None else {}),
+        **result,
+    }
+    out_dir = ws.root(cfg) / "explanations" / scenario.name / as_of.isoformat()
+    json_path, png_path = out_dir / f"{stem}.json", out_dir / f"{stem}.png"
+    result["json_path"], result["plot_path"] = str(json_path), str(png_path)
+    ws.atomic_write_bytes(png_path, explanation_png(result))
+    ws.atomic_write_text(json_path, json.dumps(result, indent=2))
+    return result
+
+
+def add_report_explanation(
+    extra: dict[str, str], shared: Any, model: TrunkWithHead, head: Head, test: Any
+) -> None:
+    """For scenarios/finetune._finish: explain up to REPORT_POPULATION test examples (population, mean
+    baseline), add the section to extra["report.html"] and the JSON as extra["explanation.json"].
+
+    shared: scenarios.shared.Shared (cache, enc, X, rows()); test: the test Examples. Recommendation: nothing."""
+    if head.task not in TASKS or len(test) == 0:
+        return
+    pick = sample_entities(len(test), REPORT_POPULATION)
+    X = shared.X[shared.rows(test)[pick]]
+    expl = explain(shared.cache, Model(model, shared.enc, head), test.entity[pick], test.time[pick], X=X)
+    extra["report.html"] = with_explanation(extra["report.html"], expl)
+    extra["explanation.json"] = json.dumps(expl, indent=2)

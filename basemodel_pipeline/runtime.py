@@ -1,0 +1,80 @@
+"""The machine a stage runs on: the device, torch's threads, mixed precision and batched forward passes.
+
+Ground floor (docs/architecture.md): training, scenarios and inference all take these from here, so there is
+one device resolver and one batched forward pass.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from torch import nn
+
+from basemodel_pipeline.errors import UserError
+from basemodel_pipeline.settings import setting
+
+Array = np.ndarray | torch.Tensor
+
+
+def resolve_device(choice: str) -> torch.device:
+    """auto: the GPU when one is visible, else the CPU; `cuda` (or `cuda:N`) without a visible GPU is a
+    UserError; anything else is passed to torch (`cpu`)."""
+    if choice == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if choice.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"--device {choice}: no CUDA device is visible here; use --device cpu")
+    return torch.device(choice)
+
+
+def set_threads() -> None:
+    """All cores (up to 16), or BASEMODEL_TORCH_THREADS when several workers share the machine."""
+    wanted = setting("BASEMODEL_TORCH_THREADS") or None
+    torch.set_num_threads(int(wanted) if wanted else max(1, min(os.cpu_count() or 1, 16)))
+
+
+def cpu_has_bf16() -> bool:
+    """Native bf16 matmuls on this CPU (AVX512-BF16 or AMX): bf16 autocast is then ~2-3x faster than fp32."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def autocast(device: torch.device, amp: torch.dtype | None | str = "cuda-bf16"):
+    """Mixed precision context: amp=None is fp32; the default keeps the old rule (bf16 on CUDA only)."""
+    if amp == "cuda-bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    return torch.autocast(device.type, dtype=amp or torch.bfloat16, enabled=amp is not None)
+
+
+def batches(n: int, size: int, rng: np.random.Generator | None = None) -> Iterator[np.ndarray]:
+    idx = rng.permutation(n) if rng is not None else np.arange(n)
+    for a in range(0, n, size):
+        yield idx[a : a + size]
+
+
+def take(X: Array, idx: np.ndarray, device: torch.device) -> torch.Tensor:
+    """Rows idx of a numpy array or a tensor, as a tensor on device."""
+    if isinstance(X, torch.Tensor):
+        return X[torch.from_numpy(idx).to(X.device)].to(device)
+    return torch.from_numpy(X[idx]).to(device)
+
+
+@torch.no_grad()
+def predict(
+    model: nn.Module,
+    X: Array,
+    device: torch.device,
+    batch_size: int = 4096,
+    amp: torch.dtype | None | str = "cuda-bf16",
+) -> np.ndarray:
+    """Raw outputs (logits) of the model on X, as float32 numpy."""
+    model.eval()
+    outs = []
+    for idx in batches(len(X), batch_size):
+        with autocast(device, amp):
+            outs.append(model(take(X, idx, device)).float().cpu().numpy())
+    return np.concatenate(outs) if outs else np.zeros((0, 0), np.float32)

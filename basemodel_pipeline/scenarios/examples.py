@@ -1,0 +1,177 @@
+"""Labelled examples and what they are made of: the labels (dense or ``SparseLabels``), ``Examples`` (entity
+index, split time, label), the ``TargetSpec`` a checkpoint stores, and the candidate (entity, split time)
+pairs of a scenario. Declarative targets (scenarios/targets.py) and Python targets
+(scenarios/python_target.py) both produce them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from basemodel_pipeline.cache.store import EventCache
+from basemodel_pipeline.config.models import Scenario
+from basemodel_pipeline.dates import DAY
+
+
+@dataclass
+class SparseLabels:
+    """Row-compressed labels [n, n_cols]: row i holds columns indices[indptr[i]:indptr[i+1]] with values."""
+
+    indptr: np.ndarray  # int64 [n + 1]
+    indices: np.ndarray  # int64 [nnz]
+    values: np.ndarray  # float32 [nnz]
+    n_cols: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return len(self.indptr) - 1, self.n_cols
+
+    def __len__(self) -> int:
+        return len(self.indptr) - 1
+
+    def rows(self, idx: np.ndarray) -> SparseLabels:
+        idx = np.asarray(idx, dtype=np.int64)
+        lo, hi = self.indptr[idx], self.indptr[idx + 1]
+        lengths = hi - lo
+        take = np.repeat(lo - np.r_[0, np.cumsum(lengths)[:-1]], lengths) + np.arange(lengths.sum())
+        return SparseLabels(np.r_[0, np.cumsum(lengths)], self.indices[take], self.values[take], self.n_cols)
+
+    def dense(self, idx: np.ndarray | None = None) -> np.ndarray:
+        part = self if idx is None else self.rows(idx)
+        out = np.zeros(part.shape, dtype=np.float32)
+        owner = np.repeat(np.arange(len(part)), np.diff(part.indptr))
+        out[owner, part.indices] = part.values
+        return out
+
+    @classmethod
+    def from_pairs(
+        cls, owner: np.ndarray, col: np.ndarray, value: np.ndarray, n: int, n_cols: int
+    ) -> SparseLabels:
+        order = np.lexsort((col, owner))
+        indptr = np.r_[0, np.cumsum(np.bincount(owner, minlength=n))].astype(np.int64)
+        return cls(indptr, col[order].astype(np.int64), value[order].astype(np.float32), n_cols)
+
+
+Labels = np.ndarray | SparseLabels
+
+
+def take_labels(labels: Labels, idx: np.ndarray) -> Labels:
+    return labels.rows(idx) if isinstance(labels, SparseLabels) else labels[idx]
+
+
+def dense_labels(labels: Labels, idx: np.ndarray | None = None) -> np.ndarray:
+    if isinstance(labels, SparseLabels):
+        return labels.dense(idx)
+    return labels if idx is None else labels[idx]
+
+
+def label_columns(labels: Labels, cols: np.ndarray) -> np.ndarray:
+    """Dense [n, len(cols)] of the given label columns (without densifying the others)."""
+    if not isinstance(labels, SparseLabels):
+        return np.asarray(labels)[:, cols]
+    lut = np.full(labels.n_cols, -1, np.int64)
+    lut[np.asarray(cols, np.int64)] = np.arange(len(cols))
+    owner = np.repeat(np.arange(len(labels)), np.diff(labels.indptr))
+    j = lut[labels.indices]
+    out = np.zeros((len(labels), len(cols)), np.float32)
+    out[owner[j >= 0], j[j >= 0]] = labels.values[j >= 0]
+    return out
+
+
+@dataclass
+class Examples:
+    entity: np.ndarray  # int64 [n] entity index
+    time: np.ndarray  # int64 [n] split time, epoch seconds
+    labels: (
+        Labels  # binary/regression [n]; multiclass [n] int class; multilabel [n, C]; recommendation sparse
+    )
+
+    def __len__(self) -> int:
+        return len(self.entity)
+
+    def subset(self, keep: np.ndarray) -> Examples:
+        idx = np.flatnonzero(keep) if np.asarray(keep).dtype == bool else np.asarray(keep)
+        return Examples(self.entity[idx], self.time[idx], take_labels(self.labels, idx))
+
+
+def concat_examples(parts: list[Examples]) -> Examples:
+    """The rows of several Examples, in order (dense or sparse labels alike)."""
+    labels = [p.labels for p in parts]
+    if isinstance(labels[0], SparseLabels):
+        sizes = np.cumsum([0] + [lab.indptr[-1] for lab in labels[:-1]])
+        indptr = np.concatenate(
+            [[0]] + [lab.indptr[1:] + off for lab, off in zip(labels, sizes, strict=True)]
+        )
+        merged: Labels = SparseLabels(
+            indptr.astype(np.int64),
+            np.concatenate([lab.indices for lab in labels]),
+            np.concatenate([lab.values for lab in labels]),
+            labels[0].n_cols,
+        )
+    else:
+        merged = np.concatenate([np.asarray(lab) for lab in labels])
+    return Examples(
+        np.concatenate([p.entity for p in parts]), np.concatenate([p.time for p in parts]), merged
+    )
+
+
+@dataclass
+class TargetSpec:
+    """What a trained scenario needs to rebuild its labels and decode its outputs: stored in the checkpoint.
+
+    ``extra`` holds task-specific values: regression ``mean``/``std``/``log1p``; recommendation ``n_items``,
+    ``head`` (dense | sketch), ``partitions``, ``width``, ``seed``, ``popularity`` [n_items] (training
+    target counts) and ``items`` (item names, code k -> items[k - 1])."""
+
+    task: str
+    classes: list[str]  # class names (multiclass/multilabel); [] otherwise
+    class_codes: list[int]  # vocabulary codes of the classes in the target column ([] for python targets)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"task": self.task, "classes": self.classes, "class_codes": self.class_codes, **self.extra}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TargetSpec:
+        rest = {k: v for k, v in d.items() if k not in ("task", "classes", "class_codes")}
+        return cls(d["task"], list(d.get("classes", [])), list(d.get("class_codes", [])), rest)
+
+    @property
+    def out_dim(self) -> int:
+        if self.task in ("multiclass", "multilabel"):
+            return len(self.classes)
+        if self.task == "recommendation":
+            e = self.extra
+            return e["n_items"] if e["head"] == "dense" else e["partitions"] * e["width"]
+        return 2 if self.task == "regression" and self.extra.get("hurdle") else 1
+
+
+# ---- candidate examples ----------------------------------------------------------------------------
+def _grid(cache: EventCache, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    n = cache.n_entities
+    return np.repeat(np.arange(n, dtype=np.int64), len(times)), np.tile(times.astype(np.int64), n)
+
+
+def population(
+    cache: EventCache, source: str, e: np.ndarray, t: np.ndarray, active_days: int | None
+) -> np.ndarray:
+    """Entities with history before t (and, if set, an event in the `active_days` before t)."""
+    src = cache.source(source)
+    pos = src.positions(e, t)
+    if active_days is None:
+        return pos > src.offsets[e]
+    return pos > src.positions(e, t - active_days * DAY)
+
+
+def candidate_pairs(
+    cache: EventCache, scenario: Scenario, times: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(entity, split time) of every candidate example: entities with history in the target's source before
+    each split time (and active in the last days, when the target says so)."""
+    e, t = _grid(cache, times)
+    keep = population(
+        cache, scenario.target.source, e, t, getattr(scenario.target, "active_in_last_days", None)
+    )
+    return e[keep], t[keep]

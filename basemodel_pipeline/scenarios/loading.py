@@ -1,0 +1,44 @@
+"""A published candidate back from its saved meta and files (the scoring side: inference/predict.py, and the
+staged baselines: scenarios/staging.py). The classifiers' candidates are scenarios/candidates.py's, the
+ranking ones scenarios/rerank.py's; this module imports both, so neither imports the other back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from basemodel_pipeline.evaluation.gbm import GBM
+from basemodel_pipeline.scenarios.candidates import Blend, Candidate, Context, LightGBM, Neural, Popularity
+from basemodel_pipeline.scenarios.rerank import load_ranking_candidate
+
+
+def load_candidate(meta: dict[str, Any], files: dict[str, bytes], ctx: Context) -> Candidate:
+    """A published candidate from its saved meta and files (inference/predict.py)."""
+    kind = meta["kind"]
+    if kind == "neural":
+        return Neural(ctx)
+    if kind == "popularity":
+        return Popularity(ctx, meta.get("sign", 1.0), meta.get("prior"))
+    if kind == "lightgbm":
+        from safetensors.numpy import load
+
+        c = LightGBM(ctx, meta["features"])
+        if "fallback" in meta:
+            c.fallback = Popularity(ctx, meta["fallback"].get("sign", 1.0), meta["fallback"].get("prior"))
+        if f"{c.name}.json" in files:
+            c.gbm = GBM.from_json(files[f"{c.name}.json"].decode())
+        if "top" in meta:
+            c.top = np.asarray(meta["top"], np.int64)
+        if f"{c.name}_pca.safetensors" in files:
+            t = load(files[f"{c.name}_pca.safetensors"])
+            c.pca = (t["mean"], t["components"])
+        return c
+    if kind == "blend":
+        b = Blend(ctx, [load_candidate(m, files, ctx) for m in meta["members"]])
+        b.weights, b.intercept = np.asarray(meta["weights"], np.float64), float(meta["intercept"])
+        b.scale = float(meta.get("scale", 1.0))
+        return b
+    if kind in ("reranker", "repeat", "recommend_popularity", "neural_ranking"):
+        return load_ranking_candidate(meta, files, ctx)
+    raise ValueError(f"unknown candidate kind '{kind}' in the checkpoint")

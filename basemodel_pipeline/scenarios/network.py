@@ -1,0 +1,130 @@
+"""Training a scenario's network (the trunk and its head) with per-scenario early stopping; modes in
+scenarios/finetune.py."""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import numpy as np
+import torch
+from torch import nn
+
+from basemodel_pipeline import runtime
+from basemodel_pipeline.config import Scenario
+from basemodel_pipeline.evaluation import metrics
+from basemodel_pipeline.model.trunk import TrunkWithHead
+from basemodel_pipeline.progress import Progress
+from basemodel_pipeline.scenarios.examples import Examples, TargetSpec
+from basemodel_pipeline.scenarios.heads import Head
+from basemodel_pipeline.scenarios.lora import add_lora, merge_lora
+from basemodel_pipeline.scenarios.rerank import RANKED_ITEMS
+from basemodel_pipeline.scenarios.shared import Shared, metric_truth
+
+
+def _network_outputs(head: Head, logits: np.ndarray) -> np.ndarray:
+    """The network's metric-ready outputs (early stopping): scores, or its top items for recommendation."""
+    if head.task == "recommendation":
+        return head.top_items(logits, RANKED_ITEMS)[0]
+    return head.scores(logits)
+
+
+def train_network(
+    shared: Shared,
+    scenario: Scenario,
+    spec: TargetSpec,
+    ex: dict[str, Examples],
+    progress: Progress,
+    fixed_epochs: int | None = None,
+) -> tuple[TrunkWithHead, Head, list[dict], float]:
+    """Train one scenario's network, early-stopped on ex["val"]; returns (model with the best epoch's weights,
+    head, history, best validation metric). ``fixed_epochs``: exactly that many epochs, the last one kept
+    (a refit on more windows for the epochs early stopping chose)."""
+    p = shared.cfg.training_params.finetune
+    mode = scenario.mode or p.mode
+    epochs = fixed_epochs or scenario.epochs or p.epochs
+    lr = scenario.learning_rate or p.learning_rate
+    torch.manual_seed(p.seed)
+    runtime.set_threads()
+    device = runtime.resolve_device(shared.cfg.training_params.foundation.device)
+    head = Head(spec)
+    model = shared.new_model(spec.out_dim)
+    head.init_bias(model.head, ex["train"].labels)
+    model.to(device)
+    rows = {k: shared.rows(v) for k, v in ex.items()}
+    if mode == "frozen":
+        inputs = shared.trunk_outputs(device)
+        net: nn.Module = model.head
+        params = list(model.head.parameters())
+    else:
+        assert shared.X is not None
+        inputs, net = shared.X, model
+        params = (
+            list(model.parameters())
+            if mode == "full"
+            else add_lora(model.trunk, scenario.lora_rank) + list(model.head.parameters())
+        )
+        model.to(device)
+    n = len(ex["train"])
+    steps = epochs * -(-n // p.batch_size)
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=p.weight_decay)
+    warmup = min(100, steps // 10)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt,
+        lambda s: (
+            (s + 1) / max(warmup, 1)
+            if s < warmup
+            else 0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * min(1.0, (s - warmup) / max(steps - warmup, 1))))
+        ),
+    )
+    rng = np.random.default_rng(p.seed)
+    primary = metrics.PRIMARY_METRIC[scenario.task]
+    sign = 1.0 if metrics.higher_is_better(primary) else -1.0
+    val_truth = metric_truth(scenario.task, ex["val"])
+    progress.start(f"finetune {scenario.name}", steps)
+    best, best_state, history, bad = -np.inf, None, [], 0
+    for epoch in range(epochs):
+        net.train()
+        total, started = 0.0, time.perf_counter()
+        for idx in runtime.batches(n, p.batch_size, rng):
+            xb = torch.from_numpy(inputs[rows["train"][idx]]).to(device)
+            yb = head.targets(ex["train"].labels, idx).to(device)
+            loss = head.loss(net(xb).float(), yb)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(
+                    f"scenario '{scenario.name}': training loss is not finite; lower the learning rate"
+                )
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            sched.step()
+            total += float(loss.detach()) * len(idx)
+            progress.advance(f"finetune {scenario.name}", 1, loss=float(loss.detach()))
+        val_logits = runtime.predict(net, inputs[rows["val"]], device)
+        val_metric = float(
+            metrics.primary_metric(scenario.task, val_truth, _network_outputs(head, val_logits))
+        )
+        history.append(
+            {
+                "epoch": epoch + 1,
+                "train_loss": total / n,
+                "val_metric": val_metric,
+                "seconds": round(time.perf_counter() - started, 2),
+            }
+        )
+        progress.log(
+            f"{scenario.name} epoch {epoch + 1}: train_loss={total / n:.4f} val_{primary}={val_metric:.4f}"
+        )
+        score = sign * val_metric if np.isfinite(val_metric) else -np.inf
+        if best_state is None or score > best or fixed_epochs is not None:
+            best, best_state, bad = score, copy.deepcopy(net.state_dict()), 0
+        else:
+            bad += 1
+            if bad >= p.patience:
+                break
+    assert best_state is not None
+    net.load_state_dict(best_state)
+    if mode == "lora":
+        merge_lora(model.trunk)
+    return model.cpu(), head, history, sign * best

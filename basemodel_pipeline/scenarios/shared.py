@@ -1,0 +1,259 @@
+"""What the scenarios of one fine-tuning run share: the foundation, the event cache and the featurised
+examples (``Shared``), the examples of a scenario and their splits, and the candidates it fits."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from basemodel_pipeline import runtime
+from basemodel_pipeline import workspace as ws
+from basemodel_pipeline.cache.store import EventCache
+from basemodel_pipeline.cache.versions import data_version as cache_data_version
+from basemodel_pipeline.config import PipelineConfig, Scenario
+from basemodel_pipeline.config.params import FinetuneParams
+from basemodel_pipeline.errors import DataError
+from basemodel_pipeline.features.sketch import FeatureEncoder
+from basemodel_pipeline.model.checkpoint import build_model, load_trunk_state, read_meta
+from basemodel_pipeline.model.trunk import TrunkWithHead
+from basemodel_pipeline.progress import Progress
+from basemodel_pipeline.scenarios import staging
+from basemodel_pipeline.scenarios.candidates import Candidate, Context, LightGBM, Neural, Popularity
+from basemodel_pipeline.scenarios.examples import Examples, SparseLabels, TargetSpec, dense_labels
+from basemodel_pipeline.scenarios.inputs import Rows, RowView, _Embed
+from basemodel_pipeline.scenarios.rerank import NeuralRanking, RecommendPopularity, RepeatPurchases, Reranker
+from basemodel_pipeline.scenarios.selection import split_validation
+from basemodel_pipeline.scenarios.targets import build_examples, choose_classes
+from basemodel_pipeline.training.splits import scenario_split_times
+from basemodel_pipeline.workspace import cache_dir
+
+SMALL_ENTITIES = 1000  # fewer entities: the "small" data regime (data_regime)
+HURDLE_ZERO_SHARE = 0.1  # regression: a non-negative target zero in at least this share of rows -> hurdle
+FEATURISE_BLOCK = 32768  # examples featurised (on the training device) and copied to host memory at a time
+
+
+@dataclass
+class Shared:
+    """What several scenarios share: the cache, the foundation, and features of (entity, time) pairs."""
+
+    cfg: PipelineConfig
+    cache: EventCache
+    fmeta: dict
+    foundation: Any
+    enc: FeatureEncoder
+    keys: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.int64))
+    X: np.ndarray | None = None
+    H: np.ndarray | None = None  # frozen trunk outputs of X
+    E: np.ndarray | None = None  # frozen trunk embeddings (residual stream) of X
+    regime: str = "standard"
+    available: dict[str, dict[str, int]] = field(default_factory=dict)  # examples per split before the caps
+
+    def rows(self, ex: Examples) -> np.ndarray:
+        """Row of each example in X (keys are sorted (entity, time) pairs)."""
+        q = ex.entity * (1 << 40) + ex.time
+        k = self.keys[:, 0] * (1 << 40) + self.keys[:, 1]
+        return np.searchsorted(k, q)
+
+    def featurise(self, examples: list[Examples]) -> float:
+        """Features of every distinct (entity, time) pair of `examples` in one pass; returns seconds."""
+        t0 = time.perf_counter()
+        pairs = np.stack(
+            [np.concatenate([x.entity for x in examples]), np.concatenate([x.time for x in examples])], 1
+        )
+        self.keys = np.unique(pairs, axis=0)
+        device = runtime.resolve_device(self.cfg.training_params.foundation.device)  # the GPU featurises too
+        self.X = np.empty((len(self.keys), self.enc.dim), np.float32)  # filled block by block: one copy
+        for a in range(0, len(self.keys), FEATURISE_BLOCK):
+            k = self.keys[a : a + FEATURISE_BLOCK]
+            block = self.enc.history_t(self.cache, k[:, 0], k[:, 1], FEATURISE_BLOCK, device)
+            # rounded to float16 as the per-entity state stores features: training sees what scoring will see
+            self.X[a : a + len(k)] = block.half().float().cpu().numpy()
+        return time.perf_counter() - t0
+
+    def trunk_outputs(self, device: torch.device) -> np.ndarray:
+        if self.H is None:
+            model = self.new_model(1).to(device)
+            assert self.X is not None
+            self.H = runtime.predict(model.trunk, self.X, device)
+        return self.H
+
+    def embeddings(self, device: torch.device) -> np.ndarray:
+        if self.E is None:
+            model = self.new_model(1).to(device)
+            assert self.X is not None
+            self.E = runtime.predict(_Embed(model), self.X, device)
+        return self.E
+
+    def rows_of(self, ex: Examples, model: TrunkWithHead, mode: str) -> Rows:
+        """The candidates' view of examples: features, labels and the trained network. With a frozen trunk
+        the network's outputs and the embeddings come from the shared trunk passes."""
+        assert self.X is not None
+        idx = self.rows(ex)
+        device = runtime.resolve_device(self.cfg.training_params.foundation.device)
+        rows = Rows(self.cache, self.enc, ex.entity, ex.time, RowView(self.X, idx), ex.labels, model, device)
+        if mode == "frozen":
+            rows.memo["logits"] = runtime.predict(model.head, self.trunk_outputs(device)[idx], device)
+            rows.memo["embedding"] = self.embeddings(device)[idx]
+        return rows
+
+    def plain_rows(self, ex: Examples) -> Rows:
+        """The candidates' view of examples without the network (aggregates, cache): the baselines'."""
+        assert self.X is not None
+        return Rows(self.cache, self.enc, ex.entity, ex.time, RowView(self.X, self.rows(ex)), ex.labels)
+
+    def stage_key(self, scenario: Scenario) -> str:
+        """The key of the scenario's staged baselines for this cache and encoder (scenarios/staging.py)."""
+        version = cache_data_version(self.cache.manifest)
+        return staging.stage_key(self.cfg, scenario, version, self.fmeta["encoder"])
+
+    def new_model(self, out_dim: int) -> TrunkWithHead:
+        model = build_model({**self.fmeta["arch"], "out_dim": out_dim})
+        model.trunk.load_state_dict(load_trunk_state(self.foundation))
+        return model
+
+
+def open_shared(cfg: PipelineConfig, progress: Progress) -> Shared:
+    """The cache and the latest foundation (its feature encoder), before any featurisation."""
+    cache = EventCache(cache_dir(cfg))
+    foundation = ws.latest_foundation_dir(cfg)
+    fmeta = read_meta(foundation)
+    shared = Shared(cfg, cache, fmeta, foundation, FeatureEncoder.from_dict(fmeta["encoder"]))
+    shared.regime = data_regime(cache.n_entities)
+    progress.log(f"data regime: {shared.regime}")
+    return shared
+
+
+def split_parts(ex: dict[str, Examples]) -> dict[str, Examples]:
+    """train, stop (early stopping) and select (the comparison): the validation examples' two entity halves."""
+    stop_idx, select_idx = split_validation(ex["val"].entity)
+    return {"train": ex["train"], "stop": ex["val"].subset(stop_idx), "select": ex["val"].subset(select_idx)}
+
+
+def _check_split(name: str, part: str, ex: Examples, task: str) -> None:
+    if len(ex) == 0:
+        raise DataError(
+            f"scenario '{name}': the {part} split has no examples; check data_params and the target"
+        )
+    if task == "binary" and len(np.unique(ex.labels)) < 2:
+        raise DataError(
+            f"scenario '{name}': the {part} split has only one label value ({ex.labels[0]:.0f}); "
+            "the target never (or always) happens there"
+        )
+
+
+def prepare(shared: Shared, scenario: Scenario) -> tuple[TargetSpec, dict[str, Examples]]:
+    times = scenario_split_times(
+        shared.cfg.data_params, scenario.target.horizon_days, f"scenario '{scenario.name}'"
+    )
+    spec = choose_classes(shared.cache, scenario, times["train"])
+    ex = {k: build_examples(shared.cache, scenario, spec, v) for k, v in times.items()}
+    shared.available[scenario.name] = {k: len(v) for k, v in ex.items()}
+    ex = cap_examples(ex, shared.cfg.training_params.finetune)
+    for k, v in ex.items():
+        _check_split(scenario.name, k, v, scenario.task)
+    if scenario.task == "regression":
+        spec.extra.update(regression_extra(np.asarray(ex["train"].labels, np.float64)))
+    return spec, ex
+
+
+def cap_examples(ex: dict[str, Examples], p: FinetuneParams) -> dict[str, Examples]:
+    """Each split at most its cap of examples (finetune.max_*_examples), drawn uniformly without replacement
+    from (seed, split), in their original order; splits under their cap are returned as they are."""
+    caps = {"train": p.max_train_examples, "val": p.max_validation_examples, "test": p.max_test_examples}
+    out = {}
+    for i, (k, v) in enumerate(ex.items()):
+        cap = caps.get(k, len(v))
+        if len(v) <= cap:
+            out[k] = v
+            continue
+        out[k] = v.subset(np.sort(np.random.default_rng([p.seed, 11, i]).choice(len(v), cap, replace=False)))
+    return out
+
+
+def data_regime(entities: int) -> str:
+    """How much a network can learn here, said in the log and the report. Below SMALL_ENTITIES entities the
+    foundation sees too few histories to beat trees on aggregates reliably (the tiny test data set: 60
+    households, the network's validation AUROC below 0.5); the selection then falls back to LightGBM, a blend
+    or a baseline on validation windows, and never publishes the network on faith."""
+    if entities < SMALL_ENTITIES:
+        return (
+            f"small ({entities:,} entities, fewer than {SMALL_ENTITIES:,}): the network may not learn enough; "
+            "LightGBM, a blend or a baseline is published when validation says so"
+        )
+    return f"standard ({entities:,} entities)"
+
+
+def regression_extra(y: np.ndarray) -> dict[str, Any]:
+    """What a regression head needs from its training labels: mean/std, the range its outputs keep to, and
+    whether to use the hurdle (a non-negative target that is zero in at least HURDLE_ZERO_SHARE of rows)."""
+    out: dict[str, Any] = {
+        "mean": float(y.mean()),
+        "std": float(y.std() + 1e-6),
+        "min": float(y.min()),
+        "max": float(y.max()),
+    }
+    pos = y[y > 0]
+    if y.min() >= 0 and np.mean(y == 0) >= HURDLE_ZERO_SHARE and len(pos) >= 2:
+        out.update(
+            hurdle=True,
+            positive_share=float(len(pos) / len(y)),
+            positive_mean=float(pos.mean()),
+            positive_std=float(pos.std() + 1e-6),
+        )
+    return out
+
+
+def metric_truth(task: str, ex: Examples) -> Any:
+    """The labels of `ex` as the metrics take them (dense multilabel; CSR arrays for recommendation)."""
+    if task == "recommendation":
+        lab = ex.labels
+        assert isinstance(lab, SparseLabels)
+        return (lab.indptr, lab.indices, lab.n_cols)
+    return dense_labels(ex.labels) if task == "multilabel" else ex.labels
+
+
+def candidate_models(ctx: Context, names: list[str] | None) -> dict[str, Candidate]:
+    """The candidates a scenario fits (scenarios/candidates.py, scenarios/rerank.py), the baselines included."""
+    if ctx.task == "recommendation":
+        pool: dict[str, Candidate] = {
+            "neural": NeuralRanking(ctx),
+            "repeat_purchases": RepeatPurchases(ctx),
+            "popularity": RecommendPopularity(ctx),
+            "reranker": Reranker(ctx),
+        }
+    else:
+        pool = {
+            "neural": Neural(ctx),
+            "lightgbm_hybrid": LightGBM(ctx, "hybrid"),
+            "lightgbm_aggregates": LightGBM(ctx, "aggregates"),
+            "popularity": Popularity(ctx),
+        }
+    baseline = set(staging.BASELINES)
+    if names is None and ctx.task in ("multilabel", "multiclass"):
+        # a LightGBM per label (or a softmax over 20 classes) twice doubles or triples the scenario's time, and
+        # on aggregates + embedding it tied LightGBM on aggregates (nycflights13 destinations: 0.8487 both;
+        # CJ favourite department); list it in `candidates:` to fit it
+        names = ["neural"]
+    return {k: v for k, v in pool.items() if names is None or k in names or k in baseline}
+
+
+def json_dumps(obj: Any) -> str:
+    """JSON with NaN and infinities written as null (strict JSON: other tools refuse bare NaN)."""
+    return json.dumps(_finite(obj), indent=2, allow_nan=False)
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if np.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    if isinstance(obj, np.floating | np.integer):
+        return _finite(obj.item())
+    return obj

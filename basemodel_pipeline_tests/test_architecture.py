@@ -1,0 +1,241 @@
+"""Layers that only point down (issue 19; docs/architecture.md).
+
+The library's modules are read with `ast` (nothing is imported) and every import is an edge, the ones inside
+functions too: a lazy import is a dependency all the same. Two rules hold:
+
+* an import never goes from a lower layer to a higher one (LAYERS, bottom to top; a layer may import itself);
+* no import cycle between modules, inside a package too (a strongly connected component of more than one).
+
+Imports by name through importlib (the backend registries of sources/ and outputs/) are not edges here.
+Edges that still break a rule are in ALLOWED, each with its reason; an entry whose edge no longer exists, or
+no longer breaks a rule, fails the test, so the list only shrinks.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable
+from functools import cache
+from pathlib import Path
+
+PACKAGE = "basemodel_pipeline"
+ROOT = Path(__file__).resolve().parents[1] / PACKAGE  # the source tree beside the tests, installed or not
+
+# Bottom to top. Names are the first component below basemodel_pipeline ("" is the package's __init__).
+# A module at the root sits in the lowest layer that fits what it imports.
+LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
+    (
+        "ground",
+        frozenset(
+            {
+                "",
+                "config",
+                "errors",
+                "progress",
+                "settings",
+                "runtime",
+                "dates",
+                "metadata",
+                "workspace",
+                "diskfaults",
+                # root utilities that import nothing above the ground floor
+                "alerts",  # alert messages and sinks
+                "demo",  # demo data sets and config
+                "synthetic",  # synthetic event data
+                "synthetic_scale",
+                "publish",  # copies finished workspace files to object storage
+                "retention",  # deletes old workspace versions
+            }
+        ),
+    ),
+    ("sources", frozenset({"sources"})),
+    ("outputs", frozenset({"outputs"})),  # the warehouse writers reuse the sources' connections
+    ("cache", frozenset({"cache"})),
+    ("features", frozenset({"features"})),
+    ("model", frozenset({"model"})),
+    ("evaluation", frozenset({"evaluation"})),
+    ("training", frozenset({"training"})),
+    ("scenarios", frozenset({"scenarios"})),
+    ("inference", frozenset({"inference"})),
+    ("reports", frozenset({"reports", "verify"})),  # verify reads what every stage wrote
+    ("pipeline", frozenset({"pipeline"})),
+    ("faces", frozenset({"cli", "jobs", "defs", "definitions"})),
+)
+
+# Known violations not removed yet: "importer -> imported": why it is still there. The list only shrinks.
+ALLOWED: dict[str, str] = {
+    # the scenario stage writes its report (and the explanation section) into the checkpoint it publishes
+    "scenarios.finetune -> reports.explanations": "fine-tuning adds the explanation section to the report",
+    "scenarios.finetune -> reports.html": "fine-tuning writes the HTML report beside the checkpoint",
+}
+
+
+def _name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+@cache
+def modules() -> dict[str, Path]:
+    """Every module of the library by its name below the package ("cache.build"; "" for the package)."""
+    return {_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def _absolute(name: str) -> str | None:
+    """ "basemodel_pipeline.cache.build" -> "cache.build"; None outside the package."""
+    if name == PACKAGE:
+        return ""
+    return name.removeprefix(PACKAGE + ".") if name.startswith(PACKAGE + ".") else None
+
+
+def imports_of(module: str) -> set[str]:
+    """The library modules `module` imports, anywhere in its body."""
+    path, known = modules()[module], modules()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                target = _absolute(alias.name)
+                if target is not None:
+                    found.add(target)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".") if package else []
+                base = base[: len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = _absolute(node.module or "")
+            if target is None:
+                continue
+            for alias in node.names:  # `from pkg import submodule` imports the submodule
+                sub = f"{target}.{alias.name}" if target else alias.name
+                found.add(sub if sub in known else target)
+    return {m for m in found if m in known and m != module}
+
+
+@cache
+def graph() -> dict[str, frozenset[str]]:
+    return {m: frozenset(imports_of(m)) for m in modules()}
+
+
+def layer_of(module: str) -> int:
+    top = module.split(".")[0]
+    for i, (_, members) in enumerate(LAYERS):
+        if top in members:
+            return i
+    raise KeyError(module)
+
+
+def upward(a: str, b: str) -> bool:
+    return layer_of(a) < layer_of(b)
+
+
+def cycles(edges: dict[str, Iterable[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan's algorithm, without recursion)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for start in sorted(edges):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(edges[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(edges.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return sorted(found)
+
+
+def reaches(edges: dict[str, Iterable[str]], src: str, dst: str) -> bool:
+    seen, todo = {src}, [src]
+    while todo:
+        for nxt in edges.get(todo.pop(), ()):
+            if nxt == dst:
+                return True
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return False
+
+
+def allowed_edges() -> set[tuple[str, str]]:
+    return {(a, b) for a, _, b in (entry.partition(" -> ") for entry in ALLOWED)}
+
+
+def _without_allowed() -> dict[str, set[str]]:
+    allowed = allowed_edges()
+    return {a: {b for b in bs if (a, b) not in allowed} for a, bs in graph().items()}
+
+
+def test_every_module_has_a_layer() -> None:
+    unplaced = sorted(m or PACKAGE for m in modules() if not any(m.split(".")[0] in s for _, s in LAYERS))
+    assert not unplaced, (
+        f"modules in no layer (add them to LAYERS in this file and docs/architecture.md): {unplaced}"
+    )
+    tops = [name for _, members in LAYERS for name in members]
+    assert len(tops) == len(set(tops)), "a name in two layers"
+    gone = sorted(t for t in tops if t not in {m.split(".")[0] for m in modules()})
+    assert not gone, f"LAYERS names modules that no longer exist (remove them): {gone}"
+
+
+def test_imports_only_point_down() -> None:
+    bad = sorted(
+        f"{a} ({LAYERS[layer_of(a)][0]}) -> {b} ({LAYERS[layer_of(b)][0]})"
+        for a, bs in _without_allowed().items()
+        for b in bs
+        if upward(a, b)
+    )
+    assert not bad, "imports from a lower layer to a higher one:\n" + "\n".join(bad)
+
+
+def test_no_import_cycles() -> None:
+    found = cycles(_without_allowed())
+    assert not found, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_allow_list_only_shrinks() -> None:
+    """Every allowed edge still exists and still breaks a rule (upward, or closing a cycle): remove the
+    entry when the violation is gone."""
+    full = graph()
+    stale = sorted(
+        f"{a} -> {b}"
+        for a, b in allowed_edges()
+        if a not in full or b not in full[a] or not (upward(a, b) or reaches(full, b, a))
+    )
+    assert not stale, "ALLOWED entries that no longer break a rule (delete them):\n" + "\n".join(stale)
+
+
+def test_the_checker_sees_lazy_imports_and_cycles() -> None:
+    """The checker itself: a function-level import is an edge, and a cycle through three modules is found."""
+    assert "inference.embed" in graph()["pipeline"]  # pipeline imports its stages inside functions
+    assert cycles({"a": ["b"], "b": ["c"], "c": ["a", "d"], "d": []}) == [["a", "b", "c"]]
+    assert cycles({"a": ["b"], "b": []}) == []
