@@ -88,8 +88,10 @@ def test_pretrain_and_finetune_report_the_work_done(built) -> None:
     assert "train_events_per_s" not in pre  # the data set's size over time is not a throughput
     assert pre["work.examples"] == pre["examples"] > 0
     assert pre["work.history_events"] >= pre["work.events_scanned"] > 0
-    assert pre["train_examples_per_s"] == pytest.approx(
-        pre["examples"] / pre["time_to_foundation_s"], rel=0.02
+    # the rate is per second of the stage's wall time, which the result rounds to 10 ms (a tiny foundation
+    # trains in well under a second, so compare the times, not the rates)
+    assert pre["examples"] / pre["train_examples_per_s"] == pytest.approx(
+        pre["time_to_foundation_s"], abs=0.006
     )
     assert 0 < pre["work.entities_covered_fraction"] <= 1
     assert 0 < pre["work.pairs_covered_fraction"] <= 1
