@@ -175,16 +175,20 @@ def cycles(edges: dict[str, Iterable[str]]) -> list[list[str]]:
     return sorted(found)
 
 
-def reaches(edges: dict[str, Iterable[str]], src: str, dst: str) -> bool:
-    seen, todo = {src}, [src]
+def reachable(edges: dict[str, Iterable[str]], src: str) -> set[str]:
+    """The modules `src` imports through one or more edges (`src` itself only through a cycle)."""
+    seen: set[str] = set()
+    todo = [src]
     while todo:
         for nxt in edges.get(todo.pop(), ()):
-            if nxt == dst:
-                return True
             if nxt not in seen:
                 seen.add(nxt)
                 todo.append(nxt)
-    return False
+    return seen
+
+
+def reaches(edges: dict[str, Iterable[str]], src: str, dst: str) -> bool:
+    return dst in reachable(edges, src)
 
 
 def allowed_edges() -> set[tuple[str, str]]:

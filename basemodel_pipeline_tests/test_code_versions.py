@@ -5,7 +5,7 @@ could change what the stage writes without marking the asset stale."""
 from __future__ import annotations
 
 from basemodel_pipeline.defs.versions import DEPENDS_ON
-from basemodel_pipeline_tests.test_architecture import ROOT, graph, modules
+from basemodel_pipeline_tests.test_architecture import ROOT, graph, modules, reachable
 
 ENTRY = {  # the module each asset's stage starts from (pipeline.py calls it)
     "extract": "sources.extract",
@@ -21,16 +21,6 @@ ENTRY = {  # the module each asset's stage starts from (pipeline.py calls it)
 NO_CONTENT = {"", "progress", "errors", "diskfaults", "metadata", "settings"}  # messages, faults, env names
 
 
-def closure(entry: str) -> set[str]:
-    edges, seen, todo = graph(), {entry}, [entry]
-    while todo:
-        for m in edges[todo.pop()]:
-            if m not in seen:
-                seen.add(m)
-                todo.append(m)
-    return seen
-
-
 def covered(asset: str, module: str) -> bool:
     path = modules()[module].relative_to(ROOT).as_posix()
     return any(path == part or path.startswith(part + "/") for part in DEPENDS_ON[asset])
@@ -39,7 +29,7 @@ def covered(asset: str, module: str) -> bool:
 def test_every_stage_module_is_in_its_assets_code_version() -> None:
     assert set(ENTRY) <= set(DEPENDS_ON)
     missing = {
-        asset: sorted(m for m in closure(entry) - NO_CONTENT if not covered(asset, m))
+        asset: sorted(m for m in ({entry} | reachable(graph(), entry)) - NO_CONTENT if not covered(asset, m))
         for asset, entry in ENTRY.items()
     }
     assert not {a: m for a, m in missing.items() if m}, missing

@@ -49,7 +49,7 @@ def run_size(events: int, root: Path, device: str) -> dict[str, float]:
     config = workdir / "config_scaling.yaml"
     config.write_text(yaml.safe_dump(raw, sort_keys=False))
     cfg = load_config(config)
-    for stale in ("extracts", "cache", "checkpoints", "predictions", "embeddings", "state"):
+    for stale in ("extracts", "cache", "staging", "checkpoints", "predictions", "embeddings", "state"):
         shutil.rmtree(workdir / stale, ignore_errors=True)  # every stage does its work: nothing reused
     sampler = MemorySampler()
     sampler.start()

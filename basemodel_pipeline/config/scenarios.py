@@ -211,9 +211,8 @@ class Scenario(Strict):
     lightgbm_max_rows: int = Field(
         default=LIGHTGBM_MAX_ROWS,
         ge=0,
-        description="Multilabel LightGBM: training rows one per-label booster may use (default 10,000; 0: all). "
-        "Above it, "
-        "each booster keeps every row of the label's rarer class up to half of them and a sample of the "
+        description=f"Multilabel LightGBM: training rows one per-label booster may use (default "
+        f"{LIGHTGBM_MAX_ROWS:,}; 0: all). Above it, each booster keeps every row of the label's rarer class up to half of them and a sample of the "
         "other class, each class weighted by the inverse of its sampling rate (calibrated probabilities).",
     )
     k: int = Field(default=10, gt=0, description="K of the @K metrics (recommendation) and top-k accuracy.")

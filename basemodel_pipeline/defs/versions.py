@@ -20,25 +20,16 @@ PACKAGE = Path(basemodel_pipeline.__file__).parent
 # workspace layout sit under everything.
 _GROUND = ("config", "errors.py", "workspace.py", "dates.py", "pipeline.py")
 _NET = (*_GROUND, "runtime.py")  # the stages that run the network: device, mixed precision, forward passes
-_LATER = (*_NET, "sources", "outputs", "cache", "features", "model")  # what every stage after the cache reads
+_LATER = (*_NET, "sources", "cache", "features", "model")  # what every stage after the cache reads
 # Checked against the import closure of each stage's entry module (test_code_versions.py).
 DEPENDS_ON: dict[str, tuple[str, ...]] = {
     "extract": (*_GROUND, "sources"),
     "event_cache": (*_GROUND, "sources", "cache"),
     "foundation_model": (*_NET, "sources", "cache", "features", "model", "training"),
-    "scenario_baselines": (
-        *_NET,
-        "sources",
-        "cache",
-        "features",
-        "model",
-        "training",
-        "evaluation",
-        "scenarios",
-    ),
-    "scenario_model": (*_LATER, "training", "evaluation", "scenarios", "inference", "reports"),
-    "predictions": (*_LATER, "evaluation", "scenarios", "inference"),
-    "entity_embeddings": (*_LATER, "evaluation", "scenarios", "inference"),
+    "scenario_baselines": (*_LATER, "training", "evaluation", "scenarios"),
+    "scenario_model": (*_LATER, "outputs", "training", "evaluation", "scenarios", "inference", "reports"),
+    "predictions": (*_LATER, "outputs", "evaluation", "scenarios", "inference"),
+    "entity_embeddings": (*_LATER, "outputs", "evaluation", "scenarios", "inference"),
     "metrics_summary": (*_GROUND, "reports"),
     "published_artifacts": (*_GROUND, "publish.py"),
     "workspace_retention": (*_GROUND, "retention.py"),

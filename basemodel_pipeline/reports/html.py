@@ -242,7 +242,7 @@ def scenario_report(
         examples += " (sampled from " + ", ".join(f"{k} {v:,}" for k, v in capped.items()) + ")"
     for name, r in (result.get("lightgbm_rows") or {}).items():
         sampled = [n for n in r.get("rows_per_booster", []) if 0 < n < r.get("rows", 0)]
-        if sampled:  # the multilabel LightGBM row bound bound: say so next to the examples
+        if sampled:  # the multilabel LightGBM row bound applied: say so next to the examples
             examples += (
                 f"; {name}: {len(sampled)} of {r['boosters']} boosters trained on a sample of at most "
                 f"{r['max_rows']:,} of the {r['rows']:,} rows (lightgbm_max_rows; 0 = every row)"
