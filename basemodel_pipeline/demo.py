@@ -62,7 +62,7 @@ scenarios:
              min_positive_entities: 50}
 """
 
-# The six Complete Journey scenarios of DESIGN §6 (prepare_demo(..., full=True), bench/bench_scenarios.py):
+# The six Complete Journey scenarios (docs/design.md, "Evaluation protocol"; prepare_demo(..., full=True), bench/bench_scenarios.py):
 # the demo's two plus four heavier ones (thousands of labels, a 68k-product catalogue, a regression).
 FULL_SCENARIOS = """\
   - name: product_category_propensity

@@ -14,3 +14,11 @@ class ConfigError(UserError):
 
 class DataError(UserError):
     """The data does not match what the config says (missing column, unparsable date, keys never match)."""
+
+
+class StepUserError(UserError):
+    """A UserError leaving a Pipes step: its message is the step's one line (``"<stage>: <what to do>"``).
+
+    It closes the Pipes session, so its class name and message reach the orchestrator in the Pipes messages
+    themselves, on every launcher (subprocess, Docker, Kubernetes, ECS): nothing else is shared with the step.
+    """

@@ -1,7 +1,7 @@
 """What a stage reports: its metadata flattened for Dagster and the CLI, its data version, and the names the
 launcher and the step share.
 
-Ground floor (docs/architecture.md): the Pipes entrypoints (jobs/), the Dagster assets (defs/) and the CLI all
+Ground floor (docs/architecture.md): the Pipes entrypoints (entrypoints/), the Dagster assets (defs/) and the CLI all
 read metadata through here, so none of them imports another face's internals.
 """
 
@@ -17,8 +17,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-# The Pipes extra naming the file a step writes its UserError to (defs/launcher.py -> jobs/_common.py)
-ERROR_FILE_EXTRA = "error_file"
 # Names (never values) of the variables the launcher forwarded to the step (Launcher.forward_env)
 FORWARDED_ENV_VAR = "BASEMODEL_FORWARDED_ENV"
 

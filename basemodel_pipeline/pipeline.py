@@ -1,4 +1,4 @@
-"""The pipeline's stages as plain functions: the CLI, the Pipes entrypoints (jobs/) and notebooks call these.
+"""The pipeline's stages as plain functions: the CLI, the Pipes entrypoints (entrypoints/) and notebooks call these.
 
 Rolling split dates (`training_end_date: auto`, relative starts) are resolved against the cache here, at
 each run (cache/windows.py). Each stage reads its inputs from the workspace, writes its artifact atomically and returns a flat dict of

@@ -61,10 +61,6 @@ def scenario_root(cfg: PipelineConfig, name: str) -> Path:
     return root(cfg) / "checkpoints" / "scenarios" / name
 
 
-def predictions_dir(cfg: PipelineConfig, scenario: str, as_of: dt.date) -> Path:
-    return root(cfg) / "predictions" / scenario / as_of.isoformat()
-
-
 def drift_reference(cfg: PipelineConfig, scenario: str, model_version: str) -> Path:
     """Feature deciles of the population a scenario model version was first scored on (evaluation/drift.py)."""
     return root(cfg) / "predictions" / scenario / ".drift" / f"{model_version}.json"

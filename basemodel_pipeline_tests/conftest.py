@@ -28,7 +28,8 @@ except ImportError:  # pragma: no cover - fakesnow is in requirements.lock
 def _no_leaked_definitions_state():
     """Each test starts without a DefsStateStorage left in Dagster's context variable by an earlier test's
     instance: one that outlived its instance made `defs.resolve_*` fail ("undefined DagsterInstance weakref")
-    depending on the order xdist gave the tests."""
+    depending on the order xdist gave the tests. (Dagster has no public API to reset it: a private import,
+    in the tests only.)"""
     from dagster._core.storage.defs_state.base import set_defs_state_storage
 
     with set_defs_state_storage(None):

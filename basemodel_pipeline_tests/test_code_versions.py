@@ -1,10 +1,10 @@
-"""Each asset's code version (defs/versions.py) covers every module its stage runs: the import closure of the
+"""Each asset's code version (defs/shared/versions.py) covers every module its stage runs: the import closure of the
 stage's entry module, lazy imports included (test_architecture's import graph). A module missing from it
 could change what the stage writes without marking the asset stale."""
 
 from __future__ import annotations
 
-from basemodel_pipeline.defs.versions import DEPENDS_ON
+from basemodel_pipeline.defs.shared.versions import DEPENDS_ON
 from basemodel_pipeline_tests.test_architecture import ROOT, graph, modules, reachable
 
 ENTRY = {  # the module each asset's stage starts from (pipeline.py calls it)

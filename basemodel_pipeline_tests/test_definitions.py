@@ -8,8 +8,14 @@ import dagster as dg
 import pytest
 
 from basemodel_pipeline.defs import build_definitions
-from basemodel_pipeline.defs.launcher import Launcher
-from basemodel_pipeline.defs.resources import BasemodelConfigResource, QualityGates, resources_for
+from basemodel_pipeline.defs.shared.launcher import Launcher
+from basemodel_pipeline.defs.shared.resources import (
+    BasemodelConfigResource,
+    QualityGates,
+    current_env,
+    resources_for,
+)
+from basemodel_pipeline.errors import ConfigError
 
 EXPECTED = {
     "extracts/transactions": ("extracts", {"duckdb", "parquet"}),
@@ -35,11 +41,58 @@ def _graph(defs: dg.Definitions) -> dict[str, dg.AssetsDefinition]:
 
 
 def test_module_loads_without_a_config_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Locally (BASEMODEL_ENV unset or local) a fresh checkout shows the demo config's graph."""
     monkeypatch.setenv("BASEMODEL_CONFIG", str(tmp_path / "missing.yaml"))
     monkeypatch.delenv("BASEMODEL_ENV", raising=False)
+    monkeypatch.delenv("DAGSTER_CLOUD_DEPLOYMENT_NAME", raising=False)
     defs = build_definitions()
     defs.validate_loadable(defs)
     assert set(_graph(defs)) == set(EXPECTED)  # shape of the demo config
+
+
+@pytest.mark.parametrize("env", ["ci", "prod"])
+def test_outside_local_a_missing_config_fails_loudly(
+    env: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A misconfigured deployment shows one line saying what to fix, never the demo graph."""
+    monkeypatch.setenv("BASEMODEL_ENV", env)
+    monkeypatch.setenv("BASEMODEL_CONFIG", str(tmp_path / "missing.yaml"))
+    with pytest.raises(
+        ConfigError, match=rf"missing.yaml: config file not found.*BASEMODEL_ENV={env}"
+    ) as err:
+        build_definitions()
+    assert "\n" not in str(err.value)
+    monkeypatch.delenv("BASEMODEL_CONFIG")
+    with pytest.raises(ConfigError, match=rf"BASEMODEL_CONFIG is not set.*BASEMODEL_ENV={env}") as err:
+        build_definitions()
+    assert "\n" not in str(err.value)
+
+
+def test_a_dagster_plus_deployment_is_production_unless_told_otherwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("BASEMODEL_ENV", raising=False)
+    monkeypatch.setenv("DAGSTER_CLOUD_DEPLOYMENT_NAME", "prod")
+    monkeypatch.setenv("BASEMODEL_CONFIG", str(tmp_path / "missing.yaml"))
+    assert current_env() == "prod"
+    with pytest.raises(ConfigError, match="config file not found"):
+        build_definitions()
+    monkeypatch.setenv(
+        "BASEMODEL_ENV", "local"
+    )  # a developer's branch deployment may opt in to the demo graph
+    assert set(_graph(build_definitions())) == set(EXPECTED)
+
+
+@pytest.mark.parametrize("env", ["local", "prod"])
+def test_an_invalid_config_fails_loudly_everywhere(
+    env: str, tiny_config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tiny_config.write_text(tiny_config.read_text().replace("horizon_days: 28", "horizon_days: -1", 1))
+    monkeypatch.setenv("BASEMODEL_CONFIG", str(tiny_config))
+    monkeypatch.setenv("BASEMODEL_ENV", env)
+    with pytest.raises(ConfigError, match=r"horizon_days: Input should be greater than 0") as err:
+        build_definitions()
+    assert "\n" not in str(err.value)
 
 
 def test_definitions_module_is_loadable() -> None:
@@ -181,3 +234,20 @@ def test_unknown_launcher_is_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
         ValueError, match="BASEMODEL_LAUNCHER='slurm' is not one of subprocess, docker, k8s, ecs"
     ):
         resources_for("local", "/somewhere/config.yaml")
+
+
+def test_each_domain_exposes_defs_and_the_root_merges_every_one() -> None:
+    """One folder per domain under defs/, each with `defs(deployment)`; shared/ holds the infrastructure and
+    defines nothing; the root merges every domain (a new folder it forgets fails here)."""
+    import importlib
+    import pkgutil
+
+    import basemodel_pipeline.defs as root
+
+    folders = {m.name for m in pkgutil.iter_modules(root.__path__) if m.ispkg} - {"shared"}
+    merged = {d.__name__.rpartition(".")[2] for d in (*root.PIPELINE, *root.OPERATIONS)}
+    assert folders == merged
+    for name in folders:
+        assert callable(importlib.import_module(f"basemodel_pipeline.defs.{name}").defs), name
+    shared = importlib.import_module("basemodel_pipeline.defs.shared")
+    assert not hasattr(shared, "defs")

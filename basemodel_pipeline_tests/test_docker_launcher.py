@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import shutil
 from pathlib import Path
 
 import dagster as dg
@@ -18,21 +17,22 @@ import pytest
 from conftest import chown_tree
 
 from basemodel_pipeline.config import load_config
-from basemodel_pipeline.defs.launcher import (
+from basemodel_pipeline.defs.models.assets import foundation_model, scenario_model
+from basemodel_pipeline.defs.predictions.assets import predictions
+from basemodel_pipeline.defs.shared.launcher import (
     RUN_ID_LABEL,
     Launcher,
     remove_run_containers,
     remove_step_containers,
 )
-from basemodel_pipeline.defs.models.assets import foundation_model, scenario_model
-from basemodel_pipeline.defs.models.partitions import scenarios_partitions
-from basemodel_pipeline.defs.predictions.assets import predictions
-from basemodel_pipeline.defs.resources import BasemodelConfigResource
+from basemodel_pipeline.defs.shared.partitions import scenarios_partitions
+from basemodel_pipeline.defs.shared.resources import BasemodelConfigResource
 from basemodel_pipeline.pipeline import run_cache, run_extract
 
 pytestmark = pytest.mark.timeout(900)
 
 IMAGE = "basemodel-trainer:latest"
+CUDA_IMAGE = "basemodel-trainer-cuda:latest"  # deploy/local-engine.sh cuda-trainer
 BASE_IMAGE = "local/debian-python:bookworm"  # deploy/local-engine.sh
 SECRET_NAME = "BASEMODEL_TEST_WAREHOUSE_TOKEN"
 
@@ -131,7 +131,7 @@ def test_steps_run_in_the_trainer_image(
         for path in logs.rglob("*") if logs.exists() else []:
             if path.is_file():
                 assert token.encode() not in path.read_bytes(), path
-    shutil.rmtree(workspace / ".pipes", ignore_errors=True)
+    assert not (workspace / ".pipes").exists(), "the launcher shares no error file with its steps any more"
 
 
 def test_a_step_removes_only_its_own_trainer_containers(docker_engine) -> None:
@@ -208,3 +208,22 @@ def test_trainer_image_holds_the_runtime_only(docker_engine) -> None:
     out = docker_engine.client.containers.run(IMAGE, ["python", "-c", code], remove=True, network_mode="host")
     found, torch_version = out.decode().split()
     assert found == "none" and torch_version.startswith("2.13.0")
+
+
+def test_the_cuda_trainer_carries_cuda_torch_and_the_same_entrypoints(docker_engine) -> None:
+    """The GPU trainer (`deploy/local-engine.sh cuda-trainer`: same Dockerfile, PyPI's CUDA build of the pinned
+    torch) holds a CUDA torch with its runtime libraries, the project's entrypoints and no test packages. Without
+    a GPU here it must report no device, not fail to load CUDA's libraries. Skips where the image was not built
+    (several GB of downloads: not part of `images` or CI)."""
+    docker_engine.require(CUDA_IMAGE)
+    code = (
+        "import importlib.util as u, torch, basemodel_pipeline.entrypoints.finetune; "
+        "print(','.join(m for m in ('pytest', 'moto', 'fakesnow') if u.find_spec(m)) or 'none', "
+        "torch.__version__, torch.version.cuda, torch.cuda.is_available(), torch.backends.cudnn.is_available())"
+    )
+    out = docker_engine.client.containers.run(
+        CUDA_IMAGE, ["python", "-c", code], remove=True, network_mode="host"
+    )
+    found, version, cuda, available, cudnn = out.decode().split()
+    assert found == "none" and version.startswith("2.13.0") and "+cu" in version
+    assert cuda != "None" and cudnn == "True" and available == "False"

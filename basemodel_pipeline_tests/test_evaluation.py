@@ -9,22 +9,22 @@ import pytest
 
 from basemodel_pipeline.cache.store import ColumnInfo, EventCache, EventSource
 from basemodel_pipeline.dates import DAY
-from basemodel_pipeline.evaluation.baselines import lightgbm_scores, popularity_scores
+from basemodel_pipeline.evaluation.baselines import decayed_history_items, popularity_scores
+from basemodel_pipeline.evaluation.gbm import fit_gbm
 from basemodel_pipeline.evaluation.metrics import (
-    PRIMARY_METRIC,
     auroc,
     average_precision,
     log_loss,
     macro_auroc,
     micro_auroc,
-    primary_metric,
 )
 from basemodel_pipeline.features.aggregates import (
-    NO_HISTORY_DAYS,
+    AGGREGATE_NO_HISTORY_DAYS,
     aggregate_features,
     categorical_feature_indices,
     feature_names,
 )
+from basemodel_pipeline.tasks import task_named
 
 T = 200 * DAY  # split time, a UTC midnight
 
@@ -79,14 +79,15 @@ def test_metrics_known_values() -> None:
     S = np.array([[0.1, 0.9, 0.1], [0.2, 0.1, 0.2], [0.8, 0.2, 0.3], [0.3, 0.5, 0.4]])
     # class 0: 1.0; class 1: positives 0.9, 0.2 vs negatives 0.1, 0.5 -> 0.75; class 2 has no positive
     assert macro_auroc(Y, S) == pytest.approx((1.0 + 0.75) / 2)
-    assert primary_metric("multilabel", Y, S) == macro_auroc(Y, S)
-    assert primary_metric("binary", [0, 1], [0.2, 0.1]) == 0.0
-    assert PRIMARY_METRIC["binary"] == "auroc" and PRIMARY_METRIC["multilabel"] == "macro_auroc"
+    assert task_named("multilabel").primary(Y, S) == macro_auroc(Y, S)
+    assert task_named("binary").primary([0, 1], [0.2, 0.1]) == 0.0
+    assert task_named("binary").primary_metric == "auroc"
+    assert task_named("multilabel").primary_metric == "macro_auroc"
     assert 0.0 <= micro_auroc(Y, S) <= 1.0
     assert average_precision([0, 1, 1, 0], [0.1, 0.9, 0.4, 0.5]) == pytest.approx((1 + 2 / 3) / 2)
     assert log_loss([1, 0], [0.8, 0.3]) == pytest.approx(-(math.log(0.8) + math.log(0.7)) / 2)
     with pytest.raises(ValueError):
-        primary_metric("ranking", [0], [0])
+        task_named("ranking")
 
 
 def test_aggregate_windows_recency_and_boundaries() -> None:
@@ -112,12 +113,12 @@ def test_aggregate_windows_recency_and_boundaries() -> None:
     assert (e0["attr.seg"], e0["attr.score"]) == (1, 0.5)
     e1 = _row(X, names, 1)  # no events at all
     assert e1["ev.count_all"] == 0 and e1["ev.days_all"] == 0 and e1["ev.amount.sum_all"] == 0
-    assert e1["ev.recency_days"] == NO_HISTORY_DAYS and e1["ev.tenure_days"] == 0
+    assert e1["ev.recency_days"] == AGGREGATE_NO_HISTORY_DAYS and e1["ev.tenure_days"] == 0
     assert math.isnan(e1["ev.mean_gap_days_all"]) and e1["attr.seg"] == 0
     e2 = _row(X, names, 2)
     assert (e2["ev.count_7d"], e2["ev.amount.sum_7d"], e2["ev.recency_days"]) == (1, 10, 3)
     e3 = _row(X, names, 3)  # split exactly at the first event: nothing before it
-    assert e3["ev.count_all"] == 0 and e3["ev.recency_days"] == NO_HISTORY_DAYS
+    assert e3["ev.count_all"] == 0 and e3["ev.recency_days"] == AGGREGATE_NO_HISTORY_DAYS
     assert categorical_feature_indices(cache, names) == [names.index("attr.seg")]
 
 
@@ -187,9 +188,9 @@ def test_lightgbm_beats_random_on_a_planted_signal() -> None:
         return X, y, Y
 
     (Xtr, ytr, Ytr), (Xva, yva, Yva), (Xte, yte, Yte) = data(1500), data(500), data(500)
-    s = lightgbm_scores("binary", Xtr, ytr, Xva, yva, Xte, categorical_features=[5])
+    s = fit_gbm("binary", Xtr, ytr, Xva, yva, categorical_features=[5]).predict(Xte)
     assert s.shape == (500,) and auroc(yte, s) > 0.85
-    S = lightgbm_scores("multilabel", Xtr, Ytr, Xva, Yva, Xte, categorical_features=[5])
+    S = fit_gbm("multilabel", Xtr, Ytr, Xva, Yva, categorical_features=[5]).predict(Xte)
     assert S.shape == (500, 3) and np.all(S[:, 2] == 0.0)
     assert macro_auroc(Yte, S) > 0.85
 
@@ -218,19 +219,17 @@ def test_vectorised_auroc_and_average_precision_match_sklearn_with_ties() -> Non
 def test_binary_and_multilabel_log_loss_match_sklearn() -> None:
     from sklearn import metrics as skm
 
-    from basemodel_pipeline.evaluation.metrics import evaluate
-
     rng = np.random.default_rng(1)
     Y = (rng.random((200, 4)) < 0.3).astype(int)
     P = np.clip(rng.random((200, 4)), 0.01, 0.99)
-    m = evaluate("multilabel", Y, P)
+    m = task_named("multilabel").evaluate(Y, P)
     assert m["micro_log_loss"] == pytest.approx(skm.log_loss(Y.ravel(), P.ravel()))
     per_class = [skm.log_loss(Y[:, c], P[:, c]) for c in range(4)]
     assert m["macro_log_loss"] == pytest.approx(np.mean(per_class))
     assert m["macro_average_precision"] == pytest.approx(
         np.mean([skm.average_precision_score(Y[:, c], P[:, c]) for c in range(4)])
     )
-    b = evaluate("binary", Y[:, 0], P[:, 0])
+    b = task_named("binary").evaluate(Y[:, 0], P[:, 0])
     assert b["log_loss"] == pytest.approx(skm.log_loss(Y[:, 0], P[:, 0]))
     assert b["auroc"] == pytest.approx(skm.roc_auc_score(Y[:, 0], P[:, 0]))
 
@@ -238,12 +237,10 @@ def test_binary_and_multilabel_log_loss_match_sklearn() -> None:
 def test_multiclass_metrics_match_sklearn() -> None:
     from sklearn import metrics as skm
 
-    from basemodel_pipeline.evaluation.metrics import evaluate
-
     rng = np.random.default_rng(2)
     P = rng.dirichlet(np.ones(6), 400)
     y = np.array([rng.choice(6, p=p) for p in P])
-    m = evaluate("multiclass", y, P, k=5)
+    m = task_named("multiclass").evaluate(y, P, k=5)
     assert m["accuracy"] == pytest.approx(skm.accuracy_score(y, P.argmax(1)))
     assert m["top3_accuracy"] == pytest.approx(skm.top_k_accuracy_score(y, P, k=3, labels=range(6)))
     assert m["top5_accuracy"] == pytest.approx(skm.top_k_accuracy_score(y, P, k=5, labels=range(6)))
@@ -255,16 +252,14 @@ def test_regression_metrics_match_sklearn_and_scipy() -> None:
     from scipy import stats
     from sklearn import metrics as skm
 
-    from basemodel_pipeline.evaluation.metrics import evaluate
-
     rng = np.random.default_rng(3)
     y = rng.gamma(2.0, 3.0, 300)
     pred = y + rng.normal(0, 2, 300)
-    m = evaluate("regression", y, pred)
+    m = task_named("regression").evaluate(y, pred)
     assert m["rmse"] == pytest.approx(np.sqrt(skm.mean_squared_error(y, pred)))
     assert m["mae"] == pytest.approx(skm.mean_absolute_error(y, pred))
     assert m["spearman"] == pytest.approx(stats.spearmanr(y, pred).statistic)
-    assert math.isnan(evaluate("regression", y, np.ones(300))["spearman"])
+    assert math.isnan(task_named("regression").evaluate(y, np.ones(300))["spearman"])
 
 
 def test_ranking_metrics_known_values_and_ndcg_matches_sklearn() -> None:
@@ -303,20 +298,22 @@ def test_lightgbm_multiclass_and_regression() -> None:
         return X, np.digitize(X[:, 0], [-0.5, 0.5]), 3 * X[:, 1] + 0.1 * rng.normal(size=n)
 
     (Xtr, ctr, rtr), (Xva, cva, rva), (Xte, cte, rte) = data(1200), data(400), data(400)
-    P = lightgbm_scores("multiclass", Xtr, ctr, Xva, cva, Xte)
+    P = fit_gbm("multiclass", Xtr, ctr, Xva, cva).predict(Xte)
     assert P.shape == (400, 3) and np.allclose(P.sum(1), 1.0) and (P.argmax(1) == cte).mean() > 0.85
-    pred = lightgbm_scores("regression", Xtr, rtr, Xva, rva, Xte)
+    pred = fit_gbm("regression", Xtr, rtr, Xva, rva).predict(Xte)
     assert pred.shape == (400,) and np.corrcoef(pred, rte)[0, 1] > 0.95
 
 
-def test_recommendation_baselines_repeat_and_popularity() -> None:
-    from basemodel_pipeline.evaluation.baselines import recommendation_topk
-
+def test_repeat_baseline_ranks_an_entitys_own_recent_items_first() -> None:
+    """decayed_history_items: "repeat what they bought", the recommendation candidates' history term."""
     cache = _cache()  # entity 0 bought "big" codes 5..11 before T; entity 2 bought code 14
-    rep = recommendation_topk("repeat", cache, np.array([0, 2]), np.array([T, T]), "ev", "big", 3)
-    assert rep[0].tolist() == [10, 9, 8]  # most recent first (codes 11, 10, 9 -> indices 10, 9, 8)
-    assert rep[1, 0] == 13
-    pop = recommendation_topk("popularity", cache, np.array([0, 1]), np.array([T, T]), "ev", "big", 2)
-    assert (pop[0] == pop[1]).all() and set(pop[0]) <= {13, 10, 9, 8, 7}
-    with pytest.raises(ValueError, match="not one of"):
-        recommendation_topk("random", cache, np.array([0]), np.array([T]), "ev", "big", 2)
+    owner, item, weight = decayed_history_items(
+        cache.source("ev"), "big", np.array([0, 2]), np.array([T, T]), 30.0
+    )
+    mine = owner == 0
+    assert item[mine][np.argsort(-weight[mine], kind="stable")][:3].tolist() == [
+        10,
+        9,
+        8,
+    ]  # most recent first
+    assert item[owner == 1].tolist() == [13]

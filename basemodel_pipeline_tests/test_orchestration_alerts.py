@@ -18,7 +18,7 @@ import pytest
 from basemodel_pipeline.alerts import Alert, AlertDeliveryError, WebhookSink, deliver, redact
 from basemodel_pipeline.defs import build_assets, build_checks, build_definitions
 from basemodel_pipeline.defs.alerts.freshness import build_freshness_checks
-from basemodel_pipeline.defs.resources import resources_for
+from basemodel_pipeline.defs.shared.resources import resources_for
 
 SECRET = "T0SECRET/B0TOKEN/xyzzy42"
 PRODUCTS = dg.AssetKey(["extracts", "products"])

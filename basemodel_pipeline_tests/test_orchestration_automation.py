@@ -11,6 +11,9 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+
+# The type of AssetCheckEvaluation's public target_materialization_data argument, which dagster does not export:
+# a private import in the tests only (reporting a check evaluation against a given materialization).
 from dagster._core.definitions.asset_checks.asset_check_evaluation import (
     AssetCheckEvaluationTargetMaterializationData,
 )

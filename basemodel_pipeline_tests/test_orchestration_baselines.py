@@ -13,9 +13,9 @@ from typer.testing import CliRunner
 
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.defs import build_definitions
-from basemodel_pipeline.defs._run import latest_metadata
-from basemodel_pipeline.defs.launcher import Launcher
 from basemodel_pipeline.defs.materialize import materialize_all
+from basemodel_pipeline.defs.shared.execution import latest_metadata
+from basemodel_pipeline.defs.shared.launcher import Launcher
 
 pytestmark = pytest.mark.timeout(600)
 BASELINES, MODEL = dg.AssetKey("scenario_baselines"), dg.AssetKey("scenario_model")

@@ -13,12 +13,12 @@ import yaml
 
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.defs import build_assets, build_checks, build_definitions
-from basemodel_pipeline.defs._run import latest_metadata
 from basemodel_pipeline.defs.cache.checks import manifest_problems
 from basemodel_pipeline.defs.extracts.checks import day_volume_problems
 from basemodel_pipeline.defs.materialize import RunFailed, materialize_all
 from basemodel_pipeline.defs.models.checks import floor_verdict, loss_verdict, popularity_verdict
-from basemodel_pipeline.defs.resources import QualityGates
+from basemodel_pipeline.defs.shared.execution import latest_metadata
+from basemodel_pipeline.defs.shared.resources import QualityGates
 from basemodel_pipeline.pipeline import run_cache, run_extract
 
 PRODUCTS = dg.AssetKey(["extracts", "products"])

@@ -47,7 +47,6 @@ def test_deploy_instance_config_on_postgres(
     postgres_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import dagster as dg
-    from dagster._core.run_coordinator import QueuedRunCoordinator
     from dagster_docker import DockerRunLauncher
     from dagster_postgres import PostgresRunStorage
 
@@ -59,7 +58,7 @@ def test_deploy_instance_config_on_postgres(
     try:
         assert isinstance(instance.run_storage, PostgresRunStorage)
         assert isinstance(instance.run_launcher, DockerRunLauncher)
-        assert isinstance(instance.run_coordinator, QueuedRunCoordinator)
+        assert isinstance(instance.run_coordinator, dg.QueuedRunCoordinator)
         assert instance.run_monitoring_enabled and instance.run_monitoring_max_resume_run_attempts == 2
         assert instance.get_concurrency_config().pool_config.default_pool_limit == 1
         assert "/srv/basemodel:/srv/basemodel" in instance.run_launcher.container_kwargs["volumes"]
@@ -190,7 +189,7 @@ storage:
     postgres_url:
       env: DAGSTER_POSTGRES_URL
 run_coordinator:
-  module: dagster._core.run_coordinator
+  module: dagster  # the public name of the class
   class: QueuedRunCoordinator
 concurrency:
   pools:

@@ -18,10 +18,10 @@ from dagster_k8s.pipes import build_pod_body
 from docker.models.containers import _create_container_args
 
 from basemodel_pipeline.config import load_config
-from basemodel_pipeline.defs.gpu_devices import reserve_devices
-from basemodel_pipeline.defs.launcher import Launcher, unwritable_dir
 from basemodel_pipeline.defs.models.assets import foundation_model
-from basemodel_pipeline.defs.resources import BasemodelConfigResource, launcher_from_env
+from basemodel_pipeline.defs.shared.gpu_devices import reserve_devices
+from basemodel_pipeline.defs.shared.launcher import Launcher, unwritable_dir
+from basemodel_pipeline.defs.shared.resources import BasemodelConfigResource, launcher_from_env
 from basemodel_pipeline.pipeline import run_cache, run_extract
 
 RUN_ID = "0f9e8d7c-1111-2222-3333-444455556666"
@@ -52,13 +52,13 @@ def test_command_is_the_same_entrypoint_everywhere(gpu_launcher: Launcher) -> No
     assert gpu_launcher.command("finetune", "/srv/basemodel/config.yaml", args) == [
         "python",
         "-m",
-        "basemodel_pipeline.jobs.finetune",
+        "basemodel_pipeline.entrypoints.finetune",
         "--config",
         "/srv/basemodel/config.yaml",
         *args,
     ]
     local = Launcher(backend="subprocess").command("pretrain", "/c.yaml")
-    assert local[0] == sys.executable and local[1:3] == ["-m", "basemodel_pipeline.jobs.pretrain"]
+    assert local[0] == sys.executable and local[1:3] == ["-m", "basemodel_pipeline.entrypoints.pretrain"]
 
 
 def test_docker_spec(gpu_launcher: Launcher) -> None:
@@ -138,11 +138,11 @@ def test_launcher_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_data_parallel_stages_run_under_torchrun(gpu_launcher: Launcher) -> None:
     command = gpu_launcher.command("pretrain", "/c.yaml")
     assert command[:5] == ["python", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    assert command[5:] == ["-m", "basemodel_pipeline.jobs.pretrain", "--config", "/c.yaml"]
+    assert command[5:] == ["-m", "basemodel_pipeline.entrypoints.pretrain", "--config", "/c.yaml"]
     assert gpu_launcher.command("finetune", "/c.yaml")[:3] == [
         "python",
         "-m",
-        "basemodel_pipeline.jobs.finetune",
+        "basemodel_pipeline.entrypoints.finetune",
     ]
     assert Launcher(backend="docker", gpus=1).processes("pretrain") == 1
 
@@ -250,7 +250,7 @@ def test_concurrent_one_gpu_steps_get_distinct_devices(tmp_path: Path) -> None:
 def test_a_killed_holder_frees_its_gpu(tmp_path: Path) -> None:
     locks = tmp_path / ".gpu-locks"
     code = (
-        "import sys, time; from pathlib import Path; from basemodel_pipeline.defs.gpu_devices import reserve_devices\n"
+        "import sys, time; from pathlib import Path; from basemodel_pipeline.defs.shared.gpu_devices import reserve_devices\n"
         f"with reserve_devices(Path({str(locks)!r}), ['0'], 1):\n    print('held', flush=True); time.sleep(60)"
     )
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

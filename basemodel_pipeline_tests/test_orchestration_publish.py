@@ -12,9 +12,9 @@ from dagster_aws.s3 import S3Resource
 from moto.server import ThreadedMotoServer
 
 from basemodel_pipeline.defs.extracts.sensors import s3_listing
-from basemodel_pipeline.defs.models.partitions import scenarios_partitions
 from basemodel_pipeline.defs.publish.assets import published_artifacts
-from basemodel_pipeline.defs.resources import ArtifactPublisher, BasemodelConfigResource
+from basemodel_pipeline.defs.shared.partitions import scenarios_partitions
+from basemodel_pipeline.defs.shared.resources import ArtifactPublisher, BasemodelConfigResource
 from basemodel_pipeline.errors import ConfigError, DataError
 from basemodel_pipeline.publish import MARKER, parse_s3_url, publish_dir, published_manifest
 

@@ -7,13 +7,12 @@ from pathlib import Path
 import dagster as dg
 import pytest
 import yaml
-from dagster._core.test_utils import create_run_for_test
 
 from basemodel_pipeline.config.scenarios import RetrainPolicy
 from basemodel_pipeline.dates import DAY
 from basemodel_pipeline.defs import build_definitions
 from basemodel_pipeline.defs.models.retrain import Latest, retrain_reason
-from basemodel_pipeline.defs.resources import BasemodelConfigResource
+from basemodel_pipeline.defs.shared.resources import BasemodelConfigResource
 
 NOW = 1_800_000_000.0
 
@@ -120,18 +119,20 @@ def test_a_model_trained_while_the_foundation_changed_is_retrained_once_more(
         assert (request.partition_key, request.run_key) == ("churn", "retrain:churn:f1->f2")
         assert request.tags["basemodel/trigger"] == "retrain_foundation"
 
-        create_run_for_test(  # churn's run is in progress
-            instance,
-            job_name="__ASSET_JOB",
-            status=dg.DagsterRunStatus.STARTED,
-            asset_selection=frozenset({dg.AssetKey("scenario_model")}),
-            tags={"dagster/partition": "churn"},
+        instance.add_run(  # churn's run is in progress
+            dg.DagsterRun(
+                job_name="__ASSET_JOB",
+                status=dg.DagsterRunStatus.STARTED,
+                asset_selection=frozenset({dg.AssetKey("scenario_model")}),
+                tags={"dagster/partition": "churn"},
+            )
         )
         assert not _tick(defs, instance, tiny_config).run_requests  # compared again after that run
-        create_run_for_test(
-            instance,
-            job_name="__ASSET_JOB",
-            status=dg.DagsterRunStatus.STARTED,
-            asset_selection=frozenset({dg.AssetKey("event_cache")}),
+        instance.add_run(
+            dg.DagsterRun(
+                job_name="__ASSET_JOB",
+                status=dg.DagsterRunStatus.STARTED,
+                asset_selection=frozenset({dg.AssetKey("event_cache")}),
+            )
         )
         assert "waiting for event_cache" in (_tick(defs, instance, tiny_config).skip_message or "")

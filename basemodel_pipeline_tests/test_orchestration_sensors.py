@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from basemodel_pipeline.defs import build_assets, build_checks, build_definitions
-from basemodel_pipeline.defs.resources import BasemodelConfigResource
+from basemodel_pipeline.defs.shared.resources import BasemodelConfigResource
 
 TX = dg.AssetKey(["extracts", "transactions"])
 

@@ -18,7 +18,7 @@ def _data(n: int, rng: np.random.Generator, classes: int = 1) -> tuple[np.ndarra
 def test_probe_learns_binary_signal() -> None:
     rng = np.random.default_rng(0)
     (Xtr, ytr), (Xv, yv), (Xte, yte) = (_data(n, rng) for n in (4000, 1000, 1000))
-    scores = probe_scores(Xtr, ytr, Xv, yv, Xte, "binary")
+    scores = probe_scores(Xtr, ytr, Xv, yv, Xte, auroc)
     assert scores.shape == (1000,)
     assert auroc(yte, scores) > 0.8
     assert 0.45 < auroc(yte, rng.random(1000)) < 0.55  # the bar is meaningful
@@ -27,7 +27,7 @@ def test_probe_learns_binary_signal() -> None:
 def test_probe_multilabel_shapes_and_signal() -> None:
     rng = np.random.default_rng(1)
     (Xtr, Ytr), (Xv, Yv), (Xte, Yte) = (_data(n, rng, classes=3) for n in (4000, 1000, 1000))
-    scores = probe_scores(Xtr, Ytr, Xv, Yv, Xte, "multilabel")
+    scores = probe_scores(Xtr, Ytr, Xv, Yv, Xte, macro_auroc)
     assert scores.shape == (1000, 3)
     assert macro_auroc(Yte, scores) > 0.8
 
@@ -105,11 +105,11 @@ def test_cross_fitted_scores_learn_signal_but_not_entities() -> None:
     rng = np.random.default_rng(2)
     X, y = _data(3000, rng)
     entity = np.arange(3000)
-    scores = cross_fitted_scores(X, y, entity, "binary", folds=5)
+    scores = cross_fitted_scores(X, y, entity, auroc, folds=5)
     assert scores.shape == (3000,) and auroc(y, scores) > 0.8
     ident = rng.normal(size=(3000, 64)).astype(np.float32)  # a unique random code per entity
     noise = rng.integers(0, 2, 3000).astype(np.float32)
-    assert 0.44 < auroc(noise, cross_fitted_scores(ident, noise, entity, "binary", folds=5)) < 0.56
+    assert 0.44 < auroc(noise, cross_fitted_scores(ident, noise, entity, auroc, folds=5)) < 0.56
 
 
 def test_paired_bootstrap_interval() -> None:
@@ -119,10 +119,10 @@ def test_paired_bootstrap_interval() -> None:
     y = rng.integers(0, 2, 2000).astype(np.float32)
     weak = rng.random(2000)
     strong = y + rng.normal(0, 0.8, 2000)
-    diff, lo, hi = paired_bootstrap("binary", y, strong, weak, rounds=200)
+    diff, lo, hi = paired_bootstrap(auroc, y, strong, weak, rounds=200)
     assert diff > 0.2 and 0 < lo < diff < hi
-    assert paired_bootstrap("binary", y, weak, weak, rounds=50) == (0.0, 0.0, 0.0)
-    diff, lo, hi = paired_bootstrap("binary", y, weak, rng.random(2000), rounds=200)
+    assert paired_bootstrap(auroc, y, weak, weak, rounds=50) == (0.0, 0.0, 0.0)
+    diff, lo, hi = paired_bootstrap(auroc, y, weak, rng.random(2000), rounds=200)
     assert lo < 0 < hi  # two random scorers: the interval covers zero
 
 
@@ -137,9 +137,9 @@ def test_fold_metric_ignores_calibration_differences_between_folds() -> None:
     scores = y + rng.normal(0, 1.0, 2000)
     shifted = scores + 3.0 * fold  # each fold's probe outputs on its own scale
     per_fold = [auroc(y[fold == f], scores[fold == f]) for f in range(5)]
-    assert fold_metric("binary", y, shifted, fold) == np.mean(per_fold)
-    assert fold_metric("binary", y, shifted) < fold_metric("binary", y, shifted, fold) - 0.1  # pooled
-    assert fold_metric("binary", y, scores) == auroc(y, scores)
+    assert fold_metric(auroc, y, shifted, fold) == np.mean(per_fold)
+    assert fold_metric(auroc, y, shifted) < fold_metric(auroc, y, shifted, fold) - 0.1  # pooled
+    assert fold_metric(auroc, y, scores) == auroc(y, scores)
 
 
 def test_paired_bootstrap_by_fold() -> None:
@@ -150,10 +150,10 @@ def test_paired_bootstrap_by_fold() -> None:
     y = rng.integers(0, 2, 2000).astype(np.float32)
     strong = y + rng.normal(0, 0.8, 2000) + 5.0 * fold
     weak = rng.random(2000)
-    diff, lo, hi = paired_bootstrap("binary", y, strong, weak, rounds=100, groups=fold)
-    assert diff == fold_metric("binary", y, strong, fold) - fold_metric("binary", y, weak, fold)
+    diff, lo, hi = paired_bootstrap(auroc, y, strong, weak, rounds=100, groups=fold)
+    assert diff == fold_metric(auroc, y, strong, fold) - fold_metric(auroc, y, weak, fold)
     assert 0.2 < lo < diff < hi
-    diff, lo, hi = paired_bootstrap("binary", y, weak, rng.random(2000), rounds=100, groups=fold)
+    diff, lo, hi = paired_bootstrap(auroc, y, weak, rng.random(2000), rounds=100, groups=fold)
     assert lo < 0 < hi
 
 
@@ -168,12 +168,12 @@ def test_paired_bootstrap_resamples_entities_not_rows() -> None:
     y = rng.integers(0, 2, 250).astype(np.float32)[entity]
     a = (y + rng.normal(0, 1.0, 250)[entity]) + rng.normal(0, 0.01, 2000)
     b = (y + rng.normal(0, 1.0, 250)[entity]) + rng.normal(0, 0.01, 2000)
-    _, lo_rows, hi_rows = paired_bootstrap("binary", y, a, b, rounds=200)
-    d, lo, hi = paired_bootstrap("binary", y, a, b, rounds=200, clusters=entity)
+    _, lo_rows, hi_rows = paired_bootstrap(auroc, y, a, b, rounds=200)
+    d, lo, hi = paired_bootstrap(auroc, y, a, b, rounds=200, clusters=entity)
     assert hi - lo > 2.0 * (hi_rows - lo_rows)  # about sqrt(8) wider
     assert lo < d < hi
     groups = entity % 2  # clusters within groups: each half resampled on its own
-    d2, lo2, hi2 = paired_bootstrap("binary", y, a, b, rounds=200, groups=groups, clusters=entity)
+    d2, lo2, hi2 = paired_bootstrap(auroc, y, a, b, rounds=200, groups=groups, clusters=entity)
     assert lo2 < d2 < hi2 and hi2 - lo2 > 2.0 * (hi_rows - lo_rows)
 
 
@@ -182,5 +182,5 @@ def test_paired_bootstrap_with_no_measurable_resample_returns_nan_bounds() -> No
     on (without a proven gain) instead of crashing."""
     y = np.array([1, 1, 1], dtype=np.float32)
     a, b = np.array([0.9, 0.1, 0.5]), np.array([0.2, 0.8, 0.5])
-    _, lo, hi = paired_bootstrap("binary", y, a, b, rounds=5, clusters=np.array([0, 1, 1]))
+    _, lo, hi = paired_bootstrap(auroc, y, a, b, rounds=5, clusters=np.array([0, 1, 1]))
     assert np.isnan(lo) and np.isnan(hi)

@@ -86,7 +86,7 @@ def test_sigkill_then_rerun_reaches_the_same_validation_loss(tiny_config: Path) 
     cfg = load_config(config)
     reference = run_pretrain(cfg)
     state = Path(cfg.workspace) / "checkpoints" / "foundation" / ".resume" / "state.json"
-    cmd = [sys.executable, "-m", "basemodel_pipeline.jobs.pretrain", "--config", str(config)]
+    cmd = [sys.executable, "-m", "basemodel_pipeline.entrypoints.pretrain", "--config", str(config)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")}
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     deadline = time.time() + 120

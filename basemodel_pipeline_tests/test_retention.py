@@ -229,7 +229,7 @@ def test_dagster_retention_asset_and_daily_schedule_in_a_real_instance(
     import dagster as dg
 
     from basemodel_pipeline.defs import build_definitions
-    from basemodel_pipeline.defs.resources import BasemodelConfigResource
+    from basemodel_pipeline.defs.shared.resources import BasemodelConfigResource
 
     cfg, F = workspace["cfg"], workspace["F"]
     monkeypatch.setenv("BASEMODEL_AUTOMATION", "stopped")

@@ -59,7 +59,7 @@ def target(**kw: Any) -> dict[str, Any]:
         ),
         (
             {"name": "x", "task": "binary", "target": target(kind="python", function="not a reference")},
-            r"scenarios\[0\]\.target\.python\.function: String should match pattern",
+            r"scenarios\[0\]\.target\.function: String should match pattern",
         ),
         (
             {"name": "x", "task": "binary", "mode": "adapter", "target": target(kind="binary")},
@@ -70,6 +70,31 @@ def target(**kw: Any) -> dict[str, Any]:
 def test_invalid_scenarios_are_rejected(tiny_config: Path, scenario: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_config(with_scenario(tiny_config, scenario))
+
+
+@pytest.mark.parametrize(
+    ("task", "kind", "extra"),
+    [
+        ("binary", "binary", {}),
+        ("multilabel", "multilabel", {"column": "department"}),
+        ("multiclass", "multiclass", {"column": "department"}),
+        ("regression", "regression", {"column": "sales_value"}),
+        ("recommendation", "recommendation", {"column": "product_id"}),
+        ("binary", "python", {"function": "m:f"}),
+    ],
+)
+def test_a_typo_in_a_target_names_the_yaml_path_without_the_target_kind(
+    tiny_config: Path, task: str, kind: str, extra: dict[str, Any]
+) -> None:
+    """The error path is the YAML path the user wrote: no pydantic discriminator tag ('regression') in it."""
+    raw = yaml.safe_load(tiny_config.read_text())
+    typo = {"name": "typo", "task": task, "target": target(kind=kind, colum="x", **extra)}
+    raw["scenarios"] = [*raw["scenarios"][:2], typo]  # the tiny config's two, then the typo
+    tiny_config.write_text(yaml.safe_dump(raw, sort_keys=False))
+    with pytest.raises(ConfigError) as err:
+        load_config(tiny_config)
+    assert "scenarios[2].target.colum: unknown key 'colum'" in str(err.value)
+    assert f".{kind}." not in str(err.value)
 
 
 @pytest.mark.parametrize(
@@ -179,3 +204,11 @@ def test_a_test_window_past_the_end_of_the_data_is_rejected_before_training(tiny
         r"training_end_date to \d{4}-\d\d-\d\d or earlier",
     ):
         check_config_against_data(load_config(tiny_config), tiny_config)
+
+
+def test_a_typo_in_a_data_location_names_the_yaml_path_without_the_database_type(tiny_config: Path) -> None:
+    raw = yaml.safe_load(tiny_config.read_text())
+    raw["data_sources"][1]["data_location"]["pth"] = "x"
+    tiny_config.write_text(yaml.safe_dump(raw, sort_keys=False))
+    with pytest.raises(ConfigError, match=r"data_sources\[1\]\.data_location\.pth: unknown key 'pth'"):
+        load_config(tiny_config)

@@ -17,9 +17,9 @@ from basemodel_pipeline.dates import DAY
 from basemodel_pipeline.errors import ConfigError
 from basemodel_pipeline.scenarios.events import SourceEvents
 from basemodel_pipeline.scenarios.examples import SparseLabels, TargetSpec, label_columns
-from basemodel_pipeline.scenarios.heads import Head
 from basemodel_pipeline.scenarios.lora import LoRALinear, add_lora, merge_lora
 from basemodel_pipeline.scenarios.targets import build_examples, choose_classes
+from basemodel_pipeline.tasks import task_for
 
 T = 300 * DAY
 ITEMS = ["a", "b", "c", "d"]  # codes 1..4
@@ -192,6 +192,20 @@ def test_unknown_filter_value_and_wrong_column_type_are_config_errors(cache) -> 
         examples(cache, scenario("binary", filter=[{"column": "item", "op": ">", "value": "a"}]))
 
 
+def test_only_the_configs_mistakes_become_config_errors(cache, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unknown target source is the config's mistake (ConfigError naming the scenario); a bug in the code
+    under it propagates as itself, not disguised as a config error."""
+    with pytest.raises(ConfigError, match=r"scenario 's': target.source: event source 'nope' is not in"):
+        examples(cache, scenario("binary", source="nope"))
+
+    def broken(name: str) -> EventSource:
+        raise KeyError(name)
+
+    monkeypatch.setattr(cache, "source", broken)
+    with pytest.raises(KeyError):
+        examples(cache, scenario("binary"))
+
+
 def test_events_api(cache) -> None:
     src = cache.source("ev")
     fut = SourceEvents(src, np.arange(2, 6), T, future=True)
@@ -223,7 +237,7 @@ def test_sketch_head_decodes_the_trained_item_on_top() -> None:
         [],
         {"n_items": 500, "head": "sketch", "partitions": 4, "width": 64, "seed": 1, "popularity": [1] * 500},
     )
-    head = Head(spec)
+    head = task_for(spec)
     labels = SparseLabels.from_pairs(np.array([0]), np.array([123]), np.array([1.0]), 1, 500)
     target = head.targets(labels, np.array([0]))
     assert target.shape == (1, 256) and torch.allclose(target.view(4, 64).sum(1), torch.ones(4))
@@ -252,7 +266,7 @@ def test_lora_starts_as_identity_and_merges_exactly() -> None:
 
 def test_own_history_bonus_lifts_past_items_by_the_chosen_weight() -> None:
     spec = TargetSpec("recommendation", [], [], {"n_items": 6, "head": "dense", "popularity": [1] * 6})
-    head = Head(spec)
+    head = task_for(spec)
     logits = np.log(
         np.array([[0.5, 0.3, 0.1, 0.05, 0.03, 0.02], [0.5, 0.3, 0.1, 0.05, 0.03, 0.02]], np.float32)
     )

@@ -20,7 +20,7 @@ from basemodel_pipeline.errors import DataError, UserError
 from basemodel_pipeline.pipeline import run_cache, run_extract, run_predict, run_pretrain
 from basemodel_pipeline.progress import NullProgress
 from basemodel_pipeline.scenarios.finetune import finetune, finetune_many
-from basemodel_pipeline.scenarios.heads import REPEAT_WEIGHTS
+from basemodel_pipeline.tasks.recommendation import REPEAT_WEIGHTS
 
 TARGET_MODULE = '''
 import numpy as np
@@ -485,7 +485,7 @@ def test_predict_entrypoint_with_workers_matches_one_process(world) -> None:
     cfg, _ = world
     single = pq.read_table(run_predict(cfg, "grocery_buyer", precision="fp32")["path"])
     env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")}
-    cmd = [sys.executable, "-m", "basemodel_pipeline.jobs.predict", "--config",
+    cmd = [sys.executable, "-m", "basemodel_pipeline.entrypoints.predict", "--config",
            str(Path(cfg.workspace) / "config.yaml"), "--scenario", "grocery_buyer",
            "--precision", "fp32", "--workers", "2"]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
@@ -497,8 +497,8 @@ def test_predict_entrypoint_with_workers_matches_one_process(world) -> None:
 
 def test_predict_job_shard_runs_and_merge_run(world) -> None:
     """What one Dagster run per shard does: K runs with shard I/K, then one run with merge_shards K."""
-    from basemodel_pipeline.jobs._common import JobArgs
-    from basemodel_pipeline.jobs.predict import stage
+    from basemodel_pipeline.entrypoints._common import EntrypointArgs
+    from basemodel_pipeline.entrypoints.predict import stage
 
     cfg, _ = world
     single = pq.read_table(run_predict(cfg, "top_department", precision="fp32")["path"])
@@ -506,15 +506,17 @@ def test_predict_job_shard_runs_and_merge_run(world) -> None:
     for shard in ("1/2", "0/2"):
         stage(
             cfg,
-            JobArgs(config, "top_department", None, None, {"precision": "fp32", "shard": shard}),
+            EntrypointArgs(config, "top_department", None, None, {"precision": "fp32", "shard": shard}),
             NullProgress(),
         )
-    merged = stage(cfg, JobArgs(config, "top_department", None, None, {"merge_shards": 2}), NullProgress())
+    merged = stage(
+        cfg, EntrypointArgs(config, "top_department", None, None, {"merge_shards": 2}), NullProgress()
+    )
     assert pq.read_table(merged["path"]).equals(single)
     with pytest.raises(UserError, match="is not I/K"):
-        stage(cfg, JobArgs(config, "top_department", None, None, {"shard": "half"}), NullProgress())
+        stage(cfg, EntrypointArgs(config, "top_department", None, None, {"shard": "half"}), NullProgress())
     with pytest.raises(UserError, match="0 <= I < K"):
-        stage(cfg, JobArgs(config, "top_department", None, None, {"shard": "2/2"}), NullProgress())
+        stage(cfg, EntrypointArgs(config, "top_department", None, None, {"shard": "2/2"}), NullProgress())
 
 
 def test_cli_predict_subset_summary_and_bad_shard(world, tmp_path: Path) -> None:

@@ -8,13 +8,13 @@ import pytest
 
 from basemodel_pipeline.config.models import Scenario
 from basemodel_pipeline.errors import ConfigError
-from basemodel_pipeline.evaluation import metrics
 from basemodel_pipeline.evaluation.gbm import GBM, fit_gbm
 from basemodel_pipeline.scenarios.candidates import Blend, Context
 from basemodel_pipeline.scenarios.examples import TargetSpec
-from basemodel_pipeline.scenarios.heads import Head
 from basemodel_pipeline.scenarios.selection import choose, split_validation
-from basemodel_pipeline.scenarios.shared import json_dumps, regression_extra
+from basemodel_pipeline.scenarios.shared import json_dumps
+from basemodel_pipeline.tasks import task_for, task_named
+from basemodel_pipeline.tasks.regression import regression_extra
 
 
 def _ctx(task: str, extra: dict | None = None) -> Context:
@@ -26,7 +26,7 @@ def _ctx(task: str, extra: dict | None = None) -> Context:
     scenario = Scenario.model_validate({"name": "s", "task": task, "target": target})
     classes = ["a", "b", "c"] if task == "multilabel" else []
     spec = TargetSpec(task, classes, list(range(1, len(classes) + 1)), extra or {})
-    return Context(scenario, spec, Head(spec))
+    return Context(scenario, spec, task_for(spec))
 
 
 class Fixed:
@@ -97,15 +97,15 @@ def test_regression_head_keeps_to_the_label_range_and_uses_a_hurdle_for_mostly_z
     assert extra["hurdle"] and extra["min"] == 0.0 and 0.39 < extra["positive_share"] < 0.41
     assert not regression_extra(y + 1.0).get("hurdle")  # never zero: a plain regression
     assert not regression_extra(y - 1.0).get("hurdle")  # negative values: a plain regression
-    head = Head(TargetSpec("regression", [], [], extra))
-    assert head.spec.out_dim == 2
+    head = task_for(TargetSpec("regression", [], [], extra))
+    assert head.out_dim == 2
     logits = np.array([[5.0, -30.0], [-5.0, 2.0], [0.0, 0.0]], np.float32)
     values = head.scores(logits)
     assert (values >= 0).all() and values[0] == 0.0  # an amount below zero is never predicted
     assert values[1] == pytest.approx(
         1 / (1 + np.exp(5.0)) * (2.0 * extra["positive_std"] + extra["positive_mean"]), rel=1e-5
     )
-    plain = Head(TargetSpec("regression", [], [], regression_extra(y + 1.0)))
+    plain = task_for(TargetSpec("regression", [], [], regression_extra(y + 1.0)))
     assert plain.scores(np.array([[-100.0]], np.float32))[0] == pytest.approx(1.0)  # the training minimum
 
 
@@ -124,14 +124,14 @@ def test_lightgbm_models_round_trip_as_text() -> None:
 def test_regression_metrics_on_both_scales() -> None:
     amount = np.array([0.0, 0.0, 10.0, 100.0, 1000.0])
     y = np.log1p(amount)
-    perfect = metrics.evaluate("regression", y, y, log1p=True)
+    perfect = task_named("regression").evaluate(y, y, log1p=True)
     assert perfect["rmse"] == 0 and perfect["rmse_raw"] == 0 and perfect["gini"] == pytest.approx(1.0)
     assert perfect["top_decile_lift"] == pytest.approx(1000 / 1110 / 0.2)
-    backwards = metrics.evaluate("regression", y, -y, log1p=True)
+    backwards = task_named("regression").evaluate(y, -y, log1p=True)
     assert backwards["gini"] < 0 and backwards["rmse_raw"] > 0
-    plain = metrics.evaluate("regression", amount, amount + 1.0)
+    plain = task_named("regression").evaluate(amount, amount + 1.0)
     assert plain["rmse_log1p"] > 0 and "rmse_raw" not in plain
-    assert set(metrics.evaluate("regression", amount - 50, amount)) == {"rmse", "mae", "spearman"}
+    assert set(task_named("regression").evaluate(amount - 50, amount)) == {"rmse", "mae", "spearman"}
 
 
 def test_metrics_json_is_strict_json() -> None:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from basemodel_pipeline.defs.resources import launcher_from_env, quality_gates_from_env
+from basemodel_pipeline.defs.shared.resources import launcher_from_env, quality_gates_from_env
 from basemodel_pipeline.settings import setting, setting_list
 
 

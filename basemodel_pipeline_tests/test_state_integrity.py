@@ -225,7 +225,7 @@ def test_dagster_checks_call_the_library_verification(workspace: Path) -> None:
         ("predictions", "churn"): {"path": str(table), "as_of": table.parent.name},
     }
 
-    from basemodel_pipeline.defs.models.partitions import scenarios_partitions
+    from basemodel_pipeline.defs.shared.partitions import scenarios_partitions
 
     def run_checks(instance: dg.DagsterInstance) -> dict[str, dg.AssetCheckEvaluation]:
         checks = [foundation_checkpoint_sha256, scenario_checkpoint_sha256, predictions_output_sha256]

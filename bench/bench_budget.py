@@ -39,10 +39,10 @@ from bench_quality import Log, metric_of, paired_interval  # noqa: E402
 from basemodel_pipeline.config import load_config  # noqa: E402
 from basemodel_pipeline.config.params import FoundationParams  # noqa: E402
 from basemodel_pipeline.demo import prepare_demo  # noqa: E402
-from basemodel_pipeline.evaluation import metrics  # noqa: E402
 from basemodel_pipeline.pipeline import run_baselines, run_cache, run_extract, run_pretrain  # noqa: E402
 from basemodel_pipeline.runtime import resolve_device  # noqa: E402
 from basemodel_pipeline.scenarios.finetune import finetune_many  # noqa: E402
+from basemodel_pipeline.tasks import task_named  # noqa: E402
 
 DEFAULT_CAP = FoundationParams.model_fields["max_examples_per_epoch"].default
 SPLIT_POINTS = FoundationParams.model_fields["split_points_per_entity"].default
@@ -58,7 +58,7 @@ def interval(task: str, truth, out, seed: int = 0) -> tuple[float, float, float]
     for _ in range(ROUNDS):
         idx = rng.integers(0, n, n)
         try:
-            draws.append(float(metrics.primary_metric(task, np.asarray(truth)[idx], np.asarray(out)[idx])))
+            draws.append(float(task_named(task).primary(np.asarray(truth)[idx], np.asarray(out)[idx])))
         except ValueError:  # a resample with one class
             continue
     lo, hi = np.nanpercentile(draws, [2.5, 97.5])

@@ -43,11 +43,11 @@ from basemodel_pipeline import (
 from basemodel_pipeline import workspace as ws  # noqa: E402
 from basemodel_pipeline.cache.store import EventCache  # noqa: E402
 from basemodel_pipeline.config import load_config  # noqa: E402
-from basemodel_pipeline.evaluation.metrics import primary_metric  # noqa: E402
 from basemodel_pipeline.features.sketch import FeatureEncoder  # noqa: E402
 from basemodel_pipeline.inference.predict import Scorer, default_as_of  # noqa: E402
 from basemodel_pipeline.inference.state import ensure_state  # noqa: E402
 from basemodel_pipeline.scenarios.targets import build_examples, choose_classes  # noqa: E402
+from basemodel_pipeline.tasks import task_named  # noqa: E402
 from basemodel_pipeline.training.splits import scenario_split_times  # noqa: E402
 from basemodel_pipeline.workspace import cache_dir  # noqa: E402
 
@@ -84,7 +84,7 @@ def quality(args: argparse.Namespace) -> dict:
             scores = scorer.head.scores(runtime.predict(scorer.model, X, scorer.device, amp=scorer.amp))
         wall = (time.perf_counter() - t0) / args.repeats
         result[f"{precision}_{_metric(sc.task)}"] = round(
-            float(primary_metric(sc.task, test.labels, scores)), 5
+            float(task_named(sc.task).primary(test.labels, scores)), 5
         )
         result[f"{precision}_forward_entities_per_s"] = round(len(X) / wall, 1)
     m = _metric(sc.task)

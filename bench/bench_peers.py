@@ -57,7 +57,7 @@ from bench_foundation import MemorySampler  # noqa: E402
 from basemodel_pipeline.cache.store import EventCache  # noqa: E402
 from basemodel_pipeline.config import load_config  # noqa: E402
 from basemodel_pipeline.dates import DAY  # noqa: E402
-from basemodel_pipeline.evaluation import metrics  # noqa: E402
+from basemodel_pipeline.tasks import task_named  # noqa: E402
 from basemodel_pipeline.workspace import cache_dir  # noqa: E402
 
 PARTS = ("ours", "lgbm", "coles")
@@ -118,10 +118,10 @@ def lightgbm_candidate(sc, spec, seed: int):
     """The pipeline's ``lightgbm_aggregates`` candidate (scenarios/candidates.py), fitted on what Rows holds,
     on every row (``lightgbm_max_rows: 0``: a peer at its best, not the pipeline's sampled multilabel baseline)."""
     from basemodel_pipeline.scenarios.candidates import Context, LightGBM
-    from basemodel_pipeline.scenarios.heads import Head
+    from basemodel_pipeline.tasks import task_for
 
     sc = sc.model_copy(update={"lightgbm_max_rows": 0})
-    return LightGBM(Context(sc, spec, Head(spec), seed, Log()), "aggregates")
+    return LightGBM(Context(sc, spec, task_for(spec), seed, Log()), "aggregates")
 
 
 def save_part(out: Path, arrays: dict, info: dict) -> None:
@@ -419,7 +419,13 @@ def run_coles(cfg, cache: EventCache, names: list[str], sampler: MemorySampler, 
 
         def probe(sc=sc, X=X, truth=truth):
             return probe_scores(
-                X["train"], truth["train"], X["stop"], truth["stop"], X["test"], sc.task, args.seed
+                X["train"],
+                truth["train"],
+                X["stop"],
+                truth["stop"],
+                X["test"],
+                task_named(sc.task).primary,
+                args.seed,
             )
 
         arrays[f"{name}/out/coles_probe"] = sampler.timed(f"{name}_probe_s", probe)
@@ -508,11 +514,11 @@ def bootstrap(task: str, y: np.ndarray, outs: dict[str, np.ndarray], rounds: int
     for every model, so differences are paired)."""
     rng = np.random.default_rng(seed)
     n = len(y)
-    point = {k: float(metrics.primary_metric(task, y, o)) for k, o in outs.items()}
+    point = {k: float(task_named(task).primary(y, o)) for k, o in outs.items()}
     draws: dict[str, list[float]] = {k: [] for k in outs}
     for _ in range(rounds):
         idx = rng.integers(0, n, n)
-        vals = {k: float(metrics.primary_metric(task, y[idx], o[idx])) for k, o in outs.items()}
+        vals = {k: float(task_named(task).primary(y[idx], o[idx])) for k, o in outs.items()}
         if all(np.isfinite(v) for v in vals.values()):
             for k, v in vals.items():
                 draws[k].append(v)
@@ -545,7 +551,7 @@ def collect(workspace: Path, names: list[str], parts: list[str]) -> dict:
                 f"{name}/out/pipeline_lightgbm_aggregates"
             ]
         b = bootstrap(task, y, outs, ROUNDS)
-        flat[f"{name}.metric"] = metrics.PRIMARY_METRIC[task]
+        flat[f"{name}.metric"] = task_named(task).primary_metric
         flat[f"{name}.test_rows"] = len(y)
         flat[f"{name}.bootstrap_rounds_finite"] = len(next(iter(b["draws"].values())))
         for m in outs:

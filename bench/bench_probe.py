@@ -10,7 +10,7 @@ Protocols (all run by default; every result holds each probe seed and their mean
   (data_params.training_end_date), targets in the window after it; the probe is cross-fitted over 5 folds of
   entities (evaluation/probe.py: cross_fitted_scores), so every entity is scored by a probe that never saw it;
   the score is the mean of the 5 per-fold AUROCs (fold_metric: each fold has its own probe and calibration).
-- ``weekly``: the scenario split (DESIGN §6): the probe fits on the weekly training split points, chooses
+- ``weekly``: the scenario split (docs/design.md, "Evaluation protocol"): the probe fits on the weekly training split points, chooses
   its epoch on the validation split points and is scored on the test window. The foundation was trained to
   predict the futures of those training weeks, so this probe can learn to trust what the trunk recalls about
   them (bench/BENCHMARKS.md, "Why the churn probe lagged").
@@ -39,6 +39,7 @@ from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.evaluation.probe import (
+    Metric,
     cross_fitted_scores,
     entity_folds,
     fold_metric,
@@ -50,6 +51,7 @@ from basemodel_pipeline.features.sketch import FeatureEncoder
 from basemodel_pipeline.model.checkpoint import load_checkpoint
 from basemodel_pipeline.scenarios.examples import Examples
 from basemodel_pipeline.scenarios.targets import build_examples, choose_classes
+from basemodel_pipeline.tasks import task_named
 from basemodel_pipeline.training.splits import scenario_split_times
 from basemodel_pipeline.workspace import cache_dir
 
@@ -67,17 +69,17 @@ def _inputs(model, enc: FeatureEncoder, cache: EventCache, ex: Examples) -> dict
     }
 
 
-def _scores(protocol: str, feats: dict, ex: dict[str, Examples], task: str, seed: int) -> np.ndarray:
+def _scores(protocol: str, feats: dict, ex: dict[str, Examples], metric: Metric, seed: int) -> np.ndarray:
     if protocol == "recsys":
         test = ex["test"]
-        return cross_fitted_scores(feats["test"], test.labels, test.entity, task, FOLDS, seed=seed)
+        return cross_fitted_scores(feats["test"], test.labels, test.entity, metric, FOLDS, seed=seed)
     if protocol == "unseen_weeks":
         val, X = ex["val"], feats["val"]
         choose = entity_folds(val.entity, FOLDS) == 0  # one fold of entities picks the epoch
         fit, check = val.subset(~choose), val.subset(choose)
-        return probe_scores(X[~choose], fit.labels, X[choose], check.labels, feats["test"], task, seed)
+        return probe_scores(X[~choose], fit.labels, X[choose], check.labels, feats["test"], metric, seed)
     return probe_scores(
-        feats["train"], ex["train"].labels, feats["val"], ex["val"].labels, feats["test"], task, seed
+        feats["train"], ex["train"].labels, feats["val"], ex["val"].labels, feats["test"], metric, seed
     )
 
 
@@ -97,14 +99,18 @@ def run_protocol(protocol: str, cfg, model, enc, cache, sc, seeds: list[int], re
         feats = {k: v[name] for k, v in inputs.items()}
         per_seed, runs = [], []
         for seed in seeds:
-            s = _scores(protocol, feats, ex, sc.task, seed)
+            s = _scores(protocol, feats, ex, task_named(sc.task).primary, seed)
             runs.append(s)
-            per_seed.append(round(fold_metric(sc.task, truth, s, groups), 4))
+            per_seed.append(round(fold_metric(task_named(sc.task).primary, truth, s, groups), 4))
         mean_scores[name] = np.mean(runs, 0)
         result[f"{key}_probe_{name}"] = round(float(np.mean(per_seed)), 4)
         result[f"{key}_probe_{name}_per_seed"] = per_seed
     diff, lo, hi = paired_bootstrap(
-        sc.task, truth, mean_scores["embeddings"], mean_scores["aggregates"], groups=groups
+        task_named(sc.task).primary,
+        truth,
+        mean_scores["embeddings"],
+        mean_scores["aggregates"],
+        groups=groups,
     )
     result[f"{key}_seed_mean_diff"] = round(diff, 4)
     result[f"{key}_seed_mean_diff_ci95"] = [round(lo, 4), round(hi, 4)]

@@ -48,6 +48,7 @@ from basemodel_pipeline.evaluation.probe import bootstrap_rounds
 from basemodel_pipeline.pipeline import run_cache, run_extract, run_pretrain
 from basemodel_pipeline.progress import NullProgress
 from basemodel_pipeline.scenarios.finetune import finetune_many
+from basemodel_pipeline.tasks import task_named
 
 BASELINES = ("popularity", "lightgbm_aggregates", "repeat_purchases", "neural")
 # task types a data set's full demo config lacks, added here so every task type is measured on both sets
@@ -88,7 +89,7 @@ def row_metric(task: str, truth, out, k: int = 10) -> np.ndarray | None:
 
 def metric_of(task: str, truth, out) -> float:
     rows = row_metric(task, truth, out)
-    return float(np.nanmean(rows)) if rows is not None else float(metrics.primary_metric(task, truth, out))
+    return float(np.nanmean(rows)) if rows is not None else float(task_named(task).primary(truth, out))
 
 
 def _take(task: str, truth, idx: np.ndarray):
@@ -102,7 +103,7 @@ def _take(task: str, truth, idx: np.ndarray):
 
 def paired_interval(task: str, truth, model_runs: list, base_runs: list, seed: int = 0):
     """(mean difference, 2.5%, 97.5%) of the seed-averaged (model - baseline), signed so > 0 is a win."""
-    sign = 1.0 if metrics.higher_is_better(metrics.PRIMARY_METRIC[task]) else -1.0
+    sign = 1.0 if task_named(task).higher_is_better() else -1.0
     n = len(model_runs[0]) if task != "recommendation" else len(truth[0]) - 1
 
     def diff(idx):
@@ -119,7 +120,7 @@ def paired_interval(task: str, truth, model_runs: list, base_runs: list, seed: i
         return float(
             np.mean(
                 [
-                    metrics.primary_metric(task, t, a[idx]) - metrics.primary_metric(task, t, b[idx])
+                    task_named(task).primary(t, a[idx]) - task_named(task).primary(t, b[idx])
                     for a, b in zip(model_runs, base_runs, strict=True)
                 ]
             )
@@ -131,7 +132,8 @@ def paired_interval(task: str, truth, model_runs: list, base_runs: list, seed: i
     rng = np.random.default_rng(seed)
     point = diff(np.arange(n))
     draws = [
-        diff(rng.integers(0, n, n)) for _ in range(bootstrap_rounds(task, model_runs[0], ROUNDS, floor=100))
+        diff(rng.integers(0, n, n))
+        for _ in range(bootstrap_rounds(task_named(task).metric_width(model_runs[0]), ROUNDS, floor=100))
     ]
     draws = [d for d in draws if np.isfinite(d)]
     lo, hi = np.percentile(draws, [2.5, 97.5])
@@ -229,7 +231,7 @@ def collect(dataset: str, workspace: Path, seeds: list[int], names: list[str] | 
         )
         model = [z[f"{name}/out/model"] for z, _ in runs]
         flat[f"{name}.task"] = task
-        flat[f"{name}.metric"] = metrics.PRIMARY_METRIC[task]
+        flat[f"{name}.metric"] = task_named(task).primary_metric
         flat[f"{name}.published"] = ",".join(info["scenarios"][name]["published"] for _, info in runs)
         flat[f"{name}.model"] = round(float(np.mean([metric_of(task, truth, m) for m in model])), 4)
         for b in BASELINES:

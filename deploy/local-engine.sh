@@ -7,6 +7,7 @@
 #                                   socket and data directory (host networking, no bridge, no iptables
 #                                   changes) and build the local base image once (reused on later starts)
 #   deploy/local-engine.sh images   build the project's images (trainer, code, dagster, postgres) on the base
+#   deploy/local-engine.sh cuda-trainer  build the GPU trainer (basemodel-trainer-cuda) with PyPI's CUDA torch
 #   deploy/local-engine.sh status   is the engine answering; which images it holds
 #   deploy/local-engine.sh env      the line to eval: export DOCKER_HOST=unix://... BASEMODEL_IMAGE_TAG=<digest>
 #   deploy/local-engine.sh stop     stop the dockerd this script started (images stay for the next start)
@@ -147,6 +148,28 @@ build_images() {
     done
     # the images these builds replaced (untagged, labelled; not the stages' cached layers): gigabytes each
     docker image prune -f --filter label=basemodel.source_digest >/dev/null
+    # a GPU trainer built here before is rebuilt for the same sources (its torch layers are cached)
+    if docker image inspect basemodel-trainer-cuda:latest >/dev/null 2>&1; then build_cuda_trainer; fi
+}
+
+# The GPU trainer without a registry: the same Dockerfile on the local base, torch from PyPI (a CUDA build whose
+# CUDA runtime libraries come as nvidia-* wheels; the host's driver comes in through the NVIDIA container
+# toolkit). Several GB of downloads, so it is its own command, not part of `images`.
+build_cuda_trainer() {
+    stage_build_local
+    local digest t0=$SECONDS tag=basemodel-trainer-cuda
+    digest=$(source_digest)
+    say "building $tag:latest on $BASE with torch from ${BASEMODEL_TORCH_INDEX:-https://pypi.org/simple}"
+    DOCKER_BUILDKIT=0 docker build --network host --build-arg BASE_IMAGE="$BASE" \
+        --build-arg TORCH_SOURCE=index --build-arg TORCH_INDEX="${BASEMODEL_TORCH_INDEX:-https://pypi.org/simple}" \
+        --label "basemodel.source_digest=$digest" --target trainer -t "$tag:latest" -f "$ROOT/deploy/Dockerfile" "$ROOT" \
+        >"$DATA/build-$tag.log" 2>&1 \
+        || { tail -30 "$DATA/build-$tag.log" >&2; die "building $tag failed (log: $DATA/build-$tag.log)"; }
+    docker tag "$tag:latest" "$tag:${digest:0:12}"
+    say "$tag:latest (= :${digest:0:12}) built in $((SECONDS - t0)) s," \
+        "$(docker image inspect "$tag:latest" --format '{{.Size}}') bytes; torch:" \
+        "$(docker run --rm --network host "$tag:latest" python -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda)')"
+    docker image prune -f --filter label=basemodel.source_digest >/dev/null
 }
 
 stop_engine() {
@@ -165,6 +188,7 @@ stop_engine() {
 case "${1:-}" in
     start) need_root; install_packages; install_compose; start_engine; build_base ;;
     images) need_root; answering || die "the engine is not running: deploy/local-engine.sh start"; build_images ;;
+    cuda-trainer) need_root; answering || die "the engine is not running: deploy/local-engine.sh start"; build_cuda_trainer ;;
     status)
         if answering; then
             say "engine answering on $SOCK"
@@ -175,5 +199,5 @@ case "${1:-}" in
     env) echo "export DOCKER_HOST=unix://$SOCK BASEMODEL_IMAGE_TAG=$(source_digest | cut -c1-12)" ;;
     stop) need_root; stop_engine ;;
     purge) need_root; stop_engine; rm -rf "$DATA" "$RUN"; say "removed $DATA and $RUN" ;;
-    *) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+    *) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

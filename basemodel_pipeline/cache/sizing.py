@@ -41,7 +41,7 @@ def recommended_working_volume(
     cache_bytes: int | None = None,
 ) -> int:
     """What the workspace holds, + 20% headroom: the extracts (about the source's size), the cache (its size
-    when built, else about the source's size: DESIGN §1), the checkpoints and everything else under the
+    when built, else about the source's size: docs/design.md, "Artifact sizes"), the checkpoints and everything else under the
     workspace (predictions, state, reports)."""
     src_bytes = source_bytes(cfg) if src_bytes is None else src_bytes
     if checkpoint_bytes is None:

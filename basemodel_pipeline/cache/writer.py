@@ -23,6 +23,7 @@ from basemodel_pipeline.errors import DataError
 
 
 def extract_files(cfg: PipelineConfig, src: DataSource) -> list[Path]:
+    """A source's extract files, sorted; a DataError naming the stage to run when there are none."""
     d = ws.extracts_dir(cfg, src.name)
     files = sorted(d.glob("*.parquet"))
     if not files:

@@ -14,8 +14,6 @@ import yaml
 from pydantic import ValidationError
 
 from basemodel_pipeline.config.models import PipelineConfig
-from basemodel_pipeline.config.outputs import OUTPUT_KINDS
-from basemodel_pipeline.config.sources import DATABASE_TYPES
 from basemodel_pipeline.errors import ConfigError
 
 ENV_PATTERN = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -67,10 +65,34 @@ def _line_of(root: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
     return node.start_mark.line + 1 if node is not None else line
 
 
-def _clean_loc(loc: tuple[Any, ...]) -> tuple[Any, ...]:
-    # pydantic adds discriminator tags ('binary') and validator names to locations; keep real keys only
-    tags = ("binary", "multilabel", *DATABASE_TYPES, *OUTPUT_KINDS)
-    return tuple(p for p in loc if not (isinstance(p, str) and (p in tags or "[" in p)))
+DISCRIMINATORS = ("kind", "database_type")  # the fields that pick a member of a tagged union
+
+
+def _clean_loc(loc: tuple[Any, ...], data: Any) -> tuple[Any, ...]:
+    """The YAML path of a pydantic location: walked along the config as written, so the parts pydantic adds
+    are dropped (a union member's tag such as 'regression', where it equals the node's `kind` or
+    `database_type`; validator and type names such as 'function-after[...]' or 'int' under a scalar), and
+    real keys (a typo, a missing field) are kept."""
+    out: list[Any] = []
+    node = data
+    for part in loc:
+        if isinstance(node, dict):
+            if part in node:
+                out.append(part)
+                node = node[part]
+            elif isinstance(part, str) and ("[" in part or any(node.get(d) == part for d in DISCRIMINATORS)):
+                continue  # a union tag or a validator name
+            else:
+                out.append(part)  # a key that is not there (a missing field)
+                node = None
+        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+            out.append(part)
+            node = node[part]
+        elif isinstance(part, str) and (node is not None or "[" in part):
+            continue  # a type or validator name under a scalar
+        else:
+            out.append(part)
+    return tuple(out)
 
 
 LEADING_PATH = re.compile(r"^([A-Za-z_]\w*(?:\[\d+\]|\.[A-Za-z_]\w*)*): (.*)$", re.S)
@@ -85,10 +107,10 @@ def _split_leading_path(msg: str) -> tuple[tuple[Any, ...], str] | None:
     return loc, m.group(2)
 
 
-def format_validation_error(err: ValidationError, file: Path, root: yaml.Node | None) -> str:
+def format_validation_error(err: ValidationError, file: Path, root: yaml.Node | None, data: Any) -> str:
     lines = []
     for e in err.errors():
-        loc = _clean_loc(e["loc"])
+        loc = _clean_loc(e["loc"], data)
         msg = e["msg"].removeprefix("Value error, ")
         if not loc and (split := _split_leading_path(msg)):
             loc, msg = split
@@ -184,7 +206,7 @@ def parse_config(text: str, file: Path, base_dir: Path | None = None) -> Pipelin
     try:
         cfg = PipelineConfig.model_validate(raw)
     except ValidationError as err:
-        raise ConfigError(format_validation_error(err, file, root)) from None
+        raise ConfigError(format_validation_error(err, file, root, raw)) from None
     return resolve_paths(cfg, base_dir or file.parent)
 
 

@@ -18,9 +18,10 @@ from typing import Any
 import dagster as dg
 
 from basemodel_pipeline.config import load_config
-from basemodel_pipeline.defs import build_assets, build_checks, scenarios_partitions
+from basemodel_pipeline.defs import build_assets, build_checks
 from basemodel_pipeline.defs.extracts.sensors import range_tags
-from basemodel_pipeline.defs.resources import resources_for
+from basemodel_pipeline.defs.shared.partitions import scenarios_partitions
+from basemodel_pipeline.defs.shared.resources import resources_for
 from basemodel_pipeline.errors import UserError
 
 DAGSTER_YAML = """\

@@ -1,7 +1,8 @@
-"""Baselines computed on the same split as the model (DESIGN.md §6).
+"""Baselines computed on the same split as the model (docs/design.md, "Evaluation protocol").
 
-LightGBM on the hand-crafted aggregates (binary, multiclass, one-vs-rest multilabel, regression), popularity
-scores, and for recommendation "repeat what they bought" and item popularity (``recommendation_topk``).
+Popularity scores per task, item popularity and each entity's decayed past items (``decayed_history_items``:
+"repeat what they bought", used by the recommendation candidates in scenarios/rerank.py). LightGBM on the
+hand-crafted aggregates is evaluation/gbm.py.
 """
 
 from __future__ import annotations
@@ -10,28 +11,6 @@ import numpy as np
 
 from basemodel_pipeline.cache.store import EventCache, expand_ranges
 from basemodel_pipeline.dates import DAY
-
-
-def lightgbm_scores(
-    task: str,
-    X_train: np.ndarray,
-    Y_train: np.ndarray,
-    X_val: np.ndarray,
-    Y_val: np.ndarray,
-    X_test: np.ndarray,
-    categorical_features: list[int] | None = None,
-    seed: int = 0,
-) -> np.ndarray:
-    """Test scores of gradient-boosted trees trained on (X_train, Y_train), early-stopped on (X_val, Y_val)
-    (evaluation/gbm.py: fit_gbm, which documents the tasks, stopping and constant columns).
-
-    Returns:
-        float64 for X_test: probabilities [n_test] (binary), [n_test, C] (multilabel, multiclass), or
-        predicted values [n_test] (regression).
-    """
-    from basemodel_pipeline.evaluation.gbm import fit_gbm
-
-    return fit_gbm(task, X_train, Y_train, X_val, Y_val, categorical_features, seed).predict(X_test)
 
 
 def _window_code_counts(
@@ -153,14 +132,6 @@ def list_shares(
     return out + (0.0 if prior is None else 1e-3 * np.asarray(prior)[None, :])
 
 
-def _top_k(scores: np.ndarray, k: int) -> np.ndarray:
-    """Column indices of the k highest scores per row, best first."""
-    k = min(k, scores.shape[1])
-    part = np.argpartition(-scores, k - 1, axis=1)[:, :k]
-    order = np.argsort(-np.take_along_axis(scores, part, 1), axis=1, kind="stable")
-    return np.take_along_axis(part, order, 1)
-
-
 def item_popularity(cache: EventCache, source: str, column: str, time: int, days: int = 28) -> np.ndarray:
     """Events per item (code k -> index k - 1) of all entities in [time - days, time)."""
     src = cache.source(source)
@@ -169,45 +140,6 @@ def item_popularity(cache: EventCache, source: str, column: str, time: int, days
     _, rows = src.window_rows(entity, np.full(len(entity), time - days * DAY), np.full(len(entity), time))
     codes = np.asarray(src.columns[column])[rows].astype(np.int64)
     return np.bincount(codes, minlength=n_items + 1)[1:].astype(np.float64)
-
-
-def recommendation_topk(
-    kind: str,
-    cache: EventCache,
-    entity: np.ndarray,
-    time: np.ndarray,
-    source: str,
-    column: str,
-    k: int,
-    half_life_days: float = 30.0,
-    chunk: int = 128,
-) -> np.ndarray:
-    """Top-k item indices [n, k] (item code - 1) of a recommendation baseline, best first.
-
-    - ``popularity``: the items most bought by everyone in the 28 days before each split time.
-    - ``repeat``: "repeat what they bought": the entity's own past items by time-decayed count (half-life
-      ``half_life_days``), then popular items to fill the list.
-    """
-    if kind not in ("popularity", "repeat"):
-        raise ValueError(f"recommendation baseline '{kind}' is not one of: popularity, repeat")
-    entity = np.asarray(entity, dtype=np.int64)
-    time = np.asarray(time, dtype=np.int64)
-    src = cache.source(source)
-    n_items = src.info[column].vocab_size
-    out = np.zeros((len(entity), min(k, n_items)), dtype=np.int64)
-    pops = {int(t): item_popularity(cache, source, column, int(t)) for t in np.unique(time)}
-    if kind == "popularity":
-        for t, pop in pops.items():
-            out[time == t] = _top_k(pop[None, :], k)[0]
-        return out
-    for a in range(0, len(entity), chunk):
-        e, t = entity[a : a + chunk], time[a : a + chunk]
-        pop = np.stack([pops[int(x)] for x in t])
-        scores = 1e-9 * pop / np.maximum(pop.max(1, keepdims=True), 1.0)
-        owner, item, w = decayed_history_items(src, column, e, t, half_life_days)
-        np.add.at(scores, (owner, item), w)
-        out[a : a + chunk] = _top_k(scores, k)
-    return out
 
 
 def decayed_history_items(

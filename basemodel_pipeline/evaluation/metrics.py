@@ -1,4 +1,5 @@
-"""Metrics of the five task types (sklearn-compatible definitions, vectorised for thousands of classes).
+"""Metrics of the five task types (sklearn-compatible definitions, vectorised for thousands of classes). Which
+metrics a task reports and the one it is judged by are the task's (tasks/: ``Task.evaluate``, ``primary``).
 
 Conventions: ``y`` holds 0/1 labels, ``score`` any real-valued score (higher = more likely positive);
 multilabel arrays are ``[n, C]``; multiclass ``y`` holds class indices [n] and ``score`` probabilities
@@ -12,13 +13,6 @@ import numpy as np
 from scipy import stats
 from sklearn import metrics as skm
 
-PRIMARY_METRIC = {
-    "binary": "auroc",
-    "multilabel": "macro_auroc",
-    "multiclass": "accuracy",
-    "regression": "rmse",
-    "recommendation": "ndcg@10",
-}
 LOWER_IS_BETTER = {
     "rmse",
     "mae",
@@ -226,7 +220,7 @@ def ranking_metrics(
     return out
 
 
-# ---- per task --------------------------------------------------------------------------------------
+# ---- regression, every metric ----------------------------------------------------------------------
 def regression_metrics(y: np.ndarray, pred: np.ndarray, log1p: bool = False) -> dict[str, float]:
     """RMSE, MAE and Spearman on the target's own scale, and for amounts on both scales: with ``log1p``
     (the target is log(1 + amount)) RMSE/MAE of the amounts themselves; for a non-negative target RMSE of
@@ -243,52 +237,6 @@ def regression_metrics(y: np.ndarray, pred: np.ndarray, log1p: bool = False) -> 
         return out
     out.update(gini=gini(amount, predicted), top_decile_lift=top_decile_lift(amount, predicted))
     return out
-
-
-def evaluate(task: str, y, score, k: int = 10, log1p: bool = False) -> dict[str, float]:
-    """Every metric of a task. Recommendation: ``y`` = (indptr, indices, n_items), ``score`` = topk [n, K].
-    Regression: ``log1p`` says the target is log(1 + amount) (regression_metrics)."""
-    if task == "binary":
-        return {
-            "auroc": auroc(y, score),
-            "average_precision": average_precision(y, score),
-            "log_loss": log_loss(y, score),
-        }
-    if task == "multilabel":
-        return {
-            "macro_auroc": macro_auroc(y, score),
-            "micro_auroc": micro_auroc(y, score),
-            "macro_average_precision": average_precision(y, score),
-            "micro_average_precision": micro_average_precision(y, score),
-            "macro_log_loss": macro_log_loss(y, score),
-            "micro_log_loss": log_loss(y, score),
-        }
-    if task == "multiclass":
-        return {
-            "accuracy": accuracy(y, score),
-            f"top{k}_accuracy": top_k_accuracy(y, score, k),
-            "top3_accuracy": top_k_accuracy(y, score, 3),
-            "log_loss": multiclass_log_loss(y, score),
-            "macro_auroc_ovr": macro_auroc(np.eye(score.shape[1])[np.asarray(y)], score),
-        }
-    if task == "regression":
-        return regression_metrics(y, score, log1p)
-    if task == "recommendation":
-        indptr, indices, n_items = y
-        hits = ranking_hits(score, indptr, indices, n_items)
-        return ranking_metrics(hits, np.diff(indptr), tuple(sorted({k, 10, 20})))
-    raise ValueError(f"unknown task '{task}'; known: {', '.join(PRIMARY_METRIC)}")
-
-
-def primary_metric(task: str, y, s) -> float:
-    """The metric a scenario of kind ``task`` is judged by (PRIMARY_METRIC)."""
-    if task not in PRIMARY_METRIC:
-        raise ValueError(f"no primary metric for task '{task}'; known: {', '.join(PRIMARY_METRIC)}")
-    if task == "binary":
-        return auroc(y, s)
-    if task == "multilabel":
-        return macro_auroc(y, s)
-    return evaluate(task, y, s)[PRIMARY_METRIC[task]]
 
 
 def higher_is_better(name: str) -> bool:

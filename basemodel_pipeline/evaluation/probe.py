@@ -1,16 +1,20 @@
 """Embedding probe (RecSys Challenge 2025 style): one fixed MLP per task trained on frozen inputs.
 
 The same probe runs on the foundation embeddings and on the hand-crafted aggregates, so the comparison
-measures the representation, not the downstream model.
+measures the representation, not the downstream model. Scores are judged by a ``Metric``, a function of
+(labels, scores) such as a task's ``primary`` (tasks/).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from basemodel_pipeline.evaluation.metrics import primary_metric
+Metric = Callable[[Any, Any], float]  # (labels, scores) -> the metric
 
 PROBE_HIDDEN = 256
 PROBE_EPOCHS = 6
@@ -31,11 +35,12 @@ def probe_scores(
     X_val: np.ndarray,
     Y_val: np.ndarray,
     X_test: np.ndarray,
-    task: str,
+    metric: Metric,
     seed: int = 0,
 ) -> np.ndarray:
     """Train the fixed probe (Linear-ReLU-Linear, AdamW, PROBE_EPOCHS epochs or at least PROBE_MIN_STEPS
-    steps, best epoch on validation) and return test probabilities [n] or [n, C]."""
+    steps, best epoch on validation by `metric`, higher is better) and return test probabilities [n] or
+    [n, C]."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     Xtr, Xv, Xte = _standardise(X_train, X_val, X_test)
@@ -63,7 +68,7 @@ def probe_scores(
             pt = torch.sigmoid(net(torch.from_numpy(Xte))).numpy()
         if Ytr.shape[1] == 1:
             pv, pt = pv[:, 0], pt[:, 0]
-        score = primary_metric(task, Y_val, pv)
+        score = metric(Y_val, pv)
         if score > best:
             best, best_test = score, pt
     assert best_test is not None
@@ -78,7 +83,7 @@ def entity_folds(entity: np.ndarray, k: int) -> np.ndarray:
 
 
 def cross_fitted_scores(
-    X: np.ndarray, Y: np.ndarray, entity: np.ndarray, task: str, folds: int = 5, seed: int = 0
+    X: np.ndarray, Y: np.ndarray, entity: np.ndarray, metric: Metric, folds: int = 5, seed: int = 0
 ) -> np.ndarray:
     """Out-of-fold probe scores [n] or [n, C] when there is a single time point (RecSys Challenge 2025:
     one embedding per entity as of a date, targets after it). For fold f the probe fits on the other folds
@@ -91,7 +96,7 @@ def cross_fitted_scores(
     for f in range(folds):
         test, val = fold == f, fold == (f + 1) % folds
         fit = ~(test | val)
-        scores = probe_scores(X[fit], Y[fit], X[val], Y[val], X[test], task, seed)
+        scores = probe_scores(X[fit], Y[fit], X[val], Y[val], X[test], metric, seed)
         if out is None:
             out = np.zeros((len(X), *scores.shape[1:]), np.float32)
         out[test] = scores
@@ -124,28 +129,27 @@ def _cluster_sampler(rows: np.ndarray, clusters: np.ndarray | None):
     return sample
 
 
-def _mean_metric(task: str, Y: np.ndarray, scores: np.ndarray, parts: list[np.ndarray]) -> float:
-    return float(np.mean([primary_metric(task, Y[rows], scores[rows]) for rows in parts]))
+def _mean_metric(metric: Metric, Y: np.ndarray, scores: np.ndarray, parts: list[np.ndarray]) -> float:
+    return float(np.mean([metric(Y[rows], scores[rows]) for rows in parts]))
 
 
-def fold_metric(task: str, Y: np.ndarray, scores: np.ndarray, groups: np.ndarray | None = None) -> float:
-    """The primary metric of `scores`, or with `groups` (the folds of cross_fitted_scores) its mean over the
+def fold_metric(metric: Metric, Y: np.ndarray, scores: np.ndarray, groups: np.ndarray | None = None) -> float:
+    """`metric` of `scores`, or with `groups` (the folds of cross_fitted_scores) its mean over the
     groups. Out-of-fold scores come from a different probe per fold, each with its own calibration; one AUROC
     over the pooled rows would rank rows of different folds against each other and penalise calibration
     differences that are not about the representation (Forman & Scholz, "Apples-to-apples in cross-validation
     studies", SIGKDD Explorations 2010). The mean of per-fold AUROCs does not."""
-    return _mean_metric(task, Y, scores, _group_rows(len(Y), groups))
+    return _mean_metric(metric, Y, scores, _group_rows(len(Y), groups))
 
 
-def bootstrap_rounds(task: str, out: np.ndarray, rounds: int, floor: int) -> int:
-    """`rounds`, scaled down for multilabel outputs wider than 50 labels (each resample costs one AUROC per
-    label), never below `floor`."""
-    width = out.shape[1] if task == "multilabel" and np.ndim(out) == 2 else 1
+def bootstrap_rounds(width: int, rounds: int, floor: int) -> int:
+    """`rounds`, scaled down when one metric costs more than 50 per-column metrics (`width`: a multilabel
+    AUROC per label; Task.metric_width), never below `floor`."""
     return max(floor, min(rounds, rounds * 50 // width))
 
 
 def paired_bootstrap(
-    task: str,
+    metric: Metric,
     Y: np.ndarray,
     a: np.ndarray,
     b: np.ndarray,
@@ -161,12 +165,12 @@ def paired_bootstrap(
     once: an entity's windows are not independent evidence, and a row bootstrap would read them as such."""
     rng = np.random.default_rng(seed)
     members = _group_rows(len(Y), groups)
-    diff = _mean_metric(task, Y, a, members) - _mean_metric(task, Y, b, members)
+    diff = _mean_metric(metric, Y, a, members) - _mean_metric(metric, Y, b, members)
     draw = [_cluster_sampler(m, clusters) for m in members]
     draws = []
     for _ in range(rounds):
         parts = [sample(rng) for sample in draw]  # each group resampled on its own
-        d = _mean_metric(task, Y, a, parts) - _mean_metric(task, Y, b, parts)
+        d = _mean_metric(metric, Y, a, parts) - _mean_metric(metric, Y, b, parts)
         if np.isfinite(d):
             draws.append(d)
     if not draws:  # no resample had both classes (a handful of entities): the noise cannot be measured

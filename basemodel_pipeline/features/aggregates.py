@@ -1,14 +1,14 @@
 """Hand-crafted aggregate features per (entity, split time), vectorised over the event cache's CSR arrays.
 
-What a good data scientist would build as a baseline (DESIGN.md §6). For every event source, with only the
+What a good data scientist would build as a baseline (docs/design.md, "Aggregate features"). For every event source, with only the
 events strictly before the split time counted (``ts < time``):
 
 - over 7/30/90-day windows and all history: event count, sum of every numeric column, distinct active days
   (UTC calendar days with at least one event);
 - per categorical column with ``vocab_size <= 64``: count and share of events of each of its 10 most
   frequent values (codes 1..10) in the 30- and 90-day windows;
-- recency (days since the last event, ``NO_HISTORY_DAYS`` if none), tenure (days since the first event,
-  0 if none), frequency (active days per 30 days of tenure), monetary (each numeric column summed over
+- recency (days since the last event, ``AGGREGATE_NO_HISTORY_DAYS`` if none), tenure (days since the first
+  event, 0 if none), frequency (active days per 30 days of tenure), monetary (each numeric column summed over
   all history and over 90 days, per active day), mean gap between distinct active days (days, over all
   history and over 90 days; NaN with fewer than two active days).
 
@@ -45,7 +45,9 @@ WINDOWS_DAYS = (7, 30, 90)
 TOP_VALUE_WINDOWS_DAYS = (30, 90)
 TOP_VALUES = 10
 MAX_TOP_VOCAB = 64
-NO_HISTORY_DAYS = 10_000.0
+# Recency (days) of an entity with no event before the split, in the aggregate features (not the sketch's
+# SKETCH_NO_HISTORY_DAYS: each is part of what its trained models saw).
+AGGREGATE_NO_HISTORY_DAYS = 10_000.0
 CHUNK = 1 << 16  # queries per chunk
 
 
@@ -242,7 +244,7 @@ def aggregate_features_t(
                     cols += [cnt, cnt / win[:, wi, 0].clamp_min(1.0)]
                 off += k
         ts_last, ts_first = st.ts[last_row].to(torch.float64), st.ts[start.clamp_max(last_event)]
-        recency = torch.where(has, (t64 - ts_last) / DAY, torch.full_like(t64, NO_HISTORY_DAYS))
+        recency = torch.where(has, (t64 - ts_last) / DAY, torch.full_like(t64, AGGREGATE_NO_HISTORY_DAYS))
         tenure = torch.where(has, (t64 - ts_first.to(torch.float64)) / DAY, torch.zeros_like(t64))
         cols += [recency, tenure, days["all"] * 30.0 / tenure.clamp_min(1.0)]
         day_last = torch.div(st.ts[last_row], DAY, rounding_mode="floor")

@@ -3,7 +3,7 @@
 The same code runs on CPU (tensors over the cache's memory maps, no copy) and on GPU (the event store
 uploaded once). Queries are (entity index, split time) pairs sorted by entity then time, so the events of one
 entity between two consecutive split points form one contiguous *segment* of rows; every event is read once
-however many split points its entity has (DESIGN §4):
+however many split points its entity has (docs/design.md, "Decayed sketches are incremental"):
 
     S(t_j) = exp(-(t_j - t_{j-1}) * rate) * S(t_{j-1}) + sum over segment j of value * exp(-(t_j - ts) * rate)
 """

@@ -8,8 +8,9 @@ Each event of a source contributes to a few *channels* of that source:
 The history feature of (entity, split time t) is, per half-life h, sum over events before t of
     value * exp(-(t - ts) / tau_h)                                   [C channels x H half-lives]
 Optionally the automatic aggregates (windowed counts/sums, recency, frequency, monetary) are appended, so
-the trunk sees what an analyst would compute (DESIGN §4).
-Split points of one entity are processed in time order with the incremental identity (DESIGN §4):
+the trunk sees what an analyst would compute (docs/design.md, "Aggregate features").
+Split points of one entity are processed in time order with the incremental identity
+(docs/design.md, "Decayed sketches are incremental"):
     S(t_j) = exp(-(t_j - t_{j-1}) / tau) * S(t_{j-1}) + sketch(events in [t_{j-1}, t_j))
 so every event is touched once, whatever the number of split points.
 """
@@ -36,7 +37,9 @@ from basemodel_pipeline.features.kernels import (
     window_sums,
 )
 
-NO_HISTORY_DAYS = 3650.0
+# Recency (days) of an entity with no event before the split, in the trunk's sketch input. Not the aggregate
+# features' AGGREGATE_NO_HISTORY_DAYS (features/aggregates.py): each is part of what its trained models saw.
+SKETCH_NO_HISTORY_DAYS = 3650.0
 HOUR_BIN = 4  # hours per time-of-day channel
 
 
@@ -438,7 +441,7 @@ def _extras(st: SourceTensors, e: torch.Tensor, t: torch.Tensor, pos: torch.Tens
     last = st.ts[(pos - 1).clamp(0, n_rows)]
     first = st.ts[lo.clamp(0, n_rows)]
     recency = torch.where(
-        has, (t - last).double() / DAY, torch.full_like(t, NO_HISTORY_DAYS, dtype=torch.float64)
+        has, (t - last).double() / DAY, torch.full_like(t, SKETCH_NO_HISTORY_DAYS, dtype=torch.float64)
     )
     tenure = torch.where(has, (t - first).double() / DAY, torch.zeros_like(t, dtype=torch.float64))
     return torch.stack(

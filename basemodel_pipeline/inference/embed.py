@@ -24,9 +24,8 @@ from basemodel_pipeline.cache.history import provenance as cache_provenance
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import PipelineConfig
 from basemodel_pipeline.diskfaults import require_space
-from basemodel_pipeline.features.sketch import FeatureEncoder
 from basemodel_pipeline.inference.precision import prepare_model
-from basemodel_pipeline.inference.predict import CHUNK, entity_features, feature_chunks
+from basemodel_pipeline.inference.predict import CHUNK, entity_features
 from basemodel_pipeline.inference.state import default_as_of
 from basemodel_pipeline.model.checkpoint import load_checkpoint
 from basemodel_pipeline.progress import Progress
@@ -41,30 +40,6 @@ def embedding_chunks(
     for X in chunks:
         with runtime.autocast(device, amp):
             yield model.embed(torch.from_numpy(X).to(device)).float().cpu().numpy().astype(np.float16)
-
-
-def entity_embeddings(
-    cache: EventCache,
-    checkpoint_dir: Path,
-    entity: np.ndarray,
-    as_of: dt.date,
-    chunk: int = CHUNK,
-    progress: Progress | None = None,
-    precision: str = "auto",
-) -> np.ndarray:
-    """float16 [n, d] embeddings of entity indices as of a date, replayed from the cache (in memory)."""
-    model, meta = load_checkpoint(checkpoint_dir)
-    model, amp, _ = prepare_model(model, precision, torch.device("cpu"))
-    enc = FeatureEncoder.from_dict(meta["encoder"])
-    runtime.set_threads()
-    outs = []
-    for emb in embedding_chunks(
-        model, feature_chunks(cache, enc, entity, as_of, chunk), torch.device("cpu"), amp
-    ):
-        outs.append(emb)
-        if progress is not None:
-            progress.advance("embed", len(emb))
-    return np.concatenate(outs) if outs else np.zeros((0, meta["arch"]["hidden_dim"]), np.float16)
 
 
 def export_embeddings(

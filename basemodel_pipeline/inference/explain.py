@@ -59,7 +59,7 @@ from basemodel_pipeline.features.names import (
 from basemodel_pipeline.features.sketch import ColumnPlan, FeatureEncoder
 from basemodel_pipeline.inference.predict import load_scenario
 from basemodel_pipeline.model.trunk import TrunkWithHead
-from basemodel_pipeline.scenarios.heads import Head
+from basemodel_pipeline.tasks import TASKS, Task
 
 DEFAULT_STEPS = 32
 DEFAULT_POPULATION = 2000
@@ -71,7 +71,6 @@ TOP_VALUES_PER_COLUMN = 20
 OTHER_BUCKETS = "(buckets without the entity's values)"
 BASELINES = ("mean", "empty")
 OWN_VALUE_KINDS = ("direct", "weekday", "hour")  # event columns whose every value has its own channels
-TASKS = ("binary", "multilabel", "multiclass", "regression")
 
 
 # ---- the output being explained ---------------------------------------------------------------------
@@ -79,33 +78,17 @@ TASKS = ("binary", "multilabel", "multiclass", "regression")
 class Output:
     """Which scalar of the model is explained."""
 
-    head: Head
+    head: Task
     index: int  # output column (class index; 0 for binary and regression)
     label: str | None  # class label (multiclass, multilabel)
 
     @property
     def description(self) -> str:
-        task = self.head.task
-        if task == "binary":
-            return "logit of the score (log-odds of the probability)"
-        if task == "multilabel":
-            return f"logit of the probability of class '{self.label}'"
-        if task == "multiclass":
-            return f"log-probability of class '{self.label}' (log-softmax)"
-        log1p = " (log1p of the target)" if self.head.spec.extra.get("log1p") else ""
-        return f"predicted value{log1p}"
+        return self.head.explained_what(self.label)
 
     def _transform(self, out: torch.Tensor) -> torch.Tensor:
-        """Model outputs [n, out_dim] -> the explained scalar [n]."""
-        task, j, extra = self.head.task, self.index, self.head.spec.extra
-        if task == "multiclass":
-            return torch.log_softmax(out, -1)[:, j]
-        if task == "regression":
-            if extra.get("hurdle"):  # P(any amount) x the amount if any (before clipping to the range)
-                amount = out[:, 1] * extra["positive_std"] + extra["positive_mean"]
-                return torch.sigmoid(out[:, 0]) * amount
-            return out[:, 0] * extra["std"] + extra["mean"]
-        return out[:, j]
+        """Model outputs [n, out_dim] -> the explained scalar [n] (Task.explained)."""
+        return self.head.explained(out, self.index)
 
     def fn(self, model: TrunkWithHead) -> Callable[[torch.Tensor], torch.Tensor]:
         """x [n, dim] -> the explained output [n]."""
@@ -136,14 +119,18 @@ class Affine:
     bias: torch.Tensor
 
 
-def choose_output(head: Head, label: str | None, scores: np.ndarray | None) -> Output:
+def explainable() -> list[str]:
+    """The tasks whose outputs integrated gradients explain."""
+    return [name for name, task in TASKS.items() if task.explainable]
+
+
+def choose_output(head: Task, label: str | None, scores: np.ndarray | None) -> Output:
     """The class named `label`, else the top class of `scores` (mean over rows) for multi-class tasks."""
-    task = head.task
-    if task not in TASKS:
-        raise UserError(f"explanations cover {', '.join(TASKS)} scenarios, not {task}")
-    if task in ("binary", "regression"):
+    if not head.explainable:
+        raise UserError(f"explanations cover {', '.join(explainable())} scenarios, not {head.name}")
+    if not head.per_class:
         if label is not None:
-            raise UserError(f"--class: a {task} scenario has one output; leave --class out")
+            raise UserError(f"--class: a {head.name} scenario has one output; leave --class out")
         return Output(head, 0, None)
     classes = [str(c) for c in head.spec.classes]
     if label is not None:
@@ -456,7 +443,7 @@ class Model:
 
     model: TrunkWithHead
     enc: FeatureEncoder
-    head: Head
+    head: Task
     meta: dict = field(default_factory=dict)
 
     @classmethod
@@ -489,7 +476,7 @@ def explain(
     m.model.eval()
     try:
         scores = m.head.scores(runtime.predict(m.model, X, torch.device("cpu"), amp=None))
-        out = choose_output(m.head, label, scores if m.head.task in ("multiclass", "multilabel") else None)
+        out = choose_output(m.head, label, scores if m.head.per_class else None)
         ex = Explainer(cache, m.enc)
         base = baseline_features(baseline, cache, m, entity, times)
         first, rest = out.split(m.model)
@@ -509,7 +496,7 @@ def explain(
     if score.ndim == 2:
         score = score[:, out.index]
     result: dict[str, Any] = {
-        "task": m.head.task,
+        "task": m.head.name,
         "output": {"description": out.description, "class": out.label, "index": out.index},
         "baseline": {"kind": baseline, "output": float(f_b.mean())},
         "steps": {"initial": steps, "max_used": int(np.concatenate(steps_used).max())},

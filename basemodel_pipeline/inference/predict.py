@@ -52,13 +52,12 @@ from basemodel_pipeline.model.checkpoint import load_checkpoint
 from basemodel_pipeline.progress import Progress
 from basemodel_pipeline.scenarios.candidates import Candidate, Context
 from basemodel_pipeline.scenarios.examples import TargetSpec
-from basemodel_pipeline.scenarios.heads import Head
 from basemodel_pipeline.scenarios.inputs import Rows, RowView
 from basemodel_pipeline.scenarios.loading import load_candidate
+from basemodel_pipeline.tasks import Task, task_for
+from basemodel_pipeline.tasks.multilabel import DEFAULT_TOP_K
 from basemodel_pipeline.workspace import cache_dir
 
-MAX_LABELS_ALL = 100  # multilabel: write every class's score up to this many classes
-DEFAULT_TOP_K = 20
 CHUNK = 16384  # entities per step
 UNKNOWN_EXAMPLES = 10
 DEFAULT_SUBSET = "subset"
@@ -115,22 +114,22 @@ def entity_features(
     return state_chunks(state, entity), info
 
 
-def load_scenario(checkpoint: Path) -> tuple[Any, dict, Head]:
-    """(model, meta, head) of a scenario checkpoint; the head decodes outputs with the stored target spec."""
+def load_scenario(checkpoint: Path) -> tuple[Any, dict, Task]:
+    """(model, meta, task) of a scenario checkpoint; the task decodes outputs with the stored target spec."""
     model, meta = load_checkpoint(checkpoint)
     spec = dict(meta["target"])
     extra = checkpoint / "target.json"
     if extra.exists():
         spec.update(json.loads(extra.read_text()))
-    return model, meta, Head(TargetSpec.from_dict(spec))
+    return model, meta, task_for(TargetSpec.from_dict(spec))
 
 
-def load_published(checkpoint: Path, meta: dict, head: Head) -> Candidate:
+def load_published(checkpoint: Path, meta: dict, head: Task) -> Candidate:
     """The candidate the scenario published (scenarios/selection.py): the network alone in checkpoints
     written before candidates existed."""
     ctx = Context(Scenario.model_validate(meta["scenario"]), head.spec, head)
     published = meta.get("published") or {
-        "kind": "neural_ranking" if head.task == "recommendation" else "neural",
+        "kind": "neural_ranking" if head.ranked else "neural",
         "weight": head.spec.extra.get("repeat_weight", 0.0),
     }
     folder = checkpoint / "candidates"
@@ -144,7 +143,7 @@ class Scorer:
 
     model: torch.nn.Module
     meta: dict
-    head: Head
+    head: Task  # the scenario's task: decoding and the predictions table
     device: torch.device
     amp: torch.dtype | None
     precision: str
@@ -167,105 +166,9 @@ class Scorer:
         rows = Rows(
             cache, enc, np.asarray(entity, np.int64), t, RowView(X), None, self.model, self.device, self.amp
         )
-        if self.head.task == "recommendation":
+        if self.head.ranked:
             return self.published.rank(rows, top_k)
         return self.published.predict(rows)
-
-
-def score_entities(
-    cache: EventCache,
-    checkpoint: Path,
-    entity: np.ndarray,
-    as_of: dt.date,
-    chunk: int = CHUNK,
-    progress: Progress | None = None,
-    top_k: int = 10,
-    precision: str = "fp32",
-    state: EntityState | None = None,
-) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
-    """Outputs for entity indices as of a date, all in memory (tests, notebooks, evaluation): probabilities
-    [n] (binary) / [n, C], values [n], or (items [n, k], scores) (recommendation)."""
-    scorer = Scorer.load(checkpoint, precision)
-    enc = FeatureEncoder.from_dict(scorer.meta["encoder"])
-    runtime.set_threads()
-    chunks = state_chunks(state, entity, chunk) if state else feature_chunks(cache, enc, entity, as_of, chunk)
-    outs: list = []
-    for a, X in zip(range(0, len(entity), chunk), chunks, strict=True):
-        outs.append(scorer.outputs(cache, X, entity[a : a + chunk], as_of, top_k))
-        if progress is not None:
-            progress.advance("predict", len(X))
-    if scorer.head.task == "recommendation":
-        if not outs:
-            return np.zeros((0, top_k), np.int64), np.zeros((0, top_k), np.float32)
-        return np.concatenate([o[0] for o in outs]), np.concatenate([o[1] for o in outs])
-    if not outs:
-        return np.zeros((0, scorer.meta["arch"]["out_dim"]), np.float32)
-    return np.concatenate(outs)
-
-
-def _empty(scorer: Scorer, top_k: int) -> Any:
-    """Outputs of zero entities, shaped like the scenario's."""
-    if scorer.head.task == "recommendation":
-        return np.zeros((0, top_k), np.int64), np.zeros((0, top_k), np.float32)
-    return scorer.head.scores(np.zeros((0, scorer.meta["arch"]["out_dim"]), np.float32))
-
-
-def _long(
-    ids: np.ndarray, as_of: dt.date, labels: np.ndarray, scores: np.ndarray, keep: np.ndarray
-) -> pa.Table:
-    """One row per (entity, label) where keep [n, C] is true."""
-    rows, cols = np.nonzero(keep)
-    return pa.table(
-        {
-            "entity_id": ids[rows],
-            "as_of": pa.array([as_of] * len(rows), pa.date32()),
-            "label": labels[cols],
-            "score": scores[rows, cols],
-        }
-    )
-
-
-def output_table(
-    head: Head,
-    ids: np.ndarray,
-    as_of: dt.date,
-    out: Any,
-    top_k: int | None,
-    threshold: float | None,
-) -> pa.Table:
-    """The predictions table of one task type (see the module docstring)."""
-    task = head.task
-    date = pa.array([as_of] * len(ids), pa.date32())
-    if task == "binary":
-        return pa.table({"entity_id": ids, "as_of": date, "score": out})
-    if task == "regression":
-        value = np.expm1(out) if head.spec.extra.get("log1p") else out
-        return pa.table({"entity_id": ids, "as_of": date, "value": value})
-    if task == "recommendation":  # a list shorter than k (few eligible items) ends in -1: not written
-        items, scores = out
-        names = np.array(head.spec.extra["items"], dtype=object)
-        k = items.shape[1]
-        valid = items.ravel() >= 0
-        return pa.table(
-            {
-                "entity_id": np.repeat(ids, k)[valid],
-                "as_of": pa.array([as_of] * int(valid.sum()), pa.date32()),
-                "rank": np.tile(np.arange(1, k + 1, dtype=np.int32), len(ids))[valid],
-                "item": names[items.ravel()[valid]],
-                "score": scores.ravel()[valid],
-            }
-        )
-    classes = np.array(head.spec.classes, dtype=object)
-    keep = np.ones(out.shape, dtype=bool)
-    if task == "multilabel":
-        if top_k is None and threshold is None and len(classes) > MAX_LABELS_ALL:
-            top_k = DEFAULT_TOP_K
-        if top_k is not None:
-            kth = np.sort(out, axis=1)[:, -min(top_k, out.shape[1])][:, None]
-            keep &= out >= kth
-        if threshold is not None:
-            keep &= out >= threshold
-    return _long(ids, as_of, classes, out, keep)
 
 
 def check_checkpoint_matches(cache: EventCache, scenario: Scenario, meta: dict, checkpoint: Path) -> None:
@@ -373,7 +276,8 @@ def predict(
 
     ``top_k``: recommendation list length (default: the scenario's k) and, for multilabel, keep the k best
     labels per entity; ``threshold``: multilabel, keep labels scoring at least this (both may be combined).
-    Multilabel scenarios with more than MAX_LABELS_ALL classes keep the DEFAULT_TOP_K best by default.
+    Multilabel scenarios with more than MAX_LABELS_ALL classes (tasks/multilabel.py) keep the DEFAULT_TOP_K best
+    by default.
     ``shard=(i, k)`` scores the i-th of k contiguous slices of the entities (see inference/shards.py).
     As of the latest date the per-entity state is used unless ``replay``.
     With ``entities`` the table is the subset named ``subset`` (default "subset"), written beside the full
@@ -421,11 +325,13 @@ def predict(
             e = entity[a : a + CHUNK]
             sample.add(X)
             out = scorer.outputs(cache, X, e, as_of, model_top_k)
-            writer.write(output_table(scorer.head, ids[e], as_of, out, top_k, threshold))
+            writer.write(scorer.head.output_table(ids[e], as_of, out, top_k, threshold))
             progress.advance("predict", len(e))
         if len(entity) == 0:  # an empty shard or subset still writes the table's columns
             writer.write(
-                output_table(scorer.head, ids[:0], as_of, _empty(scorer, model_top_k), top_k, threshold)
+                scorer.head.output_table(
+                    ids[:0], as_of, scorer.head.empty_outputs(model_top_k), top_k, threshold
+                )
             )
         info = writer.close()
     scoring_s = time.perf_counter() - scoring_started

@@ -1,4 +1,5 @@
-"""Per-entity feature state as of the cache's last day, advanced with only the new days (DESIGN §4).
+"""Per-entity feature state as of the cache's last day, advanced with only the new days (docs/design.md,
+"Decayed sketches are incremental").
 
     <workspace>/state/<encoder key>/
         manifest.json   as_of, n_entities, dim, encoder key, cache fingerprint, data version and history

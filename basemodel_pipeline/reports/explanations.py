@@ -19,7 +19,6 @@ from basemodel_pipeline.errors import UserError
 from basemodel_pipeline.inference.explain import (
     DEFAULT_POPULATION,
     DEFAULT_STEPS,
-    TASKS,
     Model,
     explain,
     sample_entities,
@@ -27,7 +26,7 @@ from basemodel_pipeline.inference.explain import (
 from basemodel_pipeline.inference.predict import default_as_of
 from basemodel_pipeline.model.trunk import TrunkWithHead
 from basemodel_pipeline.reports.html import explanation_png, with_explanation
-from basemodel_pipeline.scenarios.heads import Head
+from basemodel_pipeline.tasks import Task
 from basemodel_pipeline.workspace import cache_dir
 
 REPORT_POPULATION = 256  # test entities explained for the scenario report
@@ -88,13 +87,13 @@ def run_explain(
 
 
 def add_report_explanation(
-    extra: dict[str, str], shared: Any, model: TrunkWithHead, head: Head, test: Any
+    extra: dict[str, str], shared: Any, model: TrunkWithHead, head: Task, test: Any
 ) -> None:
     """For scenarios/finetune._finish: explain up to REPORT_POPULATION test examples (population, mean
     baseline), add the section to extra["report.html"] and the JSON as extra["explanation.json"].
 
     shared: scenarios.shared.Shared (cache, enc, X, rows()); test: the test Examples. Recommendation: nothing."""
-    if head.task not in TASKS or len(test) == 0:
+    if not head.explainable or len(test) == 0:
         return
     pick = sample_entities(len(test), REPORT_POPULATION)
     X = shared.X[shared.rows(test)[pick]]

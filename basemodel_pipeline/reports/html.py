@@ -23,6 +23,7 @@ from sklearn import metrics as skm  # noqa: E402
 
 from basemodel_pipeline.config import Scenario  # noqa: E402
 from basemodel_pipeline.evaluation.metrics import higher_is_better, ranking_hits  # noqa: E402
+from basemodel_pipeline.tasks import Task, task_named  # noqa: E402
 
 MAX_POINTS = 200_000  # (example, class) pairs drawn for the micro-averaged curves
 COLORS = {
@@ -41,11 +42,10 @@ def _png(fig) -> str:
 
 
 def _pairs(
-    task: str, truth: np.ndarray, outputs: dict[str, np.ndarray]
+    task: type[Task], truth: np.ndarray, outputs: dict[str, np.ndarray]
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Flattened (label, score) pairs for binary-style curves, subsampled deterministically."""
-    if task == "multiclass":
-        truth = np.eye(next(iter(outputs.values())).shape[1])[np.asarray(truth)]
+    truth = task.indicators(truth, np.shape(next(iter(outputs.values())))[-1])
     y = np.asarray(truth).ravel() > 0
     flat = {k: np.asarray(v, np.float64).ravel() for k, v in outputs.items()}
     if len(y) > MAX_POINTS:
@@ -135,6 +135,12 @@ def _regression_charts(y: np.ndarray, preds: dict[str, np.ndarray]) -> list[str]
     return [_png(fig)]
 
 
+def _curve_charts(task: type[Task], truth: Any, outputs: dict[str, np.ndarray]) -> tuple[str, list[str]]:
+    y, flat = _pairs(task, truth, outputs)
+    note = " (micro-averaged over (entity, class) pairs)" if task.per_class else ""
+    return note, _binary_charts(y, flat, {n for n in outputs if n != "popularity"})
+
+
 def _ranking_charts(truth: tuple, ranked: dict[str, np.ndarray]) -> list[str]:
     indptr, indices, n_items = truth
     n_rel = np.diff(indptr).astype(np.float64)
@@ -219,19 +225,19 @@ def _selection_table(result: dict[str, Any]) -> str:
     )
 
 
+CHARTS = {"values": _regression_charts, "ranking": _ranking_charts}  # charts of one output per row
+
+
 def scenario_report(
     scenario: Scenario, result: dict[str, Any], truth: Any, outputs: dict[str, np.ndarray]
 ) -> str:
     """The report's HTML text. `outputs`: test scores (or ranked items) per model name."""
     task = result["task"]
-    if task in ("binary", "multilabel", "multiclass"):
-        y, flat = _pairs(task, truth, outputs)
-        note = " (micro-averaged over (entity, class) pairs)" if task != "binary" else ""
-        charts = _binary_charts(y, flat, {n for n in outputs if n != "popularity"})
-    elif task == "regression":
-        note, charts = "", _regression_charts(truth, outputs)
+    kind = task_named(task).charts  # the charts the task asks for (Task.charts)
+    if kind == "curves":
+        note, charts = _curve_charts(task_named(task), truth, outputs)
     else:
-        note, charts = "", _ranking_charts(truth, outputs)
+        note, charts = "", CHARTS[kind](truth, outputs) if kind in CHARTS else []
     charts.append(_training_chart(result["history"], result["metric"]))
     timing = ", ".join(f"{k} {v} s" for k, v in result.get("timing_s", {}).items())
     examples = ", ".join(f"{k} {v:,}" for k, v in result["examples"].items() if k != "available")

@@ -25,26 +25,22 @@ predicted below zero), by every candidate, so what the report measures is what `
 from __future__ import annotations
 
 import itertools
-import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
 from basemodel_pipeline.config import Scenario
-from basemodel_pipeline.config.models import BinaryTarget, PythonTarget, RegressionTarget
-from basemodel_pipeline.dates import DAY
+from basemodel_pipeline.config.models import PythonTarget
 from basemodel_pipeline.evaluation import baselines, metrics
 from basemodel_pipeline.evaluation.gbm import GBM, fit_gbm
 from basemodel_pipeline.progress import NullProgress, Progress
-from basemodel_pipeline.scenarios.examples import SparseLabels, TargetSpec, dense_labels, label_columns
-from basemodel_pipeline.scenarios.heads import Head
+from basemodel_pipeline.scenarios.examples import SparseLabels, TargetSpec, label_columns
 from basemodel_pipeline.scenarios.inputs import Rows
-from basemodel_pipeline.scenarios.targets import regression_values
+from basemodel_pipeline.tasks import Task
 
 EMBEDDING_COMPONENTS = 32  # lightgbm_hybrid: principal components of the foundation embedding
 BLEND_STEP = 0.1  # multilabel / multiclass blends: grid step of the weights on the simplex
-EPS = 1e-6
 
 
 @dataclass
@@ -53,17 +49,9 @@ class Context:
 
     scenario: Scenario
     spec: TargetSpec
-    head: Head
+    task: Task  # the scenario's task type (tasks/): decoding, metrics, baselines
     seed: int = 0
     progress: Progress = field(default_factory=NullProgress)  # LightGBM fits log a line per booster
-
-    @property
-    def task(self) -> str:
-        return self.scenario.task
-
-    def clip(self, values: np.ndarray) -> np.ndarray:
-        """Regression values inside the training labels' range (Head.clip)."""
-        return self.head.clip(values)
 
 
 class Candidate(Protocol):
@@ -81,7 +69,7 @@ class Candidate(Protocol):
 def labels_of(ctx: Context, rows: Rows) -> np.ndarray:
     """Dense labels of fitted rows (binary [n], multiclass [n], multilabel [n, C], regression [n])."""
     assert rows.labels is not None
-    return dense_labels(rows.labels) if ctx.task == "multilabel" else np.asarray(rows.labels)
+    return np.asarray(ctx.task.truth(rows.labels))
 
 
 # ---- neural ----------------------------------------------------------------------------------------
@@ -97,7 +85,7 @@ class Neural:
         pass
 
     def predict(self, rows: Rows) -> np.ndarray:
-        return self.ctx.head.scores(rows.logits())
+        return self.ctx.task.scores(rows.logits())
 
     def refit(self, rows: Rows) -> None:
         pass  # the network is trained again by scenarios/finetune.py (it owns the training loop)
@@ -107,18 +95,10 @@ class Neural:
 
 
 # ---- popularity ------------------------------------------------------------------------------------
-def _class_prior(ctx: Context, train: Rows) -> np.ndarray:
-    """Share of training examples with each class (multiclass) or label (multilabel)."""
-    lab, n = train.labels, len(ctx.spec.classes)
-    if ctx.task == "multiclass":
-        return np.bincount(np.asarray(lab, np.int64), minlength=n) / max(len(lab), 1)
-    if isinstance(lab, SparseLabels):
-        return np.bincount(lab.indices, minlength=n) / max(len(lab), 1)
-    return (np.asarray(lab) > 0).mean(0)
-
-
 class Popularity:
-    """Scores that need no training: what a rule of thumb would say (see the module docstring)."""
+    """Scores that need no training: what a rule of thumb would say (see the module docstring). A declarative
+    target asks its task (Task.popularity, the training prior breaking ties between classes); a python target
+    has no column to read: the training prior, or recent activity for binary."""
 
     name = "popularity"
 
@@ -126,60 +106,26 @@ class Popularity:
         self.ctx, self.sign, self.prior = ctx, sign, prior
 
     def fit(self, train: Rows, stop: Rows) -> None:
-        target = self.ctx.scenario.target
-        task = self.ctx.task
+        target, task = self.ctx.scenario.target, self.ctx.task
         if not isinstance(target, PythonTarget):
-            if task in ("multilabel", "multiclass"):  # the training prior breaks ties between classes
-                self.prior = [float(v) for v in _class_prior(self.ctx, train)]
-            return
-        if task == "binary":  # recent activity, its direction chosen on the early-stopping rows
-            s = baselines.popularity_scores("binary", stop.cache, stop.entity, stop.time, target.source)
-            self.sign = 1.0 if metrics.auroc(labels_of(self.ctx, stop), s) >= 0.5 else -1.0
-        elif task == "regression":
-            self.prior = [float(np.mean(labels_of(self.ctx, train)))]
+            prior = task.class_prior(train.labels)
         else:
-            y = labels_of(self.ctx, train)
-            n = len(self.ctx.spec.classes)
-            prior = (
-                np.bincount(y.astype(np.int64), minlength=n) / len(y) if task == "multiclass" else y.mean(0)
-            )
+            prior = task.constant_prior(labels_of(self.ctx, train))
+            if prior is None:  # recent activity, its direction chosen on the early-stopping rows
+                s = baselines.popularity_scores("binary", stop.cache, stop.entity, stop.time, target.source)
+                self.sign = 1.0 if metrics.auroc(labels_of(self.ctx, stop), s) >= 0.5 else -1.0
+        if prior is not None:
             self.prior = [float(v) for v in prior]
 
     def predict(self, rows: Rows) -> np.ndarray:
-        ctx, target, task = self.ctx, self.ctx.scenario.target, self.ctx.task
+        ctx, target = self.ctx, self.ctx.scenario.target
         cache, e, t = rows.cache, rows.entity, rows.time
-        if isinstance(target, PythonTarget):
-            if task == "binary":
-                return self.sign * baselines.popularity_scores("binary", cache, e, t, target.source)
-            assert self.prior is not None
-            if task == "regression":
-                return np.full(len(rows), self.prior[0])
-            return np.tile(np.asarray(self.prior), (len(rows), 1))
-        if task == "binary":
-            pop = baselines.popularity_scores("binary", cache, e, t, target.source)
-            return -pop if isinstance(target, BinaryTarget) and target.event == "none" else pop
-        if task == "multilabel" and ctx.spec.extra.get("list_columns"):
+        if not isinstance(target, PythonTarget):
             prior = None if self.prior is None else np.asarray(self.prior)
-            return baselines.list_shares(cache, target.source, e, t, ctx.spec.extra["list_columns"], prior)
-        if task in ("multilabel", "multiclass"):
-            pop = baselines.popularity_scores(
-                task,
-                cache,
-                e,
-                t,
-                target.source,
-                column=target.column,
-                class_codes=np.array(ctx.spec.class_codes),
-                prior=None if self.prior is None else np.asarray(self.prior),
-            )
-            if task == "multiclass":
-                if len(ctx.spec.classes) > pop.shape[1]:  # "(other)": the rest of the entity's events
-                    pop = np.c_[pop, np.clip(1.0 - pop.sum(1), 0.0, None)]
-                pop = pop / np.maximum(pop.sum(1, keepdims=True), 1e-12)
-            return pop
-        assert isinstance(target, RegressionTarget)  # the same quantity in the window before the split
-        before = regression_values(cache, ctx.scenario, e, t - target.horizon_days * DAY)
-        return ctx.clip(before)
+            return ctx.task.popularity(cache, e, t, ctx.scenario, prior)
+        if self.prior is None:
+            return self.sign * baselines.popularity_scores("binary", cache, e, t, target.source)
+        return ctx.task.constant(self.prior, len(rows))
 
     def refit(self, rows: Rows) -> None:
         pass  # nothing learned beyond priors and a sign
@@ -214,7 +160,7 @@ class LightGBM:
         return np.c_[A, (rows.embedding() - mean) @ comp.T]
 
     def fit(self, train: Rows, stop: Rows) -> None:
-        ctx, task = self.ctx, self.ctx.task
+        ctx = self.ctx
         if self.features == "hybrid":
             from sklearn.decomposition import PCA
 
@@ -227,7 +173,7 @@ class LightGBM:
                 np.ascontiguousarray(pca.components_, np.float32),
             )
         F_train, F_stop = self._matrix(train), self._matrix(stop)
-        if task == "multilabel":  # the most frequent labels, without densifying thousands of columns
+        if ctx.task.per_label:  # the most frequent labels, without densifying thousands of columns
             self.fallback.fit(train, stop)
             lab = train.labels
             freq = (
@@ -246,8 +192,9 @@ class LightGBM:
     def _fit(self, F_train: np.ndarray, y_train: np.ndarray, F_stop: np.ndarray, y_stop: np.ndarray) -> GBM:
         ctx = self.ctx
         label = f"{ctx.scenario.name} {self.name}"
+        assert ctx.task.lightgbm is not None
         return fit_gbm(
-            ctx.task,
+            ctx.task.lightgbm,
             F_train,
             y_train,
             F_stop,
@@ -255,14 +202,14 @@ class LightGBM:
             seed=ctx.seed,
             progress=ctx.progress,
             label=label,
-            max_rows=ctx.scenario.lightgbm_max_rows if ctx.task == "multilabel" else 0,
+            max_rows=ctx.scenario.lightgbm_max_rows if ctx.task.per_label else 0,
         )
 
     def refit(self, rows: Rows) -> None:
         if self.gbm is None:
             return
         F = self._matrix(rows)
-        if self.ctx.task == "multilabel":
+        if self.ctx.task.per_label:
             assert self.top is not None
             Y = label_columns(rows.labels, self.top)
         else:
@@ -270,17 +217,13 @@ class LightGBM:
         self.gbm = self.gbm.refit(F, Y, seed=self.ctx.seed)
 
     def predict(self, rows: Rows) -> np.ndarray:
-        ctx, task = self.ctx, self.ctx.task
-        if task == "multilabel":
+        if self.ctx.task.per_label:
             out = self.fallback.predict(rows).astype(np.float64)
             if self.gbm is not None and self.top is not None and len(self.top):
                 out[:, self.top] = self.gbm.predict(self._matrix(rows))
             return out
         assert self.gbm is not None
-        out = self.gbm.predict(self._matrix(rows))
-        if task == "multiclass" and out.shape[1] < len(ctx.spec.classes):
-            out = np.c_[out, np.zeros((len(out), len(ctx.spec.classes) - out.shape[1]))]
-        return ctx.clip(out) if task == "regression" else out
+        return self.ctx.task.finish(self.gbm.predict(self._matrix(rows)))
 
     def save(self) -> tuple[dict[str, Any], dict[str, bytes]]:
         from safetensors.numpy import save
@@ -301,27 +244,14 @@ class LightGBM:
 
 
 # ---- blend -----------------------------------------------------------------------------------------
-def _logit(p: np.ndarray) -> np.ndarray:
-    p = np.clip(np.asarray(p, np.float64), EPS, 1 - EPS)
-    return np.log(p / (1 - p))
-
-
-def _link(task: str, out: np.ndarray) -> np.ndarray:
-    """Member outputs on the scale they are averaged on: logits, log-probabilities or values."""
-    if task in ("binary", "multilabel"):
-        return _logit(out)
-    if task == "multiclass":
-        return np.log(np.clip(np.asarray(out, np.float64), EPS, 1.0))
-    return np.asarray(out, np.float64)
-
-
 def _simplex(k: int, step: float) -> list[np.ndarray]:
     n = round(1 / step)
     return [np.array(c) / n for c in itertools.product(range(n + 1), repeat=k) if sum(c) == n]
 
 
 class Blend:
-    """A weighted combination of fitted candidates on the link scale, weights fitted on validation rows:
+    """A weighted combination of fitted candidates on the link scale (Task.link: logits, log-probabilities or
+    values), weights fitted on validation rows:
 
     binary          the weights on the simplex (step 0.1) that maximise AUROC, on the logits, then Platt
                     scaling of the blended logit (a scale and an intercept) so the output is a probability
@@ -340,19 +270,20 @@ class Blend:
     def fit_outputs(self, outputs: list[np.ndarray], y: np.ndarray) -> Blend:
         """Fit the weights on the members' outputs of the same validation rows."""
         task = self.ctx.task
-        Z = [_link(task, o) for o in outputs]
-        if task == "regression":
+        Z = [task.link(o) for o in outputs]
+        if task.least_squares_blend:
             from sklearn.linear_model import LinearRegression
 
             lr = LinearRegression(positive=True).fit(np.c_[tuple(Z)], y)
             self.weights, self.intercept = lr.coef_.astype(np.float64), float(lr.intercept_)
             return self
         self.scale, self.intercept, best = 1.0, 0.0, -np.inf
+        sign = 1.0 if task.higher_is_better() else -1.0
         for w in _simplex(len(Z), BLEND_STEP):
-            score = metrics.primary_metric(task, y, self._combine(Z, w))
+            score = sign * task.primary(y, self._combine(Z, w))
             if np.isfinite(score) and score > best + 1e-12:
                 best, self.weights = score, w
-        if task == "binary" and len(np.unique(y)) > 1:  # calibrate the blended logit (Platt scaling)
+        if task.calibrate_blend and len(np.unique(y)) > 1:  # calibrate the blended logit (Platt scaling)
             from sklearn.linear_model import LogisticRegression
 
             z = sum(wi * zi for wi, zi in zip(self.weights, Z, strict=True))
@@ -361,18 +292,11 @@ class Blend:
         return self
 
     def _combine(self, Z: list[np.ndarray], w: np.ndarray) -> np.ndarray:
-        task = self.ctx.task
         z = self.scale * sum(wi * zi for wi, zi in zip(w, Z, strict=True)) + self.intercept
-        if task in ("binary", "multilabel"):
-            return 1.0 / (1.0 + np.exp(-z))
-        if task == "multiclass":
-            z = z - z.max(1, keepdims=True)
-            ez = np.exp(z)
-            return ez / ez.sum(1, keepdims=True)
-        return self.ctx.clip(z)
+        return self.ctx.task.unlink(z)
 
     def combine(self, outputs: list[np.ndarray]) -> np.ndarray:
-        return self._combine([_link(self.ctx.task, o) for o in outputs], self.weights)
+        return self._combine([self.ctx.task.link(o) for o in outputs], self.weights)
 
     def fit(self, train: Rows, stop: Rows) -> None:
         pass  # members are fitted first; the weights come from fit_outputs on validation rows
@@ -397,7 +321,3 @@ class Blend:
             "scale": self.scale,
             "intercept": self.intercept,
         }, files
-
-
-def meta_json(meta: dict[str, Any]) -> str:
-    return json.dumps(meta, indent=2)

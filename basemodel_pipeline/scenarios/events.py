@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from basemodel_pipeline.cache.store import EventSource
-from basemodel_pipeline.config.models import Condition
+from basemodel_pipeline.cache.store import EventCache, EventSource
+from basemodel_pipeline.config.models import Condition, Scenario
 from basemodel_pipeline.dates import DAY
-from basemodel_pipeline.errors import ConfigError
+from basemodel_pipeline.errors import ConfigError, UserError
 
 _OPS = {
     "==": np.equal,
@@ -190,3 +190,35 @@ class TargetContext:
     horizon_days: int
     window_complete: bool  # the future window ends before the data does
     classes: tuple[str, ...]
+
+
+# ---- the events of a declarative target's window ------------------------------------------------
+def target_source(cache: EventCache, scenario: Scenario) -> EventSource:
+    try:
+        return cache.source(scenario.target.source)
+    except UserError as err:  # the config names a source the cache does not hold; anything else is a bug
+        raise ConfigError(f"scenario '{scenario.name}': target.source: {err}") from None
+
+
+def window_events(
+    cache: EventCache, scenario: Scenario, e: np.ndarray, t: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(example index, event row) of the target's matching events in [t, t + horizon_days)."""
+    target = scenario.target
+    src = target_source(cache, scenario)
+    owner, rows = src.window_rows(e, t, t + target.horizon_days * DAY)
+    if target.filter:
+        keep = filter_rows(src, rows, target.filter, f"scenario '{scenario.name}': target")
+        owner, rows = owner[keep], rows[keep]
+    return owner, rows
+
+
+def regression_values(cache: EventCache, scenario: Scenario, e: np.ndarray, t: np.ndarray) -> np.ndarray:
+    target = scenario.target
+    owner, rows = window_events(cache, scenario, e, t)
+    if target.aggregation == "count":
+        y = np.bincount(owner, minlength=len(e)).astype(np.float64)
+    else:
+        vals = np.asarray(cache.source(target.source).columns[target.column])[rows].astype(np.float64)
+        y = np.bincount(owner, weights=vals, minlength=len(e))
+    return np.log1p(np.maximum(y, 0.0)) if target.log1p else y

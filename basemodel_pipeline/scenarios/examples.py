@@ -138,15 +138,6 @@ class TargetSpec:
         rest = {k: v for k, v in d.items() if k not in ("task", "classes", "class_codes")}
         return cls(d["task"], list(d.get("classes", [])), list(d.get("class_codes", [])), rest)
 
-    @property
-    def out_dim(self) -> int:
-        if self.task in ("multiclass", "multilabel"):
-            return len(self.classes)
-        if self.task == "recommendation":
-            e = self.extra
-            return e["n_items"] if e["head"] == "dense" else e["partitions"] * e["width"]
-        return 2 if self.task == "regression" and self.extra.get("hurdle") else 1
-
 
 # ---- candidate examples ----------------------------------------------------------------------------
 def _grid(cache: EventCache, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

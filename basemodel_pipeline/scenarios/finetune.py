@@ -25,14 +25,12 @@ from basemodel_pipeline.cache.versions import data_version as cache_data_version
 from basemodel_pipeline.cache.windows import windows_metadata
 from basemodel_pipeline.config import PipelineConfig, Scenario
 from basemodel_pipeline.config.models import PythonTarget
-from basemodel_pipeline.evaluation import metrics
 from basemodel_pipeline.model.checkpoint import publish_checkpoint
 from basemodel_pipeline.model.trunk import TrunkWithHead
 from basemodel_pipeline.progress import Progress
 from basemodel_pipeline.scenarios import staging
 from basemodel_pipeline.scenarios.candidates import Blend, Candidate, Context, LightGBM, Neural
 from basemodel_pipeline.scenarios.examples import Examples, TargetSpec, concat_examples
-from basemodel_pipeline.scenarios.heads import REPEAT_HALF_LIFE_DAYS, REPEAT_WEIGHTS
 from basemodel_pipeline.scenarios.inputs import Rows
 from basemodel_pipeline.scenarios.network import train_network
 from basemodel_pipeline.scenarios.rerank import NeuralRanking, Reranker
@@ -41,11 +39,12 @@ from basemodel_pipeline.scenarios.shared import (
     Shared,
     candidate_models,
     json_dumps,
-    metric_truth,
     open_shared,
     prepare,
     split_parts,
 )
+from basemodel_pipeline.tasks import task_named
+from basemodel_pipeline.tasks.recommendation import REPEAT_HALF_LIFE_DAYS, REPEAT_WEIGHTS, Recommendation
 from basemodel_pipeline.training.work import WorkCounter
 
 REPEAT_TUNE_EXAMPLES = 3000  # recommendation: validation examples used to weigh the own purchase history
@@ -57,7 +56,7 @@ def _tune_repeat_weight(ctx: Context, rows: Rows) -> float:
     rng = np.random.default_rng(0)
     part = rows.subset(np.sort(rng.choice(len(rows), min(len(rows), REPEAT_TUNE_EXAMPLES), replace=False)))
     score = {
-        w: primary("recommendation", part.labels, NeuralRanking(ctx, w).predict(part)) for w in REPEAT_WEIGHTS
+        w: primary(Recommendation, part.labels, NeuralRanking(ctx, w).predict(part)) for w in REPEAT_WEIGHTS
     }
     return max(score, key=lambda w: (score[w], -w))
 
@@ -117,7 +116,7 @@ def _finish(
     from basemodel_pipeline.reports.explanations import add_report_explanation
     from basemodel_pipeline.reports.html import scenario_report
 
-    cfg, task = shared.cfg, scenario.task
+    cfg = shared.cfg
     parts = split_parts(ex)
     t0 = time.perf_counter()
     model, head, history, best = train_network(
@@ -127,11 +126,12 @@ def _finish(
     # examples the network trained on, all epochs (features come from the shared featurisation pass)
     work["train_examples_per_s"] = round(len(parts["train"]) * len(history) / max(timing["train_s"], 1e-9), 1)
     ctx = Context(scenario, spec, head, cfg.training_params.finetune.seed, progress)
+    task = ctx.task
     mode = scenario.mode or cfg.training_params.finetune.mode
     model.to(runtime.resolve_device(cfg.training_params.foundation.device))
     rows = {k: shared.rows_of(v, model, mode) for k, v in {**parts, "test": ex["test"]}.items()}
     candidates = candidate_models(ctx, scenario.candidates)
-    if task == "recommendation":
+    if task.ranked:
         spec.extra["repeat_half_life_days"] = REPEAT_HALF_LIFE_DAYS
         weight = _tune_repeat_weight(ctx, rows["stop"])
         spec.extra["repeat_weight"] = weight
@@ -152,19 +152,19 @@ def _finish(
         progress.log(f"{scenario.name}: {name} fitted in {fit_s[name]} s")
     t0 = time.perf_counter()
     select = rows["select"]
-    y_select = select.labels if task == "recommendation" else metric_truth(task, parts["select"])
+    y_select = select.labels if task.ranked else task.truth(parts["select"].labels)
     val_out = {
         name: staged[name] if name in staged else cand.predict(select) for name, cand in candidates.items()
     }
     fitted = [n for n in ("neural", "lightgbm_hybrid", "lightgbm_aggregates") if n in candidates]
-    if task in ("multilabel", "multiclass") and len(fitted) > 2:
+    if task.per_class and len(fitted) > 2:
         # one weight per model, thousands of labels: the blend joins the network and the better LightGBM. For
         # binary and regression all three (CJ, 3 seeds: churn 0.8554 vs 0.8544 AUROC with two, spend 1.4293 vs
         # 1.4363 RMSE: the two LightGBMs err differently enough to help)
         gbm = [n for n in fitted if n != "neural"]
         scores = {n: primary(task, y_select, val_out[n]) for n in gbm}
         fitted = ["neural", max(gbm, key=lambda n: scores[n] if np.isfinite(scores[n]) else -np.inf)]
-    members = [] if task == "recommendation" else fitted
+    members = [] if task.ranked else fitted
     selection, published = choose(
         ctx, candidates, val_out, y_select, select.entity, members, scenario.publish
     )
@@ -191,21 +191,21 @@ def _finish(
         )
         timing["refit_s"] = time.perf_counter() - t0
         refit_info = {"refit_on_validation": True, "windows": "training + validation"}
-    truth = metric_truth(task, ex["test"])
+    truth = task.truth(ex["test"].labels)
     log1p = bool(spec.extra.get("log1p"))
-    all_metrics = {name: metrics.evaluate(task, truth, o, scenario.k, log1p) for name, o in outputs.items()}
+    all_metrics = {name: task.evaluate(truth, o, scenario.k, log1p) for name, o in outputs.items()}
     for name in ("popularity",):  # popularity scores rank but are not probabilities: no log-loss
         if name in all_metrics:
             all_metrics[name] = {
                 k: (float("nan") if "log_loss" in k else v) for k, v in all_metrics[name].items()
             }
-    metric_name = metrics.PRIMARY_METRIC[task]
+    metric_name = task.primary_metric
     test = {name: m[metric_name] for name, m in all_metrics.items()}
-    if task == "recommendation":
+    if task.ranked:
         test.setdefault("lightgbm_aggregates", None)  # no LightGBM on aggregates for ranking the catalogue
     result = {
         "metric": metric_name,
-        "task": task,
+        "task": task.name,
         "mode": mode,
         "published": selection.published,
         "selection": selection.to_dict(),
@@ -229,7 +229,7 @@ def _finish(
         "lightgbm_rows": {
             name: cand.gbm.sampling()
             for name, cand in candidates.items()
-            if task == "multilabel" and isinstance(cand, LightGBM) and cand.gbm is not None
+            if task.per_label and isinstance(cand, LightGBM) and cand.gbm is not None
         },
         "baselines": stage_info,
         "timing_s": {k: round(v, 2) for k, v in timing.items()},
@@ -266,7 +266,7 @@ def _finish(
         "kind": "scenario",
         "scenario": scenario.model_dump(mode="json"),
         "target": small_spec,
-        "arch": {**shared.fmeta["arch"], "out_dim": spec.out_dim},
+        "arch": {**shared.fmeta["arch"], "out_dim": task.out_dim},
         "encoder": shared.fmeta["encoder"],
         "foundation_version": shared.fmeta["version"],
         "cache_fingerprint": shared.cache.manifest["fingerprint"],
@@ -352,8 +352,9 @@ def _refit(
     mode = scenario.mode or shared.cfg.training_params.finetune.mode
     labelled = [parts["train"], parts["stop"], parts["select"], *([parts["test"]] if "test" in parts else [])]
     everything = concat_examples(labelled)
+    task = task_named(scenario.task)
     if _uses_network(published):
-        sign = 1.0 if metrics.higher_is_better(metrics.PRIMARY_METRIC[scenario.task]) else -1.0
+        sign = 1.0 if task.higher_is_better() else -1.0
         scores = [sign * h["val_metric"] if np.isfinite(h["val_metric"]) else -np.inf for h in history]
         epochs = int(np.argmax(scores)) + 1
         progress.log(
@@ -364,11 +365,11 @@ def _refit(
         )[0]
         model.to(runtime.resolve_device(shared.cfg.training_params.foundation.device))
     # the re-ranker learns from validation windows only (rerank.Reranker.fit): all of them now
-    windows = concat_examples(labelled[1:]) if scenario.task == "recommendation" else everything
+    windows = concat_examples(labelled[1:]) if task.ranked else everything
     progress.log(f"{scenario.name}: refitting {type(published).__name__} on {len(windows):,} examples")
     published.refit(shared.rows_of(windows, model, mode))
     rows = shared.rows_of(test, model, mode)
-    return model, (published.rank(rows)[0] if scenario.task == "recommendation" else published.predict(rows))
+    return model, (published.rank(rows)[0] if task.ranked else published.predict(rows))
 
 
 def _blend_of(ctx: Context, candidates: dict[str, Candidate], selection: Selection) -> Blend:

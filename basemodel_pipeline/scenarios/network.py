@@ -12,21 +12,12 @@ from torch import nn
 
 from basemodel_pipeline import runtime
 from basemodel_pipeline.config import Scenario
-from basemodel_pipeline.evaluation import metrics
 from basemodel_pipeline.model.trunk import TrunkWithHead
 from basemodel_pipeline.progress import Progress
 from basemodel_pipeline.scenarios.examples import Examples, TargetSpec
-from basemodel_pipeline.scenarios.heads import Head
 from basemodel_pipeline.scenarios.lora import add_lora, merge_lora
-from basemodel_pipeline.scenarios.rerank import RANKED_ITEMS
-from basemodel_pipeline.scenarios.shared import Shared, metric_truth
-
-
-def _network_outputs(head: Head, logits: np.ndarray) -> np.ndarray:
-    """The network's metric-ready outputs (early stopping): scores, or its top items for recommendation."""
-    if head.task == "recommendation":
-        return head.top_items(logits, RANKED_ITEMS)[0]
-    return head.scores(logits)
+from basemodel_pipeline.scenarios.shared import Shared
+from basemodel_pipeline.tasks import Task, task_for
 
 
 def train_network(
@@ -36,9 +27,9 @@ def train_network(
     ex: dict[str, Examples],
     progress: Progress,
     fixed_epochs: int | None = None,
-) -> tuple[TrunkWithHead, Head, list[dict], float]:
+) -> tuple[TrunkWithHead, Task, list[dict], float]:
     """Train one scenario's network, early-stopped on ex["val"]; returns (model with the best epoch's weights,
-    head, history, best validation metric). ``fixed_epochs``: exactly that many epochs, the last one kept
+    its task (the head's loss and decoding), history, best validation metric). ``fixed_epochs``: exactly that many epochs, the last one kept
     (a refit on more windows for the epochs early stopping chose)."""
     p = shared.cfg.training_params.finetune
     mode = scenario.mode or p.mode
@@ -47,8 +38,8 @@ def train_network(
     torch.manual_seed(p.seed)
     runtime.set_threads()
     device = runtime.resolve_device(shared.cfg.training_params.foundation.device)
-    head = Head(spec)
-    model = shared.new_model(spec.out_dim)
+    head = task_for(spec)
+    model = shared.new_model(head.out_dim)
     head.init_bias(model.head, ex["train"].labels)
     model.to(device)
     rows = {k: shared.rows(v) for k, v in ex.items()}
@@ -78,9 +69,9 @@ def train_network(
         ),
     )
     rng = np.random.default_rng(p.seed)
-    primary = metrics.PRIMARY_METRIC[scenario.task]
-    sign = 1.0 if metrics.higher_is_better(primary) else -1.0
-    val_truth = metric_truth(scenario.task, ex["val"])
+    primary = head.primary_metric
+    sign = 1.0 if head.higher_is_better() else -1.0
+    val_truth = head.truth(ex["val"].labels)
     progress.start(f"finetune {scenario.name}", steps)
     best, best_state, history, bad = -np.inf, None, [], 0
     for epoch in range(epochs):
@@ -102,9 +93,7 @@ def train_network(
             total += float(loss.detach()) * len(idx)
             progress.advance(f"finetune {scenario.name}", 1, loss=float(loss.detach()))
         val_logits = runtime.predict(net, inputs[rows["val"]], device)
-        val_metric = float(
-            metrics.primary_metric(scenario.task, val_truth, _network_outputs(head, val_logits))
-        )
+        val_metric = float(head.primary(val_truth, head.network_outputs(val_logits)))
         history.append(
             {
                 "epoch": epoch + 1,

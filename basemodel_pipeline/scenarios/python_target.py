@@ -28,6 +28,7 @@ from basemodel_pipeline.dates import DAY, epoch_seconds
 from basemodel_pipeline.errors import ConfigError, DataError
 from basemodel_pipeline.scenarios.events import Events, SourceEvents, TargetContext
 from basemodel_pipeline.scenarios.examples import Examples, TargetSpec, candidate_pairs
+from basemodel_pipeline.tasks import task_for
 
 
 def load_function(scenario: Scenario) -> Callable[..., Any]:
@@ -74,28 +75,6 @@ def attribute_values(cache: EventCache) -> dict[str, np.ndarray]:
     return out
 
 
-def _check(value: Any, task: str, spec: TargetSpec) -> float | np.ndarray | str:
-    """The validated label, or raise ValueError saying what is wrong."""
-    classes = spec.classes
-    if task == "multiclass" and isinstance(value, str):
-        if value not in classes:
-            raise ValueError(f"returned class '{value}', not one of target.classes {classes}")
-        return float(classes.index(value))
-    arr = np.asarray(value, dtype=np.float64)
-    want = (len(classes),) if task == "multilabel" else (1,)
-    if arr.size != int(np.prod(want)) or (task == "multilabel" and arr.shape != want):
-        raise ValueError(f"returned shape {arr.shape}; a {task} target needs shape {want}")
-    if not np.all(np.isfinite(arr)):
-        raise ValueError("returned NaN or inf")
-    if task in ("binary", "multilabel") and not np.all((arr == 0) | (arr == 1)):
-        raise ValueError(f"returned {arr.ravel()[:5].tolist()}; a {task} target holds 0/1 values")
-    if task == "multiclass":
-        k = float(arr.ravel()[0])
-        if k != int(k) or not 0 <= k < len(classes):
-            raise ValueError(f"returned class index {k}; needs an integer in [0, {len(classes)})")
-    return arr if task == "multilabel" else float(arr.ravel()[0])
-
-
 def python_examples(cache: EventCache, scenario: Scenario, spec: TargetSpec, times: np.ndarray) -> Examples:
     target = scenario.target
     assert isinstance(target, PythonTarget)
@@ -107,6 +86,7 @@ def python_examples(cache: EventCache, scenario: Scenario, spec: TargetSpec, tim
     attrs = attribute_values(cache)
     ids = cache.entity_ids
     where = f"scenario '{scenario.name}': target function {target.function}"
+    task = task_for(spec)
     keep, labels = [], []
     for i in range(len(e)):
         ti = int(t[i])
@@ -138,15 +118,9 @@ def python_examples(cache: EventCache, scenario: Scenario, spec: TargetSpec, tim
         if value is None:
             continue
         try:
-            labels.append(_check(value, scenario.task, spec))
+            labels.append(task.check_label(value))
         except ValueError as err:
             raise DataError(f"{where} {err} for entity {entity_id} at split {split.date()}") from None
         keep.append(i)
     idx = np.asarray(keep, dtype=np.int64)
-    if scenario.task == "multilabel":
-        y = np.asarray(labels, np.float32).reshape(len(idx), len(spec.classes))
-    elif scenario.task == "multiclass":
-        y = np.asarray(labels, np.int64)
-    else:
-        y = np.asarray(labels, np.float32)
-    return Examples(e[idx], t[idx], y)
+    return Examples(e[idx], t[idx], task.stack_labels(labels))

@@ -36,8 +36,8 @@ from basemodel_pipeline.evaluation.probe import entity_folds
 from basemodel_pipeline.scenarios.candidates import Context
 from basemodel_pipeline.scenarios.examples import SparseLabels
 from basemodel_pipeline.scenarios.inputs import Rows
+from basemodel_pipeline.tasks.recommendation import RANKED_ITEMS, Recommendation
 
-RANKED_ITEMS = 100  # items ranked per entity for the metrics (MRR over this list)
 POOL_HISTORY = 50  # pool: the entity's own items (by decayed count)
 POOL_POPULAR = 50  # pool: popular items of the last 28 days
 POOL_MODEL = 50  # pool: the network's top items
@@ -182,9 +182,15 @@ def item_filter(ctx: Context) -> str:
     return getattr(ctx.scenario.target, "items", "all")
 
 
+def ranking(ctx: Context) -> Recommendation:
+    """The scenario's task, which ranks items."""
+    assert isinstance(ctx.task, Recommendation)
+    return ctx.task
+
+
 def model_item_scores(ctx: Context, logits: np.ndarray) -> torch.Tensor:
     """[n, n_items] the network's log-scores of every item."""
-    return ctx.head.item_scores(torch.from_numpy(np.asarray(logits, np.float32)))
+    return ranking(ctx).item_scores(torch.from_numpy(np.asarray(logits, np.float32)))
 
 
 def build_pool(ctx: Context, rows: Rows, hist: History, pops: PopularityTable) -> Pool:
@@ -494,7 +500,7 @@ class NeuralRanking:  # the network's refit lives in scenarios/finetune.py
             src, e["column"], rows.entity, rows.time, e.get("repeat_half_life_days", 30.0)
         )
         exclude = own if item_filter(self.ctx) == "new" else None
-        return self.ctx.head.top_items(rows.logits(), k, history=own, weight=self.weight, exclude=exclude)
+        return ranking(self.ctx).top_items(rows.logits(), k, history=own, weight=self.weight, exclude=exclude)
 
     def predict(self, rows: Rows) -> np.ndarray:
         return self.rank(rows)[0]

@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 
 from basemodel_pipeline.errors import ConfigError
-from basemodel_pipeline.evaluation import metrics
 from basemodel_pipeline.evaluation.probe import bootstrap_rounds, entity_folds, paired_bootstrap
 from basemodel_pipeline.scenarios.candidates import Blend, Candidate, Context
 from basemodel_pipeline.scenarios.examples import SparseLabels, take_labels
+from basemodel_pipeline.tasks import Task
 
 PREFERENCE = (
     "popularity",
@@ -71,22 +71,22 @@ def split_validation(entity: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.flatnonzero(fold == 0), np.flatnonzero(fold == 1)
 
 
-def _better(task: str, a: float, b: float) -> bool:
+def _better(task: Task, a: float, b: float) -> bool:
     if not np.isfinite(a):
         return False
     if not np.isfinite(b):
         return True
-    return a > b if metrics.higher_is_better(metrics.PRIMARY_METRIC[task]) else a < b
+    return a > b if task.higher_is_better() else a < b
 
 
-def primary(task: str, y: Any, out: Any) -> float:
+def primary(task: Task | type[Task], y: Any, out: Any) -> float:
     """The primary metric; recommendation labels come as SparseLabels (relevant items per row)."""
     if isinstance(y, SparseLabels):
         y = (y.indptr, y.indices, y.n_cols)
-    return float(metrics.primary_metric(task, y, out))
+    return float(task.primary(y, out))
 
 
-def _halves_metric(task: str, y: Any, out: Any, halves: list[np.ndarray]) -> float:
+def _halves_metric(task: Task, y: Any, out: Any, halves: list[np.ndarray]) -> float:
     vals = [primary(task, take_labels(y, h), out[h]) for h in halves]
     vals = [v for v in vals if np.isfinite(v)]
     return float(np.mean(vals)) if vals else float("nan")
@@ -104,7 +104,7 @@ def choose(
     """Compare candidates on the `select` rows (their outputs there, labels `y`, entity indices `entity`),
     fit a blend of `blend_members` when there are two or more, and return (selection, published candidate)."""
     task = ctx.task
-    metric = metrics.PRIMARY_METRIC[task]
+    metric = task.primary_metric
     entity = np.asarray(entity, np.int64)
     fold = entity_folds(entity, 2)
     halves = [np.flatnonzero(fold == k) for k in (0, 1)]
@@ -153,7 +153,7 @@ def choose(
     runner_up = [n for n in order if n != best and np.isfinite(scores.get(n, float("nan")))]
     second = max(
         runner_up,
-        key=lambda n: scores[n] if metrics.higher_is_better(metric) else -scores[n],
+        key=lambda n: scores[n] if task.higher_is_better() else -scores[n],
         default=None,
     )
     reason = f"best validation {metric} ({scores.get(best, float('nan')):.4f})"
@@ -172,12 +172,12 @@ def choose(
 
 
 def _gain_lower_bound(
-    task: str, y: Any, best: np.ndarray, blend: np.ndarray, fold: np.ndarray, entity: np.ndarray
+    task: Task, y: Any, best: np.ndarray, blend: np.ndarray, fold: np.ndarray, entity: np.ndarray
 ) -> float:
     """2.5th percentile of best's gain over the blend on resamples of the select entities (within each entity
     half; an entity's windows together), signed so that > 0 means better; fewer resamples when each costs
     thousands of per-class AUROCs."""
-    rounds = bootstrap_rounds(task, best, BOOTSTRAP_ROUNDS, floor=20)
-    _, lo, hi = paired_bootstrap(task, y, best, blend, rounds=rounds, groups=fold, clusters=entity)
-    bound = lo if metrics.higher_is_better(metrics.PRIMARY_METRIC[task]) else -hi
+    rounds = bootstrap_rounds(task.metric_width(best), BOOTSTRAP_ROUNDS, floor=20)
+    _, lo, hi = paired_bootstrap(task.primary, y, best, blend, rounds=rounds, groups=fold, clusters=entity)
+    bound = lo if task.higher_is_better() else -hi
     return bound if np.isfinite(bound) else float("-inf")  # unmeasurable noise: no proven gain

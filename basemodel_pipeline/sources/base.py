@@ -79,9 +79,6 @@ class Backend(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the connection."""
 
-    def describe_location(self) -> str:
-        return self.location.display()
-
     @classmethod
     def is_transient(cls, exc: BaseException) -> bool:
         """Whether retrying can help. Subclasses add their driver's error codes."""

@@ -161,7 +161,7 @@ def fit_encoder(cache: EventCache, cfg: PipelineConfig) -> FeatureEncoder:
     )
 
 
-class Examples:
+class PretrainBatches:
     """(entity, split time) queries -> (features, targets) tensors, on the training device."""
 
     def __init__(self, cache: EventCache, enc: FeatureEncoder, horizon_s: int, device: torch.device) -> None:
@@ -200,7 +200,7 @@ def _windows(cfg: PipelineConfig) -> tuple[int, int, np.ndarray]:
 
 
 def epoch_chunks(
-    n_entities: int, sizes: Sizes, lo: int, hi: int, seed: int, epoch: int, ex: Examples
+    n_entities: int, sizes: Sizes, lo: int, hi: int, seed: int, epoch: int, ex: PretrainBatches
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """The epoch's (entity, split time) queries with history, in chunks of random entities."""
     rng = np.random.default_rng([seed, epoch])
@@ -282,7 +282,7 @@ def _pretrain(
         + ", ".join(f"{k}={v}" for k, v in sizes.to_dict().items())
         + f", world={world.size}"
     )
-    ex = Examples(cache, enc, p.horizon_days * DAY, device)
+    ex = PretrainBatches(cache, enc, p.horizon_days * DAY, device)
 
     n_val = min(cache.n_entities, p.validation_entities)
     val_entities = np.sort(np.random.default_rng([p.seed, 7]).choice(cache.n_entities, n_val, replace=False))

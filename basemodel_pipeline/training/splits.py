@@ -7,7 +7,7 @@ import datetime as dt
 import numpy as np
 
 from basemodel_pipeline.config.models import DataParams
-from basemodel_pipeline.dates import DAY, epoch_seconds
+from basemodel_pipeline.dates import epoch_seconds
 from basemodel_pipeline.errors import ConfigError
 
 
@@ -42,13 +42,3 @@ def scenario_split_times(dp: DataParams, horizon_days: int, field: str) -> dict[
         "val": np.array(val, np.int64),
         "test": np.array([epoch_seconds(dp.test_date)], np.int64),
     }
-
-
-def random_split_times(
-    n_entities: int, per_entity: int, lo: int, hi: int, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray]:
-    """`per_entity` random split points (whole days) per entity in [lo, hi]."""
-    days = (hi - lo) // DAY
-    entity = np.repeat(np.arange(n_entities, dtype=np.int64), per_entity)
-    time = lo + rng.integers(0, days + 1, size=len(entity)) * DAY
-    return entity, time.astype(np.int64)

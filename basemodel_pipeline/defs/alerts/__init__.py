@@ -6,17 +6,17 @@ from __future__ import annotations
 import dagster as dg
 
 from basemodel_pipeline.defs.alerts.freshness import build_freshness_checks, build_freshness_sensor
-from basemodel_pipeline.defs.alerts.resources import AlertSinks, alert_sinks_from_env
+from basemodel_pipeline.defs.alerts.resources import alert_sinks_from_env
 from basemodel_pipeline.defs.alerts.sensors import build_alert_sensors
+from basemodel_pipeline.defs.shared.deployment import Deployment
 
-__all__ = ["AlertSinks", "build_alert_definitions"]
 
-
-def build_alert_definitions(default_status: dg.DefaultSensorStatus) -> dg.Definitions:
+def defs(deployment: Deployment) -> dg.Definitions:
     """The alert sensors, the freshness checks and their sensor, and the `alerts` resource (from the env)."""
     checks = build_freshness_checks()
+    status = deployment.sensor_status
     return dg.Definitions(
         asset_checks=checks,
-        sensors=[*build_alert_sensors(default_status), build_freshness_sensor(checks, default_status)],
+        sensors=[*build_alert_sensors(status), build_freshness_sensor(checks, status)],
         resources={"alerts": alert_sinks_from_env()},
     )

@@ -2,10 +2,10 @@
 
 import dagster as dg
 
-from basemodel_pipeline.defs._run import materialize_in_process
-from basemodel_pipeline.defs.automation import AFTER_DEPS_UPDATED
-from basemodel_pipeline.defs.resources import BasemodelConfigResource
-from basemodel_pipeline.defs.versions import code_version
+from basemodel_pipeline.defs.shared.conditions import AFTER_DEPS_UPDATED
+from basemodel_pipeline.defs.shared.execution import materialize_in_process
+from basemodel_pipeline.defs.shared.resources import BasemodelConfigResource
+from basemodel_pipeline.defs.shared.versions import code_version
 from basemodel_pipeline.pipeline import run_cache
 from basemodel_pipeline.progress import LogProgress
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import dagster as dg
 
 from basemodel_pipeline.cache.integrity import manifest_problems
-from basemodel_pipeline.defs._run import latest_metadata
+from basemodel_pipeline.defs.shared.execution import latest_metadata
 
 
 def build_cache_check(cache_key: dg.AssetKey) -> dg.AssetChecksDefinition:

@@ -17,16 +17,16 @@ import dagster as dg
 
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.config import DataSource
-from basemodel_pipeline.defs._run import materialize_in_process
 from basemodel_pipeline.defs.extracts.files import (
     content_version,
     day_files,
-    extract_files,
+    parquet_files,
     rows_of,
     schema_of,
 )
-from basemodel_pipeline.defs.resources import BasemodelConfigResource
-from basemodel_pipeline.defs.versions import code_version
+from basemodel_pipeline.defs.shared.execution import materialize_in_process
+from basemodel_pipeline.defs.shared.resources import BasemodelConfigResource
+from basemodel_pipeline.defs.shared.versions import code_version
 from basemodel_pipeline.pipeline import run_extract
 from basemodel_pipeline.progress import LogProgress
 
@@ -102,7 +102,7 @@ def build_extract_asset(src: DataSource, partitions: dg.PartitionsDefinition | N
 
             def whole() -> dict:
                 meta = run_extract(basemodel_config.load(), name, progress)[name]
-                return {**meta, "data_version": content_version(extract_files(Path(meta["path"])))}
+                return {**meta, "data_version": content_version(parquet_files(Path(meta["path"])))}
 
             return materialize_in_process(whole, extra=_files_extra)
         window = context.partition_time_window
@@ -128,7 +128,7 @@ def _files_extra(meta: Mapping[str, Any]) -> dict[str, Any]:
 
 def _schema_extra(meta: Mapping[str, Any]) -> dict[str, Any]:
     """Column schema of an extract, from its newest file's footer."""
-    files = extract_files(Path(meta["path"]))
+    files = parquet_files(Path(meta["path"]))
     return {"dagster/column_schema": _column_schema(schema_of(files[-1]))} if files else {}
 
 

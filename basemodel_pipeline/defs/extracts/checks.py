@@ -15,8 +15,8 @@ import dagster as dg
 
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.config import DataSource
-from basemodel_pipeline.defs.extracts.files import day_of, describe_change, extract_files, rows_of, schema_of
-from basemodel_pipeline.defs.resources import BasemodelConfigResource, QualityGates
+from basemodel_pipeline.defs.extracts.files import day_of, describe_change, parquet_files, rows_of, schema_of
+from basemodel_pipeline.defs.shared.resources import BasemodelConfigResource, QualityGates
 
 
 class SchemaCheckConfig(dg.Config):
@@ -26,18 +26,23 @@ class SchemaCheckConfig(dg.Config):
 def last_passed_metadata(
     context: dg.AssetCheckExecutionContext, key: dg.AssetCheckKey
 ) -> dict[str, Any] | None:
-    """Metadata of this check's latest passed evaluation in an earlier run (None before the first)."""
-    from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
+    """Metadata of this check's latest passed evaluation in an earlier run (None before the first).
 
-    history = context.instance.event_log_storage.get_asset_check_execution_history(
-        key, limit=20, status={AssetCheckExecutionRecordStatus.SUCCEEDED}
-    )
-    for record in history:
-        if record.run_id == context.run.run_id or record.event is None:
-            continue
-        evaluation = record.event.dagster_event.event_specific_data  # type: ignore[union-attr]
-        return {k: v.value for k, v in evaluation.metadata.items()}
-    return None
+    Reads the check's execution history newest first, a page at a time, and filters on the status's name:
+    the status enum (AssetCheckExecutionRecordStatus) is not part of Dagster's public API."""
+    storage, cursor = context.instance.event_log_storage, None
+    while True:
+        history = storage.get_asset_check_execution_history(key, limit=20, cursor=cursor)
+        for record in history:
+            if record.status.value != "SUCCEEDED" or record.run_id == context.run.run_id:
+                continue
+            if record.event is None or record.event.dagster_event is None:
+                continue
+            evaluation = record.event.dagster_event.event_specific_data
+            return {k: v.value for k, v in evaluation.metadata.items()}  # type: ignore[union-attr]
+        if len(history) < 20:
+            return None
+        cursor = history[-1].id
 
 
 def run_days(context: dg.AssetCheckExecutionContext) -> tuple[dt.date, dt.date] | None:
@@ -105,7 +110,7 @@ def build_extract_checks(src: DataSource, key: dg.AssetKey) -> list[dg.AssetChec
         config: SchemaCheckConfig,
         basemodel_config: BasemodelConfigResource,
     ) -> dg.AssetCheckResult:
-        files = extract_files(ws.extracts_dir(basemodel_config.load(), name))
+        files = parquet_files(ws.extracts_dir(basemodel_config.load(), name))
         if not files:
             return dg.AssetCheckResult(passed=False, description=f"'{name}' has no extract files yet")
         previous = (
@@ -135,7 +140,7 @@ def build_extract_checks(src: DataSource, key: dg.AssetKey) -> list[dg.AssetChec
         basemodel_config: BasemodelConfigResource,
         quality_gates: QualityGates,
     ) -> dg.AssetCheckResult:
-        files = extract_files(ws.extracts_dir(basemodel_config.load(), name))
+        files = parquet_files(ws.extracts_dir(basemodel_config.load(), name))
         if src.type == "event":
             rows = {d: rows_of(f) for f in files if (d := day_of(f)) is not None}
             problems, meta = day_volume_problems(rows, run_days(context), quality_gates)

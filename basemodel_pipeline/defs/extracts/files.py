@@ -9,8 +9,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 
-def extract_files(directory: Path) -> list[Path]:
-    """The finished Parquet files of one extract (day files or table.parquet), sorted by name."""
+def parquet_files(directory: Path) -> list[Path]:
+    """The finished Parquet files of one extract (day files or table.parquet), sorted by name; none when the
+    directory is missing (cache/writer.extract_files, which the cache build uses, raises instead)."""
     if not directory.is_dir():
         return []
     return sorted(p for p in directory.glob("*.parquet") if not p.name.startswith("."))
@@ -25,7 +26,7 @@ def day_of(path: Path) -> dt.date | None:
 
 def day_files(directory: Path, start: dt.date, end: dt.date) -> list[Path]:
     """Day files in [start, end)."""
-    return [p for p in extract_files(directory) if (d := day_of(p)) is not None and start <= d < end]
+    return [p for p in parquet_files(directory) if (d := day_of(p)) is not None and start <= d < end]
 
 
 def content_version(files: list[Path]) -> str:

@@ -27,10 +27,10 @@ import dagster as dg
 
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.config import DataSource, PipelineConfig, load_config
-from basemodel_pipeline.defs.automation import MAX_RUNTIME, MAX_RUNTIME_TAG
 from basemodel_pipeline.defs.extracts.assets import extract_key
-from basemodel_pipeline.defs.extracts.files import day_of, extract_files
-from basemodel_pipeline.defs.resources import BasemodelConfigResource
+from basemodel_pipeline.defs.extracts.files import day_of, parquet_files
+from basemodel_pipeline.defs.shared.conditions import MAX_RUNTIME, MAX_RUNTIME_TAG
+from basemodel_pipeline.defs.shared.resources import BasemodelConfigResource
 from basemodel_pipeline.settings import setting
 
 RANGE_START = "dagster/asset_partition_range_start"
@@ -83,7 +83,7 @@ def source_watermark(cfg: PipelineConfig, src: DataSource, state: dict[str, Any]
 
 
 def last_extracted_day(cfg: PipelineConfig, src: DataSource) -> dt.date | None:
-    days = [d for f in extract_files(ws.extracts_dir(cfg, src.name)) if (d := day_of(f)) is not None]
+    days = [d for f in parquet_files(ws.extracts_dir(cfg, src.name)) if (d := day_of(f)) is not None]
     return max(days) if days else None
 
 

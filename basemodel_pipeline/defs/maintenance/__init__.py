@@ -6,14 +6,13 @@ import dagster as dg
 
 from basemodel_pipeline.defs.maintenance.assets import workspace_retention
 from basemodel_pipeline.defs.maintenance.schedules import build_retention_schedule, prune_workspace
+from basemodel_pipeline.defs.shared.deployment import Deployment
 
-__all__ = ["build_maintenance_definitions", "workspace_retention"]
 
-
-def build_maintenance_definitions(schedule_status: dg.DefaultScheduleStatus) -> dg.Definitions:
-    """The retention asset, its job and its daily schedule (resources come from the main definitions)."""
+def defs(deployment: Deployment) -> dg.Definitions:
+    """The retention asset, its job and its daily schedule (resources come from the root)."""
     return dg.Definitions(
         assets=[workspace_retention],
         jobs=[prune_workspace],
-        schedules=[build_retention_schedule(schedule_status)],
+        schedules=[build_retention_schedule(deployment.schedule_status)],
     )

@@ -2,9 +2,9 @@
 
 import dagster as dg
 
-from basemodel_pipeline.defs._run import materialize_in_process
-from basemodel_pipeline.defs.resources import BasemodelConfigResource
-from basemodel_pipeline.defs.versions import code_version
+from basemodel_pipeline.defs.shared.execution import materialize_in_process
+from basemodel_pipeline.defs.shared.resources import BasemodelConfigResource
+from basemodel_pipeline.defs.shared.versions import code_version
 from basemodel_pipeline.retention import prune
 
 

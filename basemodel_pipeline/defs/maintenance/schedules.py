@@ -5,8 +5,8 @@ from pathlib import Path
 
 import dagster as dg
 
-from basemodel_pipeline.defs.automation import TIMEZONE
-from basemodel_pipeline.defs.resources import BasemodelConfigResource
+from basemodel_pipeline.defs.shared.conditions import TIMEZONE
+from basemodel_pipeline.defs.shared.resources import BasemodelConfigResource
 from basemodel_pipeline.settings import setting
 
 RETENTION_CRON_ENV_VAR = "BASEMODEL_RETENTION_CRON"

@@ -4,18 +4,18 @@ their own step, on the `cpu` pool, so that they never hold the GPU slot."""
 
 import dagster as dg
 
-from basemodel_pipeline.defs._run import run_pipes_job
-from basemodel_pipeline.defs.automation import (
+from basemodel_pipeline.defs.shared.conditions import (
     FOUNDATION,
     MAX_RUNTIME,
     MAX_RUNTIME_TAG,
     SCENARIO,
     SCENARIO_MODEL,
 )
-from basemodel_pipeline.defs.launcher import Launcher
-from basemodel_pipeline.defs.models.partitions import scenarios_partitions
-from basemodel_pipeline.defs.resources import BasemodelConfigResource
-from basemodel_pipeline.defs.versions import code_version
+from basemodel_pipeline.defs.shared.execution import run_entrypoint
+from basemodel_pipeline.defs.shared.launcher import Launcher
+from basemodel_pipeline.defs.shared.partitions import scenarios_partitions
+from basemodel_pipeline.defs.shared.resources import BasemodelConfigResource
+from basemodel_pipeline.defs.shared.versions import code_version
 
 GPU_POOL = "gpu"
 CPU_POOL = (
@@ -39,10 +39,10 @@ def foundation_model(
     """Self-supervised foundation model: from an entity's past, predict its future behaviour.
 
     Checkpoint (safetensors + JSON) under <workspace>/checkpoints/foundation/<version>/.
-    Runs `python -m basemodel_pipeline.jobs.pretrain` through Dagster Pipes (launcher backend).
+    Runs `python -m basemodel_pipeline.entrypoints.pretrain` through Dagster Pipes (launcher backend).
     Automation: trained once when missing, then weekly after the cache changed.
     """
-    return run_pipes_job(context, launcher, "pretrain", basemodel_config.config_path)
+    return run_entrypoint(context, launcher, "pretrain", basemodel_config.config_path)
 
 
 @dg.asset(
@@ -63,10 +63,10 @@ def scenario_baselines(
 
     Staged under <workspace>/staging/baselines/<name>/<key>/ (key = data version: cache, feature encoder,
     scenario config, windows, seed, code); scenario_model reads them instead of fitting them on the GPU slot.
-    Runs `python -m basemodel_pipeline.jobs.baselines` through Dagster Pipes, without a GPU.
+    Runs `python -m basemodel_pipeline.entrypoints.baselines` through Dagster Pipes, without a GPU.
     Automation: like scenario_model, in the same run, before it.
     """
-    return run_pipes_job(context, launcher, "baselines", basemodel_config.config_path)
+    return run_entrypoint(context, launcher, "baselines", basemodel_config.config_path)
 
 
 @dg.asset(
@@ -87,7 +87,7 @@ def scenario_model(
     Evaluated with the popularity and aggregates + LightGBM baselines on the test window (read from
     scenario_baselines' stage when it matches, `baselines_reused`); checkpoint and metrics.json under
     <workspace>/checkpoints/scenarios/<name>/<version>/.
-    Runs `python -m basemodel_pipeline.jobs.finetune` through Dagster Pipes (scenario = partition key).
+    Runs `python -m basemodel_pipeline.entrypoints.finetune` through Dagster Pipes (scenario = partition key).
     Automation: a new scenario trains once; a new foundation or cache retrains every scenario once.
     """
-    return run_pipes_job(context, launcher, "finetune", basemodel_config.config_path)
+    return run_entrypoint(context, launcher, "finetune", basemodel_config.config_path)

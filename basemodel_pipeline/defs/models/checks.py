@@ -11,10 +11,10 @@ from typing import Any
 
 import dagster as dg
 
-from basemodel_pipeline.defs._run import latest_metadata
 from basemodel_pipeline.defs.models.assets import foundation_model, scenario_model
-from basemodel_pipeline.defs.models.partitions import scenarios_partitions
-from basemodel_pipeline.defs.resources import QualityGates
+from basemodel_pipeline.defs.shared.execution import latest_metadata
+from basemodel_pipeline.defs.shared.partitions import scenarios_partitions
+from basemodel_pipeline.defs.shared.resources import QualityGates
 from basemodel_pipeline.errors import UserError
 
 # the library's verification (torch, DuckDB) is imported when a check runs, not when definitions load

@@ -29,8 +29,8 @@ import dagster as dg
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.config.scenarios import RetrainPolicy
 from basemodel_pipeline.dates import DAY
-from basemodel_pipeline.defs.models.partitions import scenarios_partitions
-from basemodel_pipeline.defs.resources import BasemodelConfigResource
+from basemodel_pipeline.defs.shared.partitions import scenarios_partitions
+from basemodel_pipeline.defs.shared.resources import BasemodelConfigResource
 
 CACHE, FOUNDATION = dg.AssetKey("event_cache"), dg.AssetKey("foundation_model")
 BASELINES, MODEL = dg.AssetKey("scenario_baselines"), dg.AssetKey("scenario_model")

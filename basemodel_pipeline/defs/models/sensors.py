@@ -8,8 +8,8 @@ import dagster as dg
 
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.config.versions import FOUNDATION, model_config_versions
-from basemodel_pipeline.defs.models.partitions import scenarios_partitions
-from basemodel_pipeline.defs.resources import BasemodelConfigResource
+from basemodel_pipeline.defs.shared.partitions import scenarios_partitions
+from basemodel_pipeline.defs.shared.resources import BasemodelConfigResource
 
 SCENARIO_ASSETS = [
     dg.AssetKey("scenario_baselines"),

@@ -2,13 +2,13 @@
 
 import dagster as dg
 
-from basemodel_pipeline.defs._run import run_pipes_job
-from basemodel_pipeline.defs.automation import gated_eager
-from basemodel_pipeline.defs.launcher import Launcher
 from basemodel_pipeline.defs.models.assets import GPU_POOL, TRAIN_TAGS, foundation_model, scenario_model
-from basemodel_pipeline.defs.models.partitions import scenarios_partitions
-from basemodel_pipeline.defs.resources import BasemodelConfigResource
-from basemodel_pipeline.defs.versions import code_version
+from basemodel_pipeline.defs.shared.conditions import gated_eager
+from basemodel_pipeline.defs.shared.execution import run_entrypoint
+from basemodel_pipeline.defs.shared.launcher import Launcher
+from basemodel_pipeline.defs.shared.partitions import scenarios_partitions
+from basemodel_pipeline.defs.shared.resources import BasemodelConfigResource
+from basemodel_pipeline.defs.shared.versions import code_version
 
 SCORE_TAGS = {**TRAIN_TAGS, "basemodel/stage": "score"}
 
@@ -50,11 +50,11 @@ def predictions(
 ) -> dg.MaterializeResult:
     """Scores of one scenario (partition) for every entity: <workspace>/predictions/<scenario>/<as_of>/.
 
-    Runs `python -m basemodel_pipeline.jobs.predict` through Dagster Pipes (scenario = partition key), only
+    Runs `python -m basemodel_pipeline.entrypoints.predict` through Dagster Pipes (scenario = partition key), only
     after the scenario's blocking checks (test metric above its floor and above popularity) passed. As of the
     latest day the features come from the per-entity state, advanced with the days the cache gained.
     """
-    return run_pipes_job(context, launcher, "predict", basemodel_config.config_path, config.args())
+    return run_entrypoint(context, launcher, "predict", basemodel_config.config_path, config.args())
 
 
 @dg.asset(
@@ -75,6 +75,8 @@ def entity_embeddings(
     """Universal float16 behavioural embeddings of every entity from the foundation trunk, as of the day after
     the data: <workspace>/embeddings/<as_of>/ (embeddings.parquet, client_ids.npy + embeddings.npy).
 
-    Runs `python -m basemodel_pipeline.jobs.embed` through Dagster Pipes.
+    Runs `python -m basemodel_pipeline.entrypoints.embed` through Dagster Pipes.
     """
-    return run_pipes_job(context, launcher, "embed", basemodel_config.config_path, config.args(workers=False))
+    return run_entrypoint(
+        context, launcher, "embed", basemodel_config.config_path, config.args(workers=False)
+    )

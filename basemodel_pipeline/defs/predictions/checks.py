@@ -6,10 +6,10 @@ from pathlib import Path
 
 import dagster as dg
 
-from basemodel_pipeline.defs._run import latest_metadata
 from basemodel_pipeline.defs.models.checks import finding_result
-from basemodel_pipeline.defs.models.partitions import scenarios_partitions
 from basemodel_pipeline.defs.predictions.assets import predictions
+from basemodel_pipeline.defs.shared.execution import latest_metadata
+from basemodel_pipeline.defs.shared.partitions import scenarios_partitions
 
 
 @dg.asset_check(

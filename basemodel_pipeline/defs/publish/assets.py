@@ -10,13 +10,13 @@ from pathlib import Path
 
 import dagster as dg
 
-from basemodel_pipeline.defs._run import latest_metadata, materialize_in_process
-from basemodel_pipeline.defs.automation import gated_eager
 from basemodel_pipeline.defs.models.assets import foundation_model, scenario_model
-from basemodel_pipeline.defs.models.partitions import scenarios_partitions
 from basemodel_pipeline.defs.predictions.assets import predictions
-from basemodel_pipeline.defs.resources import ArtifactPublisher, BasemodelConfigResource
-from basemodel_pipeline.defs.versions import code_version
+from basemodel_pipeline.defs.shared.conditions import gated_eager
+from basemodel_pipeline.defs.shared.execution import latest_metadata, materialize_in_process
+from basemodel_pipeline.defs.shared.partitions import scenarios_partitions
+from basemodel_pipeline.defs.shared.resources import ArtifactPublisher, BasemodelConfigResource
+from basemodel_pipeline.defs.shared.versions import code_version
 from basemodel_pipeline.errors import DataError
 
 

@@ -2,11 +2,11 @@
 
 import dagster as dg
 
-from basemodel_pipeline.defs._run import materialize_in_process
-from basemodel_pipeline.defs.automation import AFTER_INPUTS_CHANGED
 from basemodel_pipeline.defs.models.assets import scenario_model
-from basemodel_pipeline.defs.resources import BasemodelConfigResource
-from basemodel_pipeline.defs.versions import code_version
+from basemodel_pipeline.defs.shared.conditions import AFTER_INPUTS_CHANGED
+from basemodel_pipeline.defs.shared.execution import materialize_in_process
+from basemodel_pipeline.defs.shared.resources import BasemodelConfigResource
+from basemodel_pipeline.defs.shared.versions import code_version
 from basemodel_pipeline.pipeline import write_summary
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import dagster as dg
 
-from basemodel_pipeline.defs.launcher import Launcher
+from basemodel_pipeline.defs.shared.launcher import Launcher
 from basemodel_pipeline.errors import UserError
 from basemodel_pipeline.metadata import data_version_of, flatten_metadata
 
@@ -48,15 +48,15 @@ def materialize_in_process(
     return dg.MaterializeResult(metadata=metadata, data_version=dg.DataVersion(data_version_of(meta)))
 
 
-def run_pipes_job(
+def run_entrypoint(
     context: dg.AssetExecutionContext,
     launcher: Launcher,
-    job: str,
+    stage: str,
     config_path: str,
     args: Sequence[str] = (),
 ) -> dg.MaterializeResult:
-    """Run ``python -m basemodel_pipeline.jobs.<job>`` through the launcher and return what it reported."""
-    return launcher.run(context, job, config_path, args).get_materialize_result()
+    """Run ``python -m basemodel_pipeline.entrypoints.<stage>`` through the launcher and return what it reported."""
+    return launcher.run(context, stage, config_path, args).get_materialize_result()
 
 
 def latest_metadata(

@@ -1,4 +1,4 @@
-"""Score entities: ``python -m basemodel_pipeline.jobs.predict --config PATH --scenario NAME [--as-of DATE]
+"""Score entities: ``python -m basemodel_pipeline.entrypoints.predict --config PATH --scenario NAME [--as-of DATE]
 [--precision auto|fp32|bf16|int8] [--output DESTINATION] [--workers K | --shard I/K | --merge-shards K]``.
 
 Under Dagster the scenario defaults to the partition key of the ``predictions`` asset.
@@ -10,13 +10,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from basemodel_pipeline.config import PipelineConfig
+from basemodel_pipeline.entrypoints._common import EntrypointArgs, main
 from basemodel_pipeline.inference.shards import parse_shard
-from basemodel_pipeline.jobs._common import JobArgs, main
 from basemodel_pipeline.pipeline import run_predict
 from basemodel_pipeline.progress import Progress
 
 
-def stage(cfg: PipelineConfig, args: JobArgs, progress: Progress) -> Mapping[str, Any]:
+def stage(cfg: PipelineConfig, args: EntrypointArgs, progress: Progress) -> Mapping[str, Any]:
     assert args.scenario is not None
     cfg.scenario(args.scenario)  # unknown name -> ConfigError before any work
     options = dict(args.options)

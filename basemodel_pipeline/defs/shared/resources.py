@@ -1,10 +1,13 @@
 """Resources, chosen per environment in this one place (env var BASEMODEL_ENV = local | ci | prod).
 
-    local  config path from BASEMODEL_CONFIG (default demo_workspace/config.yaml, resolved when loaded).
-    ci     as local, but steps see no GPU and a fixed hash seed (reproducible CPU runs), and the scenario
-           quality gates only record (floor 0, popularity margin -1): CI's tiny synthetic data cannot
-           produce a useful model.
-    prod   config path read from BASEMODEL_CONFIG at run time (dg.EnvVar; required).
+    local  config path from BASEMODEL_CONFIG (default demo_workspace/config.yaml, resolved when loaded);
+           the only environment whose graph falls back to the demo config's shape (shape.py).
+    ci     BASEMODEL_CONFIG required; steps see no GPU and a fixed hash seed (reproducible CPU runs), and
+           the scenario quality gates only record (floor 0, popularity margin -1): CI's tiny synthetic data
+           cannot produce a useful model.
+    prod   BASEMODEL_CONFIG required, and read again at run time (dg.EnvVar).
+
+BASEMODEL_ENV unset means local, except in a Dagster+ deployment (DAGSTER_CLOUD_DEPLOYMENT_NAME set): prod.
 
 The launcher backend (where training and scoring steps run) is BASEMODEL_LAUNCHER = subprocess (default) |
 docker | k8s | ecs, with its settings from BASEMODEL_* variables (see `launcher_from_env`). Publishing to
@@ -22,7 +25,8 @@ from dagster_aws.s3 import S3Resource
 from pydantic import Field
 
 from basemodel_pipeline.config import PipelineConfig, load_config
-from basemodel_pipeline.defs.launcher import BACKENDS, Launcher
+from basemodel_pipeline.defs.shared.launcher import BACKENDS, Launcher
+from basemodel_pipeline.errors import ConfigError
 from basemodel_pipeline.settings import setting, setting_list
 
 ENV_VAR = "BASEMODEL_ENV"
@@ -31,6 +35,7 @@ LAUNCHER_ENV_VAR = "BASEMODEL_LAUNCHER"
 PUBLISH_ENV_VAR = "BASEMODEL_PUBLISH_URL"
 DEFAULT_CONFIG = "demo_workspace/config.yaml"
 ENVIRONMENTS = ("local", "ci", "prod")
+CLOUD_DEPLOYMENT_ENV_VAR = "DAGSTER_CLOUD_DEPLOYMENT_NAME"  # set by Dagster+ in every deployment
 
 
 class BasemodelConfigResource(dg.ConfigurableResource):
@@ -85,15 +90,24 @@ class ArtifactPublisher(dg.ConfigurableResource):
 
 
 def current_env() -> str:
-    env = setting(ENV_VAR, "local")
+    """BASEMODEL_ENV; unset: prod in a Dagster+ deployment (DAGSTER_CLOUD_DEPLOYMENT_NAME), else local."""
+    env = setting(ENV_VAR, "prod" if setting(CLOUD_DEPLOYMENT_ENV_VAR) else "local")
     if env not in ENVIRONMENTS:
         raise ValueError(f"{ENV_VAR}={env!r} is not one of {', '.join(ENVIRONMENTS)}")
     return env
 
 
-def config_path_from_env() -> str:
-    """BASEMODEL_CONFIG, or the demo config relative to the working directory; always absolute."""
-    return str(Path(setting(CONFIG_ENV_VAR, DEFAULT_CONFIG)).resolve())
+def config_path_from_env(env: str = "local") -> str:
+    """BASEMODEL_CONFIG, always absolute; only the local environment defaults to the demo's config."""
+    path = setting(CONFIG_ENV_VAR)
+    if not path:
+        if env != "local":
+            raise ConfigError(
+                f"{CONFIG_ENV_VAR} is not set: {ENV_VAR}={env} needs the path of the pipeline's YAML config "
+                f"(only {ENV_VAR}=local defaults to {DEFAULT_CONFIG})"
+            )
+        path = DEFAULT_CONFIG
+    return str(Path(path).resolve())
 
 
 def launcher_from_env(env: str) -> Launcher:
@@ -150,7 +164,7 @@ def resources_for(env: str, config_path: str | None = None) -> dict[str, Any]:
     if env == "prod" and not config_path:
         config = BasemodelConfigResource(config_path=dg.EnvVar(CONFIG_ENV_VAR))
     else:
-        config = BasemodelConfigResource(config_path=config_path or config_path_from_env())
+        config = BasemodelConfigResource(config_path=config_path or config_path_from_env(env))
     resources: dict[str, Any] = {
         "basemodel_config": config,
         "launcher": launcher_from_env(env),

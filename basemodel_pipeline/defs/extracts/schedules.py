@@ -6,9 +6,9 @@ from pathlib import Path
 import dagster as dg
 
 from basemodel_pipeline.config import load_config
-from basemodel_pipeline.defs.automation import MAX_RUNTIME, MAX_RUNTIME_TAG, NIGHTLY_CRON, TIMEZONE
 from basemodel_pipeline.defs.extracts.sensors import last_extracted_day, range_tags
-from basemodel_pipeline.defs.resources import BasemodelConfigResource
+from basemodel_pipeline.defs.shared.conditions import MAX_RUNTIME, MAX_RUNTIME_TAG, NIGHTLY_CRON, TIMEZONE
+from basemodel_pipeline.defs.shared.resources import BasemodelConfigResource
 
 
 def build_jobs(extract_keys: list[dg.AssetKey]) -> list:

@@ -1,4 +1,4 @@
-"""Fine-tune one scenario model: ``python -m basemodel_pipeline.jobs.finetune --config PATH --scenario NAME``.
+"""Fine-tune one scenario model: ``python -m basemodel_pipeline.entrypoints.finetune --config PATH --scenario NAME``.
 
 Under Dagster the scenario defaults to the partition key of the ``scenario_model`` asset.
 """
@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from basemodel_pipeline.config import PipelineConfig
-from basemodel_pipeline.jobs._common import JobArgs, main
+from basemodel_pipeline.entrypoints._common import EntrypointArgs, main
 from basemodel_pipeline.pipeline import run_finetune
 from basemodel_pipeline.progress import Progress
 
 
-def stage(cfg: PipelineConfig, args: JobArgs, progress: Progress) -> Mapping[str, Any]:
+def stage(cfg: PipelineConfig, args: EntrypointArgs, progress: Progress) -> Mapping[str, Any]:
     assert args.scenario is not None
     cfg.scenario(args.scenario)  # unknown name -> ConfigError before any work
     meta = dict(run_finetune(cfg, args.scenario, progress))

@@ -1,6 +1,6 @@
 """Extract data sources into <workspace>/extracts/.
 
-python -m basemodel_pipeline.jobs.extract --config PATH [--source NAME]
+python -m basemodel_pipeline.entrypoints.extract --config PATH [--source NAME]
 """
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from basemodel_pipeline.config import PipelineConfig
-from basemodel_pipeline.jobs._common import JobArgs, main
+from basemodel_pipeline.entrypoints._common import EntrypointArgs, main
 from basemodel_pipeline.pipeline import run_extract
 from basemodel_pipeline.progress import Progress
 
 
-def stage(cfg: PipelineConfig, args: JobArgs, progress: Progress) -> Mapping[str, Any]:
+def stage(cfg: PipelineConfig, args: EntrypointArgs, progress: Progress) -> Mapping[str, Any]:
     if args.source is not None:
         names = [s.name for s in cfg.data_sources]
         if args.source not in names:

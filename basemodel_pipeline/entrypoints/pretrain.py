@@ -1,4 +1,4 @@
-"""Train the foundation model: ``python -m basemodel_pipeline.jobs.pretrain --config PATH``."""
+"""Train the foundation model: ``python -m basemodel_pipeline.entrypoints.pretrain --config PATH``."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from basemodel_pipeline.config import PipelineConfig
-from basemodel_pipeline.jobs._common import JobArgs, main
+from basemodel_pipeline.entrypoints._common import EntrypointArgs, main
 from basemodel_pipeline.pipeline import run_pretrain
 from basemodel_pipeline.progress import Progress
 
 
-def stage(cfg: PipelineConfig, args: JobArgs, progress: Progress) -> Mapping[str, Any]:
+def stage(cfg: PipelineConfig, args: EntrypointArgs, progress: Progress) -> Mapping[str, Any]:
     return run_pretrain(cfg, progress)
 
 

@@ -1,4 +1,4 @@
-"""The Pipes entrypoints (basemodel_pipeline.jobs) run through a real PipesSubprocessClient."""
+"""The Pipes entrypoints (basemodel_pipeline.entrypoints) run through a real PipesSubprocessClient."""
 
 import json
 import os
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import dagster as dg
 
-from basemodel_pipeline.defs._run import run_pipes_job
-from basemodel_pipeline.defs.launcher import Launcher
+from basemodel_pipeline.defs.shared.execution import run_entrypoint
+from basemodel_pipeline.defs.shared.launcher import Launcher
 from basemodel_pipeline.metadata import flatten_metadata, to_pipes_metadata
 
 
@@ -29,7 +29,7 @@ def _materialize(asset: dg.AssetsDefinition, config: Path, **kwargs: object) -> 
 def _extract_asset(config: Path) -> dg.AssetsDefinition:
     @dg.asset(name="transactions_extract")
     def transactions_extract(context: dg.AssetExecutionContext, launcher: Launcher) -> dg.MaterializeResult:
-        return run_pipes_job(context, launcher, "extract", str(config), ["--source", "transactions"])
+        return run_entrypoint(context, launcher, "extract", str(config), ["--source", "transactions"])
 
     return transactions_extract
 
@@ -49,7 +49,7 @@ def test_user_error_in_job_fails_the_run_with_its_message(tiny_config: Path) -> 
 
     @dg.asset(partitions_def=partitions)
     def scenario(context: dg.AssetExecutionContext, launcher: Launcher):
-        return run_pipes_job(context, launcher, "finetune", str(tiny_config))
+        return run_entrypoint(context, launcher, "finetune", str(tiny_config))
 
     result = _materialize(scenario, tiny_config, partition_key="no_such_scenario")
     assert not result.success
@@ -63,7 +63,7 @@ def test_entrypoint_runs_outside_dagster(tiny_config: Path) -> None:
     cmd = [
         sys.executable,
         "-m",
-        "basemodel_pipeline.jobs.extract",
+        "basemodel_pipeline.entrypoints.extract",
         "--config",
         str(tiny_config),
         "--source",
@@ -79,7 +79,7 @@ def test_entrypoint_user_error_exit_code_and_one_line(tmp_path: Path) -> None:
     cmd = [
         sys.executable,
         "-m",
-        "basemodel_pipeline.jobs.pretrain",
+        "basemodel_pipeline.entrypoints.pretrain",
         "--config",
         str(tmp_path / "missing.yaml"),
     ]
@@ -107,3 +107,36 @@ def test_metadata_flattening_drops_secrets_and_types_paths() -> None:
     pipes = to_pipes_metadata(meta)
     assert pipes["loss"] == {"raw_value": "nan", "type": "text"}
     assert pipes["source.rows"] == 2
+
+
+def test_user_error_reaches_dagster_without_a_shared_filesystem(tiny_config: Path, monkeypatch) -> None:
+    """Kubernetes and ECS steps share no file with the orchestrator: the one-line user error must come back
+    through the Pipes messages alone. A k8s launcher whose pod is stood in for by a local process (the same
+    Pipes protocol: context in, messages out, nothing else shared) fails with the user's line."""
+
+    def launch_as_pod(self: Launcher, context, stage, command, extras):  # noqa: ANN001
+        assert not extras, "k8s steps cannot read a file the orchestrator wrote"
+        local = [sys.executable, *command[1:]]  # the pod's `python` is this interpreter here
+        return dg.PipesSubprocessClient().run(context=context, command=local, extras=extras)
+
+    monkeypatch.setattr(Launcher, "_launch", launch_as_pod)
+    partitions = dg.DynamicPartitionsDefinition(name="scenarios")
+
+    @dg.asset(partitions_def=partitions)
+    def scenario(context: dg.AssetExecutionContext, launcher: Launcher):
+        return run_entrypoint(context, launcher, "finetune", str(tiny_config))
+
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("scenarios", ["no_such_scenario"])
+        result = dg.materialize(
+            [scenario],
+            instance=instance,
+            resources={"launcher": Launcher(backend="k8s")},
+            partition_key="no_such_scenario",
+            raise_on_error=False,
+        )
+    assert not result.success
+    (failure,) = result.get_step_failure_events()
+    description = failure.step_failure_data.user_failure_data.description
+    assert description.startswith("finetune: unknown scenario 'no_such_scenario'")
+    assert "churn" in description and "\n" not in description.strip() and "Traceback" not in description

@@ -1,4 +1,5 @@
-"""Declarative automation: what re-materializes by itself, keyed on data versions, not on events.
+"""Declarative automation conditions, shared by every domain's assets: what re-materializes by itself, keyed
+on data versions, not on events.
 
 A dependency "changed" when its new materialization carries another data version (a cache run that reused
 or re-derived the same content changes nothing), or when the asset's own code version changed (a release
@@ -17,8 +18,8 @@ that touches its code).
     published_artifacts  after predictions (when publishing is on)
     metrics_summary   after any scenario partition changed
 
-The automation sensor `basemodel_automation` evaluates these conditions every 30 s and is running by default;
-stop it in the UI (Automation tab) to pause all of it.
+The automation sensor `basemodel_automation` (defs/automation/) evaluates these conditions every 30 s and is
+running by default; stop it in the UI (Automation tab) to pause all of it.
 """
 
 from __future__ import annotations
@@ -105,17 +106,3 @@ def gated_eager(*same_run: str) -> dg.AutomationCondition:
         & ~requested.ignore(together)
         & (AC.all_deps_blocking_checks_passed() | requested.allow(together))
     ).with_label(f"eager, gated by blocking checks, together with {', '.join(same_run)}")
-
-
-def automation_sensor(
-    default_status: dg.DefaultSensorStatus = dg.DefaultSensorStatus.RUNNING,
-    run_tags: dict[str, str] | None = None,
-) -> dg.AutomationConditionSensorDefinition:
-    """Evaluates every asset's automation condition every 30 s; running by default."""
-    return dg.AutomationConditionSensorDefinition(
-        "basemodel_automation",
-        target=dg.AssetSelection.all(),
-        default_status=default_status,
-        minimum_interval_seconds=30,
-        run_tags={MAX_RUNTIME_TAG: str(MAX_RUNTIME["train"]), **(run_tags or {})},
-    )

@@ -1,12 +1,12 @@
 """Shared machinery of the Pipes entrypoints: arguments, Pipes or plain-stdout session, metadata, errors.
 
-An entrypoint is ``python -m basemodel_pipeline.jobs.<stage> --config PATH [--scenario NAME] [--as-of DATE]``.
+An entrypoint is ``python -m basemodel_pipeline.entrypoints.<stage> --config PATH [--scenario NAME] [--as-of DATE]``.
 Launched by Dagster (``DAGSTER_PIPES_*`` env vars set) it logs through Pipes and reports one asset
 materialization; launched by hand it logs to stdout and prints the metadata as JSON. A ``UserError`` ends the
 process with exit code 2 and one line ``error: ...`` on stderr; under Pipes the error is also logged to
-Dagster, reported as the exception that closed the session, and written to the file named by the
-``error_file`` extra, so that the orchestrating asset fails with the user's message instead of
-"process failed with code 2".
+Dagster and closes the session as a ``StepUserError`` carrying that line, which the launcher reads back from
+the Pipes messages (defs/launcher.py), so that the orchestrating asset fails with the user's message instead of
+"process failed with code 2" on every backend, a pod or an ECS task included.
 
 This module may import dagster_pipes but never dagster.
 """
@@ -24,9 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from basemodel_pipeline.config import PipelineConfig, load_config
-from basemodel_pipeline.errors import UserError
+from basemodel_pipeline.errors import StepUserError, UserError
 from basemodel_pipeline.metadata import (
-    ERROR_FILE_EXTRA,
     FORWARDED_ENV_VAR,
     data_version_of,
     flatten_metadata,
@@ -38,7 +37,7 @@ USER_ERROR_EXIT_CODE = 2
 
 
 @dataclass(frozen=True)
-class JobArgs:
+class EntrypointArgs:
     config: str
     scenario: str | None = None
     as_of: dt.date | None = None
@@ -46,7 +45,7 @@ class JobArgs:
     options: dict[str, Any] = field(default_factory=dict)  # scoring: precision, destination, workers
 
 
-StageFn = Callable[[PipelineConfig, JobArgs, Progress], Mapping[str, Any]]
+StageFn = Callable[[PipelineConfig, EntrypointArgs, Progress], Mapping[str, Any]]
 
 
 # ---------------------------------------------------------------- sessions
@@ -101,9 +100,6 @@ class _PipesSession:
 
     def error(self, message: str) -> None:
         self._pipes.log.error(message)
-        path = self.extras.get(ERROR_FILE_EXTRA)
-        if path:
-            Path(path).write_text(message + "\n")
 
     def report(self, metadata: Mapping[str, Any], data_version: str) -> None:
         self._pipes.report_asset_materialization(
@@ -117,7 +113,9 @@ class _PipesSession:
 def parse_args(
     stage: str, argv: list[str] | None, *, scenario: bool, as_of: bool, source: bool, scoring: bool = False
 ) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog=f"python -m basemodel_pipeline.jobs.{stage}", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog=f"python -m basemodel_pipeline.entrypoints.{stage}", description=__doc__
+    )
     parser.add_argument("--config", required=True, help="path to the pipeline's YAML config")
     if scenario:
         parser.add_argument("--scenario", help="scenario name (default: the Dagster partition key)")
@@ -134,7 +132,7 @@ def parse_args(
     return parser.parse_args(argv)
 
 
-def _job_args(ns: argparse.Namespace, session: Any, needs_scenario: bool) -> JobArgs:
+def _entrypoint_args(ns: argparse.Namespace, session: Any, needs_scenario: bool) -> EntrypointArgs:
     scenario = getattr(ns, "scenario", None) or session.partition_key
     if needs_scenario and not scenario:
         raise UserError("no scenario given: pass --scenario NAME (or run it as a scenario partition)")
@@ -147,19 +145,20 @@ def _job_args(ns: argparse.Namespace, session: Any, needs_scenario: bool) -> Job
             raise UserError(f"--as-of: '{raw}' is not a date; write YYYY-MM-DD") from None
     keys = ("precision", "destination", "workers", "shard", "merge_shards")
     options = {k: getattr(ns, k) for k in keys if getattr(ns, k, None) is not None}
-    return JobArgs(ns.config, scenario, as_of, getattr(ns, "source", None), options)
+    return EntrypointArgs(ns.config, scenario, as_of, getattr(ns, "source", None), options)
 
 
 def _run(session: Any, ns: argparse.Namespace, fn: StageFn, stage: str, needs_scenario: bool) -> None:
     try:
-        args = _job_args(ns, session, needs_scenario)
+        args = _entrypoint_args(ns, session, needs_scenario)
         cfg = load_config(args.config)
         where = f", scenario {args.scenario}" if args.scenario else ""
         session.info(f"{stage}: config {args.config}{where}")
         meta = dict(fn(cfg, args, LogProgress(session.info)))
     except UserError as err:
-        session.error(f"{stage}: {err}")
-        raise
+        line = f"{stage}: {err}"
+        session.error(line)
+        raise StepUserError(line) from None
     version = data_version_of(meta)  # of the artifact, not of where the step ran
     session.report({**meta, "step": step_facts()}, version)
 
@@ -198,6 +197,9 @@ def main(
                 _run(_PipesSession(pipes), ns, fn, stage, needs_scenario)
         else:
             _run(_LocalSession(), ns, fn, stage, needs_scenario)
+    except StepUserError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        sys.exit(USER_ERROR_EXIT_CODE)
     except UserError as err:
         print(f"error: {stage}: {err}", file=sys.stderr, flush=True)
         sys.exit(USER_ERROR_EXIT_CODE)

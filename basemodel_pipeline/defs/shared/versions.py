@@ -21,15 +21,16 @@ PACKAGE = Path(basemodel_pipeline.__file__).parent
 _GROUND = ("config", "errors.py", "workspace.py", "dates.py", "pipeline.py")
 _NET = (*_GROUND, "runtime.py")  # the stages that run the network: device, mixed precision, forward passes
 _LATER = (*_NET, "sources", "cache", "features", "model")  # what every stage after the cache reads
+_SCENARIOS = ("scenarios", "tasks")  # a scenario's code and the classes of its task type
 # Checked against the import closure of each stage's entry module (test_code_versions.py).
 DEPENDS_ON: dict[str, tuple[str, ...]] = {
     "extract": (*_GROUND, "sources"),
     "event_cache": (*_GROUND, "sources", "cache"),
     "foundation_model": (*_NET, "sources", "cache", "features", "model", "training"),
-    "scenario_baselines": (*_LATER, "training", "evaluation", "scenarios"),
-    "scenario_model": (*_LATER, "outputs", "training", "evaluation", "scenarios", "inference", "reports"),
-    "predictions": (*_LATER, "outputs", "evaluation", "scenarios", "inference"),
-    "entity_embeddings": (*_LATER, "outputs", "evaluation", "scenarios", "inference"),
+    "scenario_baselines": (*_LATER, "training", "evaluation", *_SCENARIOS),
+    "scenario_model": (*_LATER, "outputs", "training", "evaluation", *_SCENARIOS, "inference", "reports"),
+    "predictions": (*_LATER, "outputs", "evaluation", *_SCENARIOS, "inference"),
+    "entity_embeddings": (*_LATER, "outputs", "evaluation", *_SCENARIOS, "inference"),
     "metrics_summary": (*_GROUND, "reports"),
     "published_artifacts": (*_GROUND, "publish.py"),
     "workspace_retention": (*_GROUND, "retention.py"),

@@ -1,6 +1,6 @@
 """One launcher resource for the training and scoring steps; the backend is chosen per environment.
 
-    subprocess  ``python -m basemodel_pipeline.jobs.<job>`` next to the run worker (local, CI; CPU or the
+    subprocess  ``python -m basemodel_pipeline.entrypoints.<stage>`` next to the run worker (local, CI; CPU or the
                 machine's GPUs)
     docker      a container of the trainer image per step (dagster-docker PipesDockerClient): GPUs through
                 ``device_requests``, the workspace volume mounted at the same path as on the host, labels
@@ -29,20 +29,21 @@ from typing import Any, Literal
 import dagster as dg
 from pydantic import Field
 
-from basemodel_pipeline.defs.gpu_devices import reserve_devices
-from basemodel_pipeline.metadata import ERROR_FILE_EXTRA, FORWARDED_ENV_VAR
+from basemodel_pipeline.defs.shared.gpu_devices import reserve_devices
+from basemodel_pipeline.errors import StepUserError
+from basemodel_pipeline.metadata import FORWARDED_ENV_VAR
 
 Backend = Literal["subprocess", "docker", "k8s", "ecs"]
 BACKENDS: tuple[str, ...] = ("subprocess", "docker", "k8s", "ecs")
 RUN_ID_LABEL = "dagster/run_id"
 STEP_LABEL = "dagster/step_key"
-JOB_LABEL = "basemodel/job"
+STAGE_LABEL = "basemodel/job"  # label key kept as deployed (a label, not a Dagster job)
 K8S_CONTAINER = "dagster-pipes-execution"
 MANAGED_LABEL = "basemodel/managed"
 # Stages that train data-parallel under torchrun (training/distributed.py); the others use one process.
-DATA_PARALLEL_JOBS = frozenset({"pretrain"})
+DATA_PARALLEL_STAGES = frozenset({"pretrain"})
 # Stages that never use a GPU: a scenario's baselines (LightGBM, popularity) run on CPUs only.
-CPU_JOBS = frozenset({"baselines"})
+CPU_STAGES = frozenset({"baselines"})
 DEFAULT_USER = "1000:1000"  # the `basemodel` user of deploy/Dockerfile
 
 
@@ -93,7 +94,7 @@ def _label_value(value: str) -> str:
 
 
 class Launcher(dg.ConfigurableResource):
-    """Runs a Pipes entrypoint of basemodel_pipeline.jobs on the configured backend."""
+    """Runs a Pipes entrypoint of basemodel_pipeline.entrypoints on the configured backend."""
 
     backend: Backend = "subprocess"
     image: str = Field(default="basemodel-trainer:latest", description="Trainer image (container backends).")
@@ -106,7 +107,7 @@ class Launcher(dg.ConfigurableResource):
     gpu_devices: list[str] = Field(
         default_factory=list,
         description="docker: the host's GPU ids that steps reserve one by one (default 0 .. gpus-1): "
-        "concurrent one-GPU steps each get a distinct device (defs/gpu_devices.py).",
+        "concurrent one-GPU steps each get a distinct device (defs/shared/gpu_devices.py).",
     )
     nproc: int = Field(
         default=0,
@@ -192,22 +193,22 @@ class Launcher(dg.ConfigurableResource):
                 allow_retries=False,
             )
 
-    def gpus_for(self, job: str) -> int:
+    def gpus_for(self, stage: str) -> int:
         """GPUs a step gets: all `gpus` for data-parallel stages, none for CPU stages, at most one otherwise."""
-        if job in CPU_JOBS:
+        if stage in CPU_STAGES:
             return 0
-        return self.gpus if job in DATA_PARALLEL_JOBS else min(self.gpus, 1)
+        return self.gpus if stage in DATA_PARALLEL_STAGES else min(self.gpus, 1)
 
-    def processes(self, job: str) -> int:
+    def processes(self, stage: str) -> int:
         """torchrun processes for the step: data-parallel stages get one per GPU (or `nproc`)."""
-        if job not in DATA_PARALLEL_JOBS:
+        if stage not in DATA_PARALLEL_STAGES:
             return 1
         return self.nproc or max(self.gpus, 1)
 
-    def command(self, job: str, config_path: str, args: Sequence[str] = ()) -> list[str]:
+    def command(self, stage: str, config_path: str, args: Sequence[str] = ()) -> list[str]:
         python = sys.executable if self.backend == "subprocess" else "python"
-        entry = ["-m", f"basemodel_pipeline.jobs.{job}", "--config", config_path, *args]
-        n = self.processes(job)
+        entry = ["-m", f"basemodel_pipeline.entrypoints.{stage}", "--config", config_path, *args]
+        n = self.processes(stage)
         if n > 1:  # torchrun: one process per GPU, rank 0 speaks Pipes
             return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", *entry]
         return [python, *entry]
@@ -218,11 +219,11 @@ class Launcher(dg.ConfigurableResource):
         names = {FORWARDED_ENV_VAR: ",".join(sorted(forwarded))} if forwarded else {}
         return {**self.env, **names, **forwarded}
 
-    def labels(self, run_id: str, step_key: str, job: str) -> dict[str, str]:
+    def labels(self, run_id: str, step_key: str, stage: str) -> dict[str, str]:
         return {
             RUN_ID_LABEL: run_id,
             STEP_LABEL: _label_value(step_key),
-            JOB_LABEL: job,
+            STAGE_LABEL: stage,
             MANAGED_LABEL: "true",
         }
 
@@ -231,14 +232,14 @@ class Launcher(dg.ConfigurableResource):
         return list(self.gpu_devices) or [str(i) for i in range(self.gpus)]
 
     def docker_spec(
-        self, run_id: str, step_key: str, job: str, device_ids: Sequence[str] | None = None
+        self, run_id: str, step_key: str, stage: str, device_ids: Sequence[str] | None = None
     ) -> dict[str, Any]:
         """``container_kwargs`` for PipesDockerClient.run (passed on to docker's containers.create); with
-        `device_ids` (reserved by the step) those GPUs, else the first `gpus_for(job)`."""
+        `device_ids` (reserved by the step) those GPUs, else the first `gpus_for(stage)`."""
         from docker.types import DeviceRequest
 
         spec: dict[str, Any] = {
-            "labels": self.labels(run_id, step_key, job),
+            "labels": self.labels(run_id, step_key, stage),
             "user": self.container_user(),
             "environment": self.step_env(),
             "shm_size": self.shm_size,
@@ -246,17 +247,17 @@ class Launcher(dg.ConfigurableResource):
         if self.workspace_dir:
             spec["volumes"] = {self.workspace_dir: {"bind": self.workspace_dir, "mode": "rw"}}
             spec["working_dir"] = self.workspace_dir
-        if self.gpus_for(job):
+        if self.gpus_for(stage):
             if device_ids:
                 request = DeviceRequest(device_ids=list(device_ids), capabilities=[["gpu"]])
             else:
-                request = DeviceRequest(count=self.gpus_for(job), capabilities=[["gpu"]])
+                request = DeviceRequest(count=self.gpus_for(stage), capabilities=[["gpu"]])
             spec["device_requests"] = [request]
         if self.docker_network:
             spec["network"] = self.docker_network
         return spec
 
-    def k8s_pod(self, run_id: str, step_key: str, job: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    def k8s_pod(self, run_id: str, step_key: str, stage: str) -> tuple[dict[str, Any], dict[str, Any]]:
         """(base_pod_meta, base_pod_spec) for PipesK8sClient.run."""
         uid, gid = self.container_ids()
         container: dict[str, Any] = {
@@ -274,8 +275,8 @@ class Launcher(dg.ConfigurableResource):
                 "fs_group": gid,
             },
         }
-        if self.gpus_for(job):
-            container["resources"] = {"limits": {"nvidia.com/gpu": str(self.gpus_for(job))}}
+        if self.gpus_for(stage):
+            container["resources"] = {"limits": {"nvidia.com/gpu": str(self.gpus_for(stage))}}
             spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
         if self.k8s_node_selector:
             spec["node_selector"] = dict(self.k8s_node_selector)
@@ -284,26 +285,26 @@ class Launcher(dg.ConfigurableResource):
             spec["volumes"] = [{"name": "workspace", "persistent_volume_claim": {"claim_name": self.k8s_pvc}}]
         meta = {
             "labels": {
-                _label_value(k): _label_value(v) for k, v in self.labels(run_id, step_key, job).items()
+                _label_value(k): _label_value(v) for k, v in self.labels(run_id, step_key, stage).items()
             }
         }
         return meta, spec
 
-    def ecs_spec(self, run_id: str, step_key: str, job: str, command: Sequence[str]) -> dict[str, Any]:
+    def ecs_spec(self, run_id: str, step_key: str, stage: str, command: Sequence[str]) -> dict[str, Any]:
         """``run_task_params`` for PipesECSClient.run (boto3 ecs.run_task arguments)."""
         override: dict[str, Any] = {
             "name": self.ecs_container,
             "command": list(command),
             "environment": [{"name": k, "value": v} for k, v in sorted(self.step_env().items())],
         }
-        if self.gpus_for(job):
-            override["resourceRequirements"] = [{"type": "GPU", "value": str(self.gpus_for(job))}]
+        if self.gpus_for(stage):
+            override["resourceRequirements"] = [{"type": "GPU", "value": str(self.gpus_for(stage))}]
         params: dict[str, Any] = {
             "cluster": self.ecs_cluster,
             "taskDefinition": self.ecs_task_definition,
             "count": 1,
             "overrides": {"containerOverrides": [override]},
-            "tags": [{"key": k, "value": v} for k, v in self.labels(run_id, step_key, job).items()],
+            "tags": [{"key": k, "value": v} for k, v in self.labels(run_id, step_key, stage).items()],
             "propagateTags": "TASK_DEFINITION",
         }
         if self.ecs_subnets:  # awsvpc networking (Fargate or EC2 with awsvpc)
@@ -317,25 +318,6 @@ class Launcher(dg.ConfigurableResource):
         return params
 
     # ------------------------------------------------------------------ running
-
-    @contextmanager
-    def _error_file(self) -> Iterator[Path | None]:
-        """Where the entrypoint writes a UserError's message: a temp dir the step can see, or none."""
-        if self.backend == "subprocess":
-            base = None
-        elif self.backend == "docker" and self.workspace_dir:
-            base = Path(self.workspace_dir) / ".pipes"
-            base.mkdir(parents=True, exist_ok=True)
-        else:
-            yield None
-            return
-        with tempfile.TemporaryDirectory(prefix="basemodel-pipes-", dir=base) as tmp:
-            if self.backend == "docker":  # the container's user writes the error file here
-                if os.geteuid() == 0:
-                    os.chown(tmp, *self.container_ids())
-                else:
-                    os.chmod(tmp, 0o777)
-            yield Path(tmp) / "error.txt"
 
     def docker_preflight(self) -> Any:
         """A client of an engine that answers and holds (or can pull) the trainer image; else one line
@@ -369,9 +351,9 @@ class Launcher(dg.ConfigurableResource):
         return client
 
     @contextmanager
-    def _reserved_gpus(self, job: str, context: dg.AssetExecutionContext) -> Iterator[list[str]]:
+    def _reserved_gpus(self, stage: str, context: dg.AssetExecutionContext) -> Iterator[list[str]]:
         """Distinct device ids for this step while it runs (none for CPU steps)."""
-        count = self.gpus_for(job)
+        count = self.gpus_for(stage)
         if not count:
             yield []
             return
@@ -388,23 +370,21 @@ class Launcher(dg.ConfigurableResource):
         )
 
     def run(
-        self, context: dg.AssetExecutionContext, job: str, config_path: str, args: Sequence[str] = ()
+        self, context: dg.AssetExecutionContext, stage: str, config_path: str, args: Sequence[str] = ()
     ) -> dg.PipesClientCompletedInvocation:
         """Run the entrypoint; a UserError in it fails the step with the user's one-line message."""
-        command = self.command(job, config_path, args)
+        command = self.command(stage, config_path, args)
         self.check_workspace_writable()
-        with self._error_file() as error_file:
-            extras = {ERROR_FILE_EXTRA: str(error_file)} if error_file else {}
-            try:
-                return self._launch(context, job, command, extras)
-            except Exception:
-                message = error_file.read_text().strip() if error_file and error_file.exists() else ""
-                if message:
-                    raise dg.Failure(description=message, allow_retries=False) from None
-                raise
+        try:
+            return self._launch(context, stage, command, {})
+        except Exception:
+            message = step_user_error(context)
+            if message:
+                raise dg.Failure(description=message, allow_retries=False) from None
+            raise
 
     def _launch(
-        self, context: dg.AssetExecutionContext, job: str, command: list[str], extras: Mapping[str, Any]
+        self, context: dg.AssetExecutionContext, stage: str, command: list[str], extras: Mapping[str, Any]
     ) -> dg.PipesClientCompletedInvocation:
         run_id, step_key = context.run.run_id, str(context.op_handle)
         if self.backend == "subprocess":
@@ -420,13 +400,13 @@ class Launcher(dg.ConfigurableResource):
 
             client = self.docker_preflight()
             try:
-                with self._reserved_gpus(job, context) as device_ids:
+                with self._reserved_gpus(stage, context) as device_ids:
                     return PipesDockerClient().run(
                         context=context,
                         image=self.image,
                         command=command,
                         extras=extras,
-                        container_kwargs=self.docker_spec(run_id, step_key, job, device_ids),
+                        container_kwargs=self.docker_spec(run_id, step_key, stage, device_ids),
                     )
             except docker.errors.APIError as err:
                 if "could not select device driver" in str(err):
@@ -437,7 +417,7 @@ class Launcher(dg.ConfigurableResource):
         if self.backend == "k8s":
             from dagster_k8s import PipesK8sClient
 
-            meta, spec = self.k8s_pod(run_id, step_key, job)
+            meta, spec = self.k8s_pod(run_id, step_key, stage)
             return PipesK8sClient().run(
                 context=context,
                 command=command,
@@ -450,10 +430,26 @@ class Launcher(dg.ConfigurableResource):
 
         return PipesECSClient().run(
             context=context,
-            run_task_params=self.ecs_spec(run_id, step_key, job, command),  # type: ignore[arg-type]
+            run_task_params=self.ecs_spec(run_id, step_key, stage, command),  # type: ignore[arg-type]
             extras=dict(extras),
             pipes_container_name=self.ecs_container,
         )
+
+
+def step_user_error(context: dg.AssetExecutionContext) -> str | None:
+    """The one line of the StepUserError that closed this step's Pipes session, if one did.
+
+    Read from the run's event log, where Dagster records the exception of a Pipes "closed" message: the same
+    path on every backend (a local process, a container, a pod, an ECS task), with no file shared."""
+    step_key = str(context.op_handle)
+    events = context.instance.all_logs(context.run.run_id, of_type=dg.DagsterEventType.ENGINE_EVENT)
+    for entry in reversed(events):
+        data = entry.dagster_event.engine_event_data if entry.dagster_event else None
+        error = data.error if data else None
+        if entry.step_key == step_key and error is not None and error.cls_name == StepUserError.__name__:
+            # the message is "<module>.StepUserError: <line>\n" (traceback.format_exception_only)
+            return error.message.split(f"{StepUserError.__name__}: ", 1)[-1].strip()
+    return None
 
 
 def _remove(client: Any, labels: dict[str, str]) -> list[str]:

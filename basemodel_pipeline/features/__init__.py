@@ -1,0 +1,1 @@
+"""Feature encoding: the sketch encoder, its kernels, Cleora embeddings, DLSH and the aggregate features."""

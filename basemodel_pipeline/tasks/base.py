@@ -1,0 +1,238 @@
+"""The task protocol: what a scenario's task type decides, in one class per task, and the registry that finds
+the class by the config's ``task:`` name (docs/tasks.md).
+
+A ``Task`` is built from the scenario's ``TargetSpec`` (what the checkpoint stores) and owns
+
+    labels -> targets   the head's width (``out_dim``), its bias at the training prior, the training targets
+                        of a mini-batch and the loss (the scenario network is TrunkWithHead, model/trunk.py)
+    decoding            logits -> metric-ready outputs (``scores``), kept inside the labels' range
+                        (``finish``), and the link scale blends average on (``link`` / ``unlink``)
+    metrics             every metric of the task (``evaluate``) and the one it is judged by
+                        (``primary_metric``, ``primary``); class-level, so no spec is needed
+    baselines           what the ``popularity`` candidate predicts without training
+                        (``popularity``, ``constant_prior``, ``class_prior``)
+    outputs             the columns of the predictions table (``output_table``)
+    explanations        the scalar integrated gradients explain (``explained``, ``explained_what``)
+    python targets      the check of one returned label and the label array (``check_label``, ``stack_labels``)
+
+and says what the pipeline may do with it through class attributes (``ranked``, ``per_class``, ``per_label``,
+``lightgbm``, ``explainable``, ``charts``). Call sites ask ``task_for(spec)`` or ``task_named(name)`` and call
+these instead of comparing task names.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, TypeVar
+
+import numpy as np
+import pyarrow as pa
+import torch
+from torch import nn
+
+from basemodel_pipeline.cache.store import EventCache
+from basemodel_pipeline.config import Scenario
+from basemodel_pipeline.evaluation import baselines, metrics
+from basemodel_pipeline.scenarios.examples import Labels, TargetSpec
+
+Label = float | np.ndarray
+
+
+class Task(ABC):
+    """One task type. Subclasses set the class attributes and implement the abstract methods; the defaults
+    fit a task with one output per row and 0-d labels (binary, regression)."""
+
+    name: ClassVar[str]  # the config discriminator: Scenario.task
+    primary_metric: ClassVar[str]  # the metric a scenario of this task is judged by
+    lightgbm: ClassVar[str | None] = (
+        None  # evaluation/gbm.py's model kind of the LightGBM candidates; None: none
+    )
+    ranked: ClassVar[bool] = False  # outputs are ranked item lists (scenarios/rerank.py candidates)
+    per_class: ClassVar[bool] = False  # one output per named class (spec.classes)
+    per_label: ClassVar[bool] = False  # each class its own yes/no question (one booster, one AUROC per label)
+    explainable: ClassVar[bool] = False  # integrated gradients explain its outputs (inference/explain.py)
+    calibrate_blend: ClassVar[bool] = False  # Platt scaling of the blended logit (scenarios/candidates.Blend)
+    least_squares_blend: ClassVar[bool] = False  # blend weights by least squares (values, not probabilities)
+    needs_both_labels: ClassVar[bool] = False  # a split whose labels hold one value cannot be learned
+    charts: ClassVar[str] = ""  # the report's charts (reports/html.py): curves, values, ranking; "": none
+
+    def __init__(self, spec: TargetSpec) -> None:
+        self.spec = spec
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name})"
+
+    # ---- labels -> targets ---------------------------------------------------------------------------
+    @property
+    def out_dim(self) -> int:
+        """Outputs of the scenario network's head."""
+        return 1
+
+    @classmethod
+    def spec_extra(cls, train_labels: Labels) -> dict[str, Any]:
+        """What the head needs from the training labels, stored in spec.extra (regression: mean, std, range)."""
+        return {}
+
+    def truth(self, labels: Labels) -> Any:
+        """Labels as the metrics and the candidates take them (dense arrays; CSR arrays for recommendation)."""
+        return labels
+
+    @abstractmethod
+    def init_bias(self, head: nn.Linear, labels: Labels) -> None:
+        """Set the head's bias at the training prior (the base rate, not p = 0.5)."""
+
+    @abstractmethod
+    def targets(self, labels: Labels, idx: np.ndarray) -> torch.Tensor:
+        """Training targets of rows `idx` as a tensor."""
+
+    @abstractmethod
+    def loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor: ...
+
+    # ---- decoding ------------------------------------------------------------------------------------
+    @abstractmethod
+    def scores(self, logits: np.ndarray) -> np.ndarray:
+        """Metric-ready outputs of the network: probabilities [n] / [n, C] or values [n]."""
+
+    def network_outputs(self, logits: np.ndarray) -> Any:
+        """What the metrics take from the network's logits (early stopping): its scores."""
+        return self.scores(logits)
+
+    def clip(self, values: np.ndarray) -> np.ndarray:
+        """Values within the training labels' range (spec.extra min / max, when known)."""
+        lo, hi = self.spec.extra.get("min"), self.spec.extra.get("max")
+        return np.clip(values, -np.inf if lo is None else lo, np.inf if hi is None else hi)
+
+    def finish(self, out: np.ndarray) -> np.ndarray:
+        """A candidate's outputs as published: every class present, values inside the labels' range."""
+        return out
+
+    def link(self, out: np.ndarray) -> np.ndarray:
+        """Outputs on the scale blends average them on (logits, log-probabilities, values)."""
+        return np.asarray(out, np.float64)
+
+    def unlink(self, z: np.ndarray) -> np.ndarray:
+        """The inverse of ``link``: a blended link value as an output."""
+        return self.finish(z)
+
+    @classmethod
+    def indicators(cls, truth: Any, n_classes: int) -> np.ndarray:
+        """Metric-ready labels as 0/1 indicators, one per output (the report's micro-averaged curves)."""
+        return np.asarray(truth)
+
+    # ---- metrics (class-level: no spec needed) -------------------------------------------------------
+    @classmethod
+    @abstractmethod
+    def evaluate(cls, y: Any, score: Any, k: int = 10, log1p: bool = False) -> dict[str, float]:
+        """Every metric of the task (evaluation/metrics.py); ``log1p``: the target is log(1 + amount)."""
+
+    @classmethod
+    def primary(cls, y: Any, score: Any) -> float:
+        """The primary metric alone."""
+        return cls.evaluate(y, score)[cls.primary_metric]
+
+    @classmethod
+    def higher_is_better(cls) -> bool:
+        return metrics.higher_is_better(cls.primary_metric)
+
+    @classmethod
+    def metric_width(cls, out: np.ndarray) -> int:
+        """How many per-column metrics one primary metric costs (the bootstrap's rounds shrink with it)."""
+        return 1
+
+    # ---- baselines -----------------------------------------------------------------------------------
+    def class_prior(self, labels: Labels) -> np.ndarray | None:
+        """Share of training examples with each class (None: a task without classes)."""
+        return None
+
+    def constant_prior(self, y: np.ndarray) -> np.ndarray | None:
+        """The constant a baseline without a target column predicts (python targets), from dense training
+        labels; None: no constant (binary ranks by recent activity instead)."""
+        return None
+
+    def constant(self, prior: list[float], n: int) -> np.ndarray:
+        """``n`` rows of the constant prediction."""
+        return np.tile(np.asarray(prior), (n, 1))
+
+    def popularity(
+        self, cache: EventCache, entity: np.ndarray, time: np.ndarray, scenario: Scenario, prior: Any
+    ) -> np.ndarray:
+        """Scores that need no training for (entity, time) pairs, from the history of a declarative target's
+        source before each time; `prior` (class_prior's, or None) breaks ties (candidates.Popularity)."""
+        raise NotImplementedError(f"no popularity baseline for {self.name} scenarios")
+
+    def column_shares(
+        self, cache: EventCache, entity: np.ndarray, time: np.ndarray, scenario: Scenario, prior: Any
+    ) -> np.ndarray:
+        """Each class's share of the entity's recent events in the target column (the class codes in the spec's
+        order), the prior breaking ties: the popularity of the tasks with named classes."""
+        target = scenario.target
+        return baselines.popularity_scores(
+            self.name,
+            cache,
+            entity,
+            time,
+            target.source,
+            column=target.column,
+            class_codes=np.array(self.spec.class_codes),
+            prior=prior,
+        )
+
+    # ---- outputs -------------------------------------------------------------------------------------
+    @abstractmethod
+    def output_table(
+        self, ids: np.ndarray, as_of: dt.date, out: Any, top_k: int | None, threshold: float | None
+    ) -> pa.Table:
+        """The predictions table (docs/inference.md): entity_id, as_of and the task's columns."""
+
+    def empty_outputs(self, top_k: int) -> Any:
+        """Outputs of zero entities, shaped like the scenario's."""
+        return self.scores(np.zeros((0, self.out_dim), np.float32))
+
+    # ---- explanations --------------------------------------------------------------------------------
+    def explained(self, out: torch.Tensor, index: int) -> torch.Tensor:
+        """Model outputs [n, out_dim] -> the scalar [n] explained (output `index`)."""
+        return out[:, index]
+
+    def explained_what(self, label: str | None) -> str:
+        return "the model output"
+
+    # ---- python targets ------------------------------------------------------------------------------
+    def check_label(self, value: Any) -> Label:
+        """The validated label a target function returned, or ValueError saying what is wrong."""
+        arr = np.asarray(value, dtype=np.float64)
+        if arr.size != 1:
+            raise ValueError(f"returned shape {arr.shape}; a {self.name} target needs shape (1,)")
+        if not np.all(np.isfinite(arr)):
+            raise ValueError("returned NaN or inf")
+        return float(arr.ravel()[0])
+
+    def stack_labels(self, labels: list[Label]) -> np.ndarray:
+        """The checked labels of the kept examples as one array."""
+        return np.asarray(labels, np.float32)
+
+
+# ---- the registry ----------------------------------------------------------------------------------------
+TASKS: dict[str, type[Task]] = {}
+
+
+T = TypeVar("T", bound=type[Task])
+
+
+def register(cls: T) -> T:
+    """Class decorator: make `cls` the task of its ``name`` (a later registration of a name replaces it)."""
+    TASKS[cls.name] = cls
+    return cls
+
+
+def task_named(name: str) -> type[Task]:
+    """The task class of a config ``task:`` name."""
+    try:
+        return TASKS[name]
+    except KeyError:
+        raise ValueError(f"unknown task '{name}'; known: {', '.join(sorted(TASKS))}") from None
+
+
+def task_for(spec: TargetSpec) -> Task:
+    """The task of a scenario's target spec, ready to train and decode."""
+    return task_named(spec.task)(spec)

@@ -1,0 +1,119 @@
+"""Multilabel: which of C labels apply (the departments a household buys from)? A binary question per label:
+C sigmoid outputs, binary cross-entropy, labels densified per mini-batch (thousands of labels cost memory
+only per batch), biases at each label's log-odds.
+
+Outputs are probabilities [n, C]; the scenario is judged by macro AUROC (over the labels with both values).
+LightGBM fits one booster per label (the most frequent ``lightgbm_top_labels``), the popularity baseline is
+the entity's recent share of events with each label. The predictions table holds a row per (entity, label):
+every label up to MAX_LABELS_ALL labels, else the DEFAULT_TOP_K best (or ``--top-k`` / ``--threshold``)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from basemodel_pipeline.cache.store import EventCache
+from basemodel_pipeline.config import Scenario
+from basemodel_pipeline.evaluation import baselines, metrics
+from basemodel_pipeline.scenarios.examples import Labels, SparseLabels, dense_labels
+from basemodel_pipeline.tasks.base import Label, register
+from basemodel_pipeline.tasks.binary import Binary, sigmoid
+from basemodel_pipeline.tasks.multiclass import class_rows
+
+MAX_LABELS_ALL = 100  # predictions: every label's score up to this many labels
+DEFAULT_TOP_K = 20  # predictions: the best labels per entity above MAX_LABELS_ALL labels
+
+
+@register
+class Multilabel(Binary):
+    name = "multilabel"
+    primary_metric = "macro_auroc"
+    lightgbm = "multilabel"
+    per_class = True
+    per_label = True
+    calibrate_blend = False
+    needs_both_labels = False
+
+    @property
+    def out_dim(self) -> int:
+        return len(self.spec.classes)
+
+    def truth(self, labels: Labels) -> np.ndarray:
+        return dense_labels(labels)
+
+    def scores(self, logits: np.ndarray) -> np.ndarray:
+        return sigmoid(logits.astype(np.float64))
+
+    # ---- metrics -------------------------------------------------------------------------------------
+    @classmethod
+    def evaluate(cls, y: Any, score: Any, k: int = 10, log1p: bool = False) -> dict[str, float]:
+        return {
+            "macro_auroc": metrics.macro_auroc(y, score),
+            "micro_auroc": metrics.micro_auroc(y, score),
+            "macro_average_precision": metrics.average_precision(y, score),
+            "micro_average_precision": metrics.micro_average_precision(y, score),
+            "macro_log_loss": metrics.macro_log_loss(y, score),
+            "micro_log_loss": metrics.log_loss(y, score),
+        }
+
+    @classmethod
+    def primary(cls, y: Any, score: Any) -> float:
+        return metrics.macro_auroc(y, score)
+
+    @classmethod
+    def metric_width(cls, out: np.ndarray) -> int:
+        return out.shape[1] if np.ndim(out) == 2 else 1
+
+    # ---- baselines -----------------------------------------------------------------------------------
+    def class_prior(self, labels: Labels) -> np.ndarray:
+        if isinstance(labels, SparseLabels):
+            return np.bincount(labels.indices, minlength=len(self.spec.classes)) / max(len(labels), 1)
+        return (np.asarray(labels) > 0).mean(0)
+
+    def constant_prior(self, y: np.ndarray) -> np.ndarray:
+        return y.mean(0)
+
+    def popularity(
+        self, cache: EventCache, entity: np.ndarray, time: np.ndarray, scenario: Scenario, prior: Any
+    ) -> np.ndarray:
+        """The entity's share of recent events with each label (90 days; a list column's values, or the
+        target column's codes), the training prior breaking ties."""
+        target, extra = scenario.target, self.spec.extra
+        if extra.get("list_columns"):
+            return baselines.list_shares(cache, target.source, entity, time, extra["list_columns"], prior)
+        return self.column_shares(cache, entity, time, scenario, prior)
+
+    # ---- outputs -------------------------------------------------------------------------------------
+    def output_table(
+        self, ids: np.ndarray, as_of: dt.date, out: Any, top_k: int | None, threshold: float | None
+    ) -> pa.Table:
+        keep = np.ones(out.shape, dtype=bool)
+        if top_k is None and threshold is None and len(self.spec.classes) > MAX_LABELS_ALL:
+            top_k = DEFAULT_TOP_K
+        if top_k is not None:
+            kth = np.sort(out, axis=1)[:, -min(top_k, out.shape[1])][:, None]
+            keep &= out >= kth
+        if threshold is not None:
+            keep &= out >= threshold
+        return class_rows(ids, as_of, np.array(self.spec.classes, dtype=object), out, keep)
+
+    # ---- explanations --------------------------------------------------------------------------------
+    def explained_what(self, label: str | None) -> str:
+        return f"logit of the probability of class '{label}'"
+
+    # ---- python targets ------------------------------------------------------------------------------
+    def check_label(self, value: Any) -> Label:
+        arr, want = np.asarray(value, dtype=np.float64), (len(self.spec.classes),)
+        if arr.shape != want:
+            raise ValueError(f"returned shape {arr.shape}; a {self.name} target needs shape {want}")
+        if not np.all(np.isfinite(arr)):
+            raise ValueError("returned NaN or inf")
+        if not np.all((arr == 0) | (arr == 1)):
+            raise ValueError(f"returned {arr.ravel()[:5].tolist()}; a {self.name} target holds 0/1 values")
+        return arr
+
+    def stack_labels(self, labels: list[Label]) -> np.ndarray:
+        return np.asarray(labels, np.float32).reshape(len(labels), len(self.spec.classes))

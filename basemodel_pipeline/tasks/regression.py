@@ -1,0 +1,149 @@
+"""Regression: how much (spend in the window)? One output, MSE on the standardised target (mean/std of the
+training labels). For a non-negative target that is often zero, a hurdle: two outputs, the probability of any
+amount (cross-entropy) and the standardised amount when there is one (MSE on those rows); the prediction is
+their product, the expected amount. Every output stays within the training labels' range.
+
+Outputs are values [n]; the scenario is judged by RMSE (lower is better). Blends fit non-negative weights and
+an intercept by least squares. The popularity baseline is the same quantity in the window before the split
+(the training mean for python targets). The predictions table holds the value in the target's units
+(a ``log1p`` target is expm1-ed)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+from torch import nn
+
+from basemodel_pipeline.cache.store import EventCache
+from basemodel_pipeline.config import Scenario
+from basemodel_pipeline.dates import DAY
+from basemodel_pipeline.evaluation import metrics
+from basemodel_pipeline.scenarios.events import regression_values
+from basemodel_pipeline.scenarios.examples import Labels
+from basemodel_pipeline.tasks.base import Task, register
+
+HURDLE_ZERO_SHARE = 0.1  # a non-negative target zero in at least this share of rows -> hurdle
+
+
+def regression_extra(y: np.ndarray) -> dict[str, Any]:
+    """What a regression head needs from its training labels: mean/std, the range its outputs keep to, and
+    whether to use the hurdle (a non-negative target that is zero in at least HURDLE_ZERO_SHARE of rows)."""
+    out: dict[str, Any] = {
+        "mean": float(y.mean()),
+        "std": float(y.std() + 1e-6),
+        "min": float(y.min()),
+        "max": float(y.max()),
+    }
+    pos = y[y > 0]
+    if y.min() >= 0 and np.mean(y == 0) >= HURDLE_ZERO_SHARE and len(pos) >= 2:
+        out.update(
+            hurdle=True,
+            positive_share=float(len(pos) / len(y)),
+            positive_mean=float(pos.mean()),
+            positive_std=float(pos.std() + 1e-6),
+        )
+    return out
+
+
+@register
+class Regression(Task):
+    name = "regression"
+    primary_metric = "rmse"
+    lightgbm = "regression"
+    explainable = True
+    least_squares_blend = True
+    charts = "values"
+
+    @property
+    def hurdle(self) -> bool:
+        return bool(self.spec.extra.get("hurdle"))
+
+    @property
+    def out_dim(self) -> int:
+        return 2 if self.hurdle else 1
+
+    @classmethod
+    def spec_extra(cls, train_labels: Labels) -> dict[str, Any]:
+        return regression_extra(np.asarray(train_labels, np.float64))
+
+    # ---- labels -> targets ---------------------------------------------------------------------------
+    def init_bias(self, head: nn.Linear, labels: Labels) -> None:
+        """Zero (the standardised mean); with a hurdle, the log-odds of any amount."""
+        with torch.no_grad():
+            head.bias.zero_()
+            if self.hurdle:
+                share = float(np.clip(self.spec.extra["positive_share"], 1e-4, 1 - 1e-4))
+                head.bias[0] = float(np.log(share / (1 - share)))
+
+    def targets(self, labels: Labels, idx: np.ndarray) -> torch.Tensor:
+        e = self.spec.extra
+        y = np.asarray(labels, np.float32)[idx]
+        if self.hurdle:
+            pos = y > 0
+            amount = np.where(pos, (y - e["positive_mean"]) / e["positive_std"], 0.0)
+            return torch.from_numpy(np.stack([pos, amount], 1).astype(np.float32))
+        return torch.from_numpy(((y - e["mean"]) / e["std"]).astype(np.float32)[:, None])
+
+    def loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if not self.hurdle:
+            return nn.functional.mse_loss(logits, target)
+        pos = target[:, 0]
+        any_amount = nn.functional.binary_cross_entropy_with_logits(logits[:, 0], pos)
+        amount = ((logits[:, 1] - target[:, 1]) ** 2 * pos).sum() / pos.sum().clamp_min(1.0)
+        return any_amount + amount
+
+    # ---- decoding ------------------------------------------------------------------------------------
+    def scores(self, logits: np.ndarray) -> np.ndarray:
+        e, z = self.spec.extra, logits.astype(np.float64)
+        if self.hurdle:
+            p = 1.0 / (1.0 + np.exp(-z[:, 0]))
+            amount = np.clip(z[:, 1] * e["positive_std"] + e["positive_mean"], 0.0, e.get("max", np.inf))
+            return self.clip(p * amount)
+        return self.clip(z[:, 0] * e["std"] + e["mean"])
+
+    def finish(self, out: np.ndarray) -> np.ndarray:
+        return self.clip(out)
+
+    # ---- metrics -------------------------------------------------------------------------------------
+    @classmethod
+    def evaluate(cls, y: Any, score: Any, k: int = 10, log1p: bool = False) -> dict[str, float]:
+        return metrics.regression_metrics(y, score, log1p)
+
+    # ---- baselines -----------------------------------------------------------------------------------
+    def constant_prior(self, y: np.ndarray) -> np.ndarray:
+        return np.array([np.mean(y)])
+
+    def constant(self, prior: list[float], n: int) -> np.ndarray:
+        return np.full(n, prior[0])
+
+    def popularity(
+        self, cache: EventCache, entity: np.ndarray, time: np.ndarray, scenario: Scenario, prior: Any
+    ) -> np.ndarray:
+        """The same quantity in the window of the same length before the split."""
+        before = regression_values(cache, scenario, entity, time - scenario.target.horizon_days * DAY)
+        return self.clip(before)
+
+    # ---- outputs -------------------------------------------------------------------------------------
+    def output_table(
+        self, ids: np.ndarray, as_of: dt.date, out: Any, top_k: int | None, threshold: float | None
+    ) -> pa.Table:
+        value = np.expm1(out) if self.spec.extra.get("log1p") else out
+        return pa.table(
+            {"entity_id": ids, "as_of": pa.array([as_of] * len(ids), pa.date32()), "value": value}
+        )
+
+    # ---- explanations --------------------------------------------------------------------------------
+    def explained(self, out: torch.Tensor, index: int) -> torch.Tensor:
+        extra = self.spec.extra
+        if self.hurdle:  # P(any amount) x the amount if any (before clipping to the range)
+            amount = out[:, 1] * extra["positive_std"] + extra["positive_mean"]
+            return torch.sigmoid(out[:, 0]) * amount
+        return out[:, 0] * extra["std"] + extra["mean"]
+
+    def explained_what(self, label: str | None) -> str:
+        log1p = " (log1p of the target)" if self.spec.extra.get("log1p") else ""
+        return f"predicted value{log1p}"
