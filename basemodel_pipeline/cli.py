@@ -35,7 +35,7 @@ from rich.table import Table
 
 from basemodel_pipeline import pipeline
 from basemodel_pipeline.config import PipelineConfig, load_config
-from basemodel_pipeline.errors import UserError
+from basemodel_pipeline.errors import ArgumentError, UserError
 from basemodel_pipeline.progress import Progress, rich_progress
 
 USER_ERROR = 2
@@ -65,10 +65,21 @@ def fail(message: str, code: int = USER_ERROR) -> None:
     raise typer.Exit(code)
 
 
+# The library names its arguments (ArgumentError); the CLI speaks of its flags. Any other argument's flag is
+# its name with dashes (as_of -> --as-of).
+FLAGS = {"destination": "--output", "label": "--class", "entity_id": "--entity"}
+
+
+def flag(argument: str) -> str:
+    return FLAGS.get(argument, "--" + argument.replace("_", "-"))
+
+
 @contextmanager
 def user_errors() -> Iterator[None]:
     try:
         yield
+    except ArgumentError as exc:
+        fail(exc.named(flag(exc.argument)))
     except UserError as exc:
         fail(str(exc))
 
@@ -307,41 +318,18 @@ def predict(
     }  # fmt: skip
 
     def stage(cfg: PipelineConfig, p: Progress) -> Mapping[str, Any]:
-        from basemodel_pipeline.inference.predict import SUBSET_WITH_SHARDS, read_entity_ids
-        from basemodel_pipeline.inference.shards import parse_shard
+        from basemodel_pipeline.inference.predict import read_entity_ids
+        from basemodel_pipeline.inference.shards import ScoringPlan, parse_shard
 
-        name = _scenario(cfg, scenario)
-        if entities is not None and (workers or merge_shards):
-            raise UserError(SUBSET_WITH_SHARDS)
-        if workers:
-            forwarded = [a for a in sys.argv[sys.argv.index("predict") + 1 :] if a != str(config)]
-            args = _drop_workers(forwarded)
-            return pipeline.run_predict_workers(cfg, config, name, date, workers, args, output, p)
-        if merge_shards:
-            return pipeline.run_merge_shards(cfg, name, date, merge_shards, output)
+        plan = ScoringPlan(workers or 1, parse_shard(shard) if shard else None, merge_shards)
         if entities is not None:
             options["entities"] = read_entity_ids(entities)
             options["subset"] = subset or entities.stem
         elif subset is not None:
             options["subset"] = subset
-        if shard:
-            options["shard"] = parse_shard(shard)
-        return pipeline.run_predict(cfg, name, date, progress=p, **options)
+        return pipeline.run_predict(cfg, _scenario(cfg, scenario), date, plan, progress=p, **options)
 
     run_stage(f"predict {scenario}", config, stage)
-
-
-def _drop_workers(args: list[str]) -> list[str]:
-    """The predict arguments a worker gets: all but --workers K, --scenario/-s NAME and --as-of DATE."""
-    out, skip = [], 0
-    for a in args:
-        if skip:
-            skip -= 1
-        elif a in ("--workers", "--scenario", "-s", "--as-of"):
-            skip = 1
-        elif not a.startswith(("--workers=", "--scenario=", "--as-of=")):
-            out.append(a)
-    return out
 
 
 @app.command()

@@ -230,9 +230,10 @@ def prepare_demo(
     """Prepare a demo data set as Parquet in `workspace/data` and write `workspace/config.yaml` (the data
     set's demo config, or its full config with every task type when `full`)."""
     if dataset not in DATASETS:
-        from basemodel_pipeline.errors import UserError
+        from basemodel_pipeline.errors import ArgumentError
 
-        raise UserError(f"--dataset '{dataset}' is not a demo data set; choose one of: {', '.join(DATASETS)}")
+        choices = ", ".join(DATASETS)
+        raise ArgumentError("dataset", repr(dataset), f"is not a demo data set; choose one of: {choices}")
     ws = Path(workspace).resolve()
     data = ws / "data"
     data.mkdir(parents=True, exist_ok=True)

@@ -11,13 +11,17 @@ from __future__ import annotations
 import datetime as dt
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache.windows import resolve_windows
 from basemodel_pipeline.config import PipelineConfig
 from basemodel_pipeline.diskfaults import guarded
+from basemodel_pipeline.errors import ArgumentError
 from basemodel_pipeline.progress import NullProgress, Progress
+
+if TYPE_CHECKING:
+    from basemodel_pipeline.inference.shards import ScoringPlan
 
 
 @guarded
@@ -99,50 +103,28 @@ def run_predict(
     cfg: PipelineConfig,
     scenario: str,
     as_of: dt.date | None = None,
+    plan: ScoringPlan | None = None,
     progress: Progress | None = None,
     **options: Any,
 ) -> dict[str, Any]:
     """Score every entity (or `entities=[ids]`) as of a date (default: the day after the cache's last event
-    day). Options of inference.predict.predict: top_k, threshold, entities, precision, device, destination,
-    shard, replay."""
-    from basemodel_pipeline.inference.predict import predict
+    day) and write the table to the output destination. `plan` lays the run out (inference/shards.py): in
+    this process (the default), in K local worker processes then merged, one shard of K into a part file, or
+    the merge of K part files. Options of inference.predict.predict: top_k, threshold, entities, subset,
+    precision, device, destination, replay."""
+    from basemodel_pipeline.inference.predict import SUBSET_WITH_SHARDS, predict
+    from basemodel_pipeline.inference.shards import ScoringPlan, merge_shards
+    from basemodel_pipeline.inference.workers import predict_with_workers
 
-    cfg = resolve_windows(cfg)
-    return predict(cfg, cfg.scenario(scenario), as_of, progress or NullProgress(), **options)
-
-
-@guarded
-def run_merge_shards(
-    cfg: PipelineConfig,
-    scenario: str,
-    as_of: dt.date | None,
-    shards: int,
-    destination: str | None = None,
-) -> dict[str, Any]:
-    """Stream the part files of a sharded scoring run, in order, to the output destination."""
-    from basemodel_pipeline.inference.shards import merge_shards
-
-    return merge_shards(cfg, cfg.scenario(scenario).name, as_of, shards, destination)
-
-
-@guarded
-def run_predict_workers(
-    cfg: PipelineConfig,
-    config: Path,
-    scenario: str,
-    as_of: dt.date | None,
-    workers: int,
-    worker_args: list[str],
-    destination: str | None = None,
-    progress: Progress | None = None,
-) -> dict[str, Any]:
-    """Score in `workers` local processes (one shard each, `basemodel predict CONFIG --shard I/K` plus
-    worker_args), then merge the parts into the destination: the same table as one process."""
-    from basemodel_pipeline.inference.shards import predict_with_workers
-
-    return predict_with_workers(
-        cfg, config, scenario, as_of, workers, worker_args, destination, progress or NullProgress()
-    )
+    cfg, plan, progress = resolve_windows(cfg), plan or ScoringPlan(), progress or NullProgress()
+    sc = cfg.scenario(scenario)
+    if options.get("entities") is not None and not plan.single:
+        raise ArgumentError("entities", None, SUBSET_WITH_SHARDS)
+    if plan.merge_shards:
+        return merge_shards(cfg, sc.name, as_of, plan.merge_shards, options.get("destination"))
+    if plan.workers > 1:
+        return predict_with_workers(cfg, sc, as_of, plan.workers, options, progress)
+    return predict(cfg, sc, as_of, progress, shard=plan.shard, **options)
 
 
 @guarded

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from basemodel_pipeline.errors import UserError
+from basemodel_pipeline.errors import ArgumentError
 from basemodel_pipeline.settings import setting
 
 Array = np.ndarray | torch.Tensor
@@ -25,7 +25,7 @@ def resolve_device(choice: str) -> torch.device:
     if choice == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if choice.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"--device {choice}: no CUDA device is visible here; use --device cpu")
+        raise ArgumentError("device", choice, "no CUDA device is visible here; choose cpu (or auto)")
     return torch.device(choice)
 
 

@@ -321,27 +321,34 @@ def test_a_subset_refuses_what_would_replace_the_whole_slice(trained: Path) -> N
 
     from basemodel_pipeline.cli import app
     from basemodel_pipeline.errors import UserError
+    from basemodel_pipeline.inference.shards import ScoringPlan
     from basemodel_pipeline.pipeline import run_predict
 
     cfg = load_config(trained)
-    with pytest.raises(UserError, match="--entities cannot be combined with --shard") as info:
-        run_predict(cfg, "churn", entities=["1"], shard=(0, 2))
+    with pytest.raises(UserError, match="^entities: a subset is scored in one process") as info:
+        run_predict(cfg, "churn", plan=ScoringPlan(shard=(0, 2)), entities=["1"])
     assert "\n" not in str(info.value)
-    with pytest.raises(UserError, match="subset name 'a/b'"):
+    with pytest.raises(UserError, match="^subset 'a/b': use up to 100 letters"):
         run_predict(cfg, "churn", entities=["1"], subset="a/b")
     raw = yaml.safe_load(trained.read_text())
     params = {"account": "a", "user": "u", "database": "D", "schema": "S"}
     raw["outputs"] = {"destinations": {"wh": {"kind": "snowflake", "connection_params": params}}}
     other = trained.with_name("warehouse_config.yaml")
     other.write_text(yaml.safe_dump(raw, sort_keys=False))
-    with pytest.raises(UserError, match="output 'wh' is a snowflake table, where a subset would replace"):
+    with pytest.raises(
+        UserError, match="^destination 'wh': is a snowflake table, where a subset would replace"
+    ):
         run_predict(load_config(other), "churn", entities=["1"], destination="wh")
     ids = trained.with_name("ids.txt")
     ids.write_text("1\n")
     result = CliRunner().invoke(
         app, ["predict", str(trained), "-s", "churn", "--entities", str(ids), "--workers", "2"]
     )
-    assert result.exit_code == 2 and "--entities cannot be combined" in result.output
+    assert result.exit_code == 2 and "--entities: a subset is scored in one process" in result.output
+    result = CliRunner().invoke(
+        app, ["predict", str(trained), "-s", "churn", "--entities", str(ids), "--subset", "a/b"]
+    )  # the CLI speaks of its flags where the library names its arguments
+    assert result.exit_code == 2 and "--subset 'a/b': use up to 100 letters" in result.output
 
 
 def test_a_cleaner_between_creating_and_locking_an_owner_file_cannot_orphan_the_staging(

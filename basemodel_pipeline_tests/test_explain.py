@@ -224,12 +224,14 @@ def test_unknown_entity_and_class_are_user_errors(world) -> None:
     path, cfg, _ = world
     with pytest.raises(UserError, match="'no-such-id'"):
         run_explain(cfg, cfg.scenario("phones"), entity_id="no-such-id")
-    with pytest.raises(UserError, match="--class 'nope'.*phone"):
+    with pytest.raises(UserError, match="^label 'nope': is not a class of this scenario.*phone"):
         run_explain(cfg, cfg.scenario("channels"), entity_id="1", label="nope")
-    with pytest.raises(UserError, match="--class"):
+    with pytest.raises(UserError, match="^label: a binary scenario has one output"):
         run_explain(cfg, cfg.scenario("phones"), entity_id="1", label="phone")
     result = runner.invoke(app, ["explain", str(path), "-s", "phones", "--entity", "no-such-id"])
-    assert result.exit_code == 2 and "no-such-id" in result.stderr
+    assert result.exit_code == 2 and "--entity 'no-such-id': is not an entity" in result.stderr
+    result = runner.invoke(app, ["explain", str(path), "-s", "channels", "--entity", "1", "--class", "nope"])
+    assert result.exit_code == 2 and "--class 'nope': is not a class" in result.stderr
 
 
 def test_cli_entity_writes_json_and_plot(world) -> None:

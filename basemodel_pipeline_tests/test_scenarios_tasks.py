@@ -460,14 +460,17 @@ def test_subset_reports_unknown_ids_and_scores_the_rest(world) -> None:
 
 def test_shards_merge_to_the_single_process_table(world, monkeypatch: pytest.MonkeyPatch) -> None:
     from basemodel_pipeline.inference import shards
-    from basemodel_pipeline.pipeline import run_merge_shards
+    from basemodel_pipeline.inference.shards import ScoringPlan
 
     cfg, _ = world
     single = pq.read_table(run_predict(cfg, "top_department", precision="fp32")["path"])
     monkeypatch.setattr(shards, "SHARD_ALIGN", 16)
-    parts = [run_predict(cfg, "top_department", precision="fp32", shard=(i, 3)) for i in (2, 0, 1)]
+    parts = [
+        run_predict(cfg, "top_department", plan=ScoringPlan(shard=(i, 3)), precision="fp32")
+        for i in (2, 0, 1)
+    ]
     assert sum(p["entities"] for p in parts) == len(single.column("entity_id").unique())
-    merged = run_merge_shards(cfg, "top_department", None, 3)
+    merged = run_predict(cfg, "top_department", plan=ScoringPlan(merge_shards=3))
     assert merged["shards"] == 3 and merged["rows"] == single.num_rows
     assert pq.read_table(merged["path"]).equals(single)
     provenance = ws.read_provenance(Path(merged["path"]).parent)  # what retention keeps for it
@@ -475,7 +478,7 @@ def test_shards_merge_to_the_single_process_table(world, monkeypatch: pytest.Mon
     assert provenance["model_version"] == merged["model_version"]
     assert provenance["cache_history"]  # the cache content before as_of: what verify judges staleness by
     with pytest.raises(UserError, match="missing part-00000.parquet, part-00001"):
-        run_merge_shards(cfg, "top_department", None, 4)
+        run_predict(cfg, "top_department", plan=ScoringPlan(merge_shards=4))
 
 
 def test_predict_entrypoint_with_workers_matches_one_process(world) -> None:
@@ -515,7 +518,7 @@ def test_predict_job_shard_runs_and_merge_run(world) -> None:
     assert pq.read_table(merged["path"]).equals(single)
     with pytest.raises(UserError, match="is not I/K"):
         stage(cfg, EntrypointArgs(config, "top_department", None, None, {"shard": "half"}), NullProgress())
-    with pytest.raises(UserError, match="0 <= I < K"):
+    with pytest.raises(UserError, match="^shard 2/2: write I/K with 0 <= I < K"):  # the library's names
         stage(cfg, EntrypointArgs(config, "top_department", None, None, {"shard": "2/2"}), NullProgress())
 
 
@@ -533,7 +536,7 @@ def test_cli_predict_subset_summary_and_bad_shard(world, tmp_path: Path) -> None
     assert result.exit_code == 0, result.output
     assert "unknown_entities" in result.output and "not-a-customer" in result.output
     bad = CliRunner().invoke(app, ["predict", config, "-s", "grocery_buyer", "--shard", "3/2"])
-    assert bad.exit_code == 2 and "0 <= I < K" in bad.output
+    assert bad.exit_code == 2 and "--shard 3/2: write I/K with 0 <= I < K" in bad.output  # the CLI's flags
 
 
 def test_predict_refuses_a_checkpoint_of_another_definition(world, tmp_path: Path) -> None:

@@ -1,22 +1,20 @@
-"""`predict --workers K` never starts more scoring processes than the cores and free memory allow."""
+"""Scoring in worker processes: `run_predict` with ScoringPlan(workers=K) never starts more processes than the
+cores and free memory allow, starts them as Python workers (never the CLI), and reports a worker's error."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
+import torch
 import yaml
 
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.errors import UserError
-from basemodel_pipeline.inference import shards
-from basemodel_pipeline.pipeline import (
-    run_cache,
-    run_extract,
-    run_finetune,
-    run_predict_workers,
-    run_pretrain,
-)
+from basemodel_pipeline.inference import shards, workers
+from basemodel_pipeline.inference.shards import ScoringPlan
+from basemodel_pipeline.pipeline import run_cache, run_extract, run_finetune, run_predict, run_pretrain
 from basemodel_pipeline.progress import NullProgress
 
 GIB = 2**30
@@ -25,9 +23,9 @@ GIB = 2**30
 @pytest.mark.parametrize(
     ("requested", "cores", "free", "expected", "message"),
     [
-        (64, 2, 3.1 * GIB, 2, "--workers 64 capped to 2: 2 cores, 3.1 GiB free at ~400 MB per worker"),
-        (8, 16, 1.0 * GIB, 2, "--workers 8 capped to 2: 16 cores, 1.0 GiB free at ~400 MB per worker"),
-        (4, 1, 0.1 * GIB, 1, "--workers 4 capped to 1: 1 core, 0.1 GiB free at ~400 MB per worker"),
+        (64, 2, 3.1 * GIB, 2, "workers 64 capped to 2: 2 cores, 3.1 GiB free at ~400 MB per worker"),
+        (8, 16, 1.0 * GIB, 2, "workers 8 capped to 2: 16 cores, 1.0 GiB free at ~400 MB per worker"),
+        (4, 1, 0.1 * GIB, 1, "workers 4 capped to 1: 1 core, 0.1 GiB free at ~400 MB per worker"),
         (2, 16, 64.0 * GIB, 2, None),
         (3, 16, None, 3, None),  # free memory unknown: cores only
     ],
@@ -35,19 +33,27 @@ GIB = 2**30
 def test_worker_cap_by_cores_and_memory(
     requested: int, cores: int, free: float | None, expected: int, message: str | None
 ) -> None:
-    assert shards.cap_workers(requested, cores, None if free is None else int(free)) == (expected, message)
+    assert workers.cap_workers(requested, cores, None if free is None else int(free)) == (expected, message)
 
 
 def test_the_machine_is_measured() -> None:
-    assert shards.usable_cores() >= 1
-    free = shards.available_memory()
+    assert workers.usable_cores() >= 1
+    free = workers.available_memory()
     assert free is None or free > 0
 
 
-@pytest.mark.parametrize("workers", [0, -3])
-def test_workers_below_one_is_a_user_error(tiny_config: Path, workers: int) -> None:
-    with pytest.raises(UserError, match="--workers"):
-        run_predict_workers(load_config(tiny_config), tiny_config, "churn", None, workers, [])
+@pytest.mark.parametrize("count", [0, -3])
+def test_workers_below_one_is_a_user_error(count: int) -> None:
+    with pytest.raises(UserError, match=f"^workers {count}: give a number of worker processes of at least 1"):
+        ScoringPlan(workers=count)
+
+
+def test_a_plan_has_one_layout() -> None:
+    with pytest.raises(UserError, match="^workers: cannot be combined with shard: choose one layout per run"):
+        ScoringPlan(workers=2, shard=(0, 2))
+    with pytest.raises(UserError, match="^shard 2/2: write I/K"):
+        ScoringPlan(shard=(2, 2))
+    assert ScoringPlan().single and not ScoringPlan(merge_shards=2).single
 
 
 def test_predict_with_more_workers_than_cores_runs_at_most_the_cap(
@@ -62,25 +68,53 @@ def test_predict_with_more_workers_than_cores_runs_at_most_the_cap(
     run_cache(cfg)
     run_pretrain(cfg)
     run_finetune(cfg, "churn")
-    monkeypatch.setattr(shards, "usable_cores", lambda: 2)  # the machine of the issue: 2 cores, 3.1 GiB
-    monkeypatch.setattr(shards, "available_memory", lambda: int(3.1 * GIB))
-    started: list[list[str]] = []
-    real_popen = shards.subprocess.Popen
+    monkeypatch.setattr(workers, "usable_cores", lambda: 2)  # the machine of the issue: 2 cores, 3.1 GiB
+    monkeypatch.setattr(workers, "available_memory", lambda: int(3.1 * GIB))
+    pools: list[int] = []
+    real_pool = workers.ProcessPoolExecutor
 
-    def counting_popen(cmd: list[str], **kwargs: object) -> object:
-        started.append(cmd)
-        return real_popen(cmd, **kwargs)
+    def counting_pool(count: int, context: object, **kwargs: object) -> object:
+        pools.append(count)
+        assert context.get_start_method() == "spawn"  # type: ignore[attr-defined]
+        return real_pool(count, context, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(shards.subprocess, "Popen", counting_popen)
+    monkeypatch.setattr(workers, "ProcessPoolExecutor", counting_pool)
     log: list[str] = []
 
     class Capture(NullProgress):
         def log(self, message: str) -> None:
             log.append(message)
 
-    out = run_predict_workers(cfg, tiny_config, "churn", None, 4, ["--precision", "fp32"], None, Capture())
-    assert len(started) == 2 and out["workers"] == 2 and out["shards"] == 2
-    assert "--workers 4 capped to 2: 2 cores, 3.1 GiB free at ~400 MB per worker" in log, log
+    single = pq.read_table(run_predict(cfg, "churn", precision="fp32")["path"])
+    out = run_predict(cfg, "churn", plan=ScoringPlan(workers=4), progress=Capture(), precision="fp32")
+    assert pools == [2] and out["workers"] == 2 and out["shards"] == 2 and out["workers_requested"] == 4
+    assert "workers 4 capped to 2: 2 cores, 3.1 GiB free at ~400 MB per worker" in log, log
+    assert pq.read_table(out["path"]).equals(single)  # the table of one process
     as_of = shards.default_as_of(shards.EventCache(shards.cache_dir(cfg)))
     assert len(list(shards.parts_dir(cfg, "churn", as_of, 2).glob("part-*.parquet"))) == 2
     assert not shards.parts_dir(cfg, "churn", as_of, 4).exists()
+    if not torch.cuda.is_available():  # a worker's user error comes back as one line naming its shard
+        with pytest.raises(UserError, match=r"^shard 0/2: device cuda: no CUDA device is visible here"):
+            run_predict(cfg, "churn", plan=ScoringPlan(workers=2), device="cuda")
+
+
+def test_the_library_never_starts_its_own_cli_nor_reads_argv() -> None:
+    """Scoring with workers used to re-run `basemodel predict` with the caller's sys.argv: below the faces
+    (cli.py, entrypoints/, defs/) no module reads sys.argv or names the CLI module."""
+    import ast
+
+    import basemodel_pipeline
+
+    root = Path(basemodel_pipeline.__file__).parent
+    faces = {"cli.py", "__main__.py", "entrypoints", "defs", "definitions.py"}
+    offenders = []
+    for path in sorted(root.rglob("*.py")):
+        if path.relative_to(root).parts[0] in faces:
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            argv = isinstance(node, ast.Attribute) and node.attr == "argv"
+            cli = isinstance(node, ast.Constant) and node.value == "basemodel_pipeline.cli"
+            if argv or cli:
+                offenders.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert not offenders, offenders

@@ -49,7 +49,7 @@ import torch
 from basemodel_pipeline import runtime
 from basemodel_pipeline.cache.store import EventCache, expand_ranges
 from basemodel_pipeline.dates import DAY, epoch_seconds
-from basemodel_pipeline.errors import UserError
+from basemodel_pipeline.errors import ArgumentError, UserError
 from basemodel_pipeline.features.names import (
     ATTRIBUTES,
     Vocabularies,
@@ -130,13 +130,15 @@ def choose_output(head: Task, label: str | None, scores: np.ndarray | None) -> O
         raise UserError(f"explanations cover {', '.join(explainable())} scenarios, not {head.name}")
     if not head.per_class:
         if label is not None:
-            raise UserError(f"--class: a {head.name} scenario has one output; leave --class out")
+            raise ArgumentError("label", None, f"a {head.name} scenario has one output; leave the class out")
         return Output(head, 0, None)
     classes = [str(c) for c in head.spec.classes]
     if label is not None:
         if label not in classes:
             shown = ", ".join(classes[:10]) + (f", ... ({len(classes)} classes)" if len(classes) > 10 else "")
-            raise UserError(f"--class '{label}' is not a class of this scenario; its classes: {shown}")
+            raise ArgumentError(
+                "label", repr(label), f"is not a class of this scenario; its classes: {shown}"
+            )
         return Output(head, classes.index(label), label)
     assert scores is not None
     j = int(np.argmax(np.asarray(scores).reshape(-1, len(classes)).mean(0)))
@@ -467,7 +469,7 @@ def explain(
 
     X: their features when already computed. Returns the JSON-ready dict (see docs/explain.md)."""
     if baseline not in BASELINES:
-        raise UserError(f"--baseline '{baseline}': choose one of {', '.join(BASELINES)}")
+        raise ArgumentError("baseline", repr(baseline), f"choose one of {', '.join(BASELINES)}")
     started = time.perf_counter()
     entity, times = np.asarray(entity, np.int64), np.asarray(times, np.int64)
     if X is None:

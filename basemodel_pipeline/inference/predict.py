@@ -35,7 +35,7 @@ from basemodel_pipeline.cache.history import provenance as cache_provenance
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import PipelineConfig, Scenario
 from basemodel_pipeline.dates import epoch_seconds
-from basemodel_pipeline.errors import UserError
+from basemodel_pipeline.errors import ArgumentError, UserError
 from basemodel_pipeline.evaluation import drift
 from basemodel_pipeline.evaluation.drift import RowSample
 from basemodel_pipeline.features.sketch import FeatureEncoder
@@ -62,8 +62,8 @@ CHUNK = 16384  # entities per step
 UNKNOWN_EXAMPLES = 10
 DEFAULT_SUBSET = "subset"
 SUBSET_WITH_SHARDS = (
-    "--entities cannot be combined with --shard, --workers or --merge-shards: merged shards replace the whole "
-    "table; score a subset in one process"
+    "a subset is scored in one process: merged shards replace the whole table, so leave out the shard, the "
+    "workers and the merge"
 )
 SUBSET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
@@ -217,9 +217,11 @@ def resolve_entities(cache: EventCache, ids: list[str] | None) -> tuple[np.ndarr
     idx = idx[np.sort(first)]
     if len(idx) == 0:
         shown = ", ".join(unknown[:UNKNOWN_EXAMPLES])
-        raise UserError(
+        raise ArgumentError(
+            "entities",
+            None,
             f"none of the {len(ids)} requested entity ids is in the cache (e.g. {shown}); check the id "
-            "column and format, or score every entity by leaving --entities out"
+            "column and format, or leave the ids out to score every entity",
         )
     return idx, unknown
 
@@ -234,7 +236,7 @@ def _as_int(value: Any) -> int | None:
 def read_entity_ids(path: Path) -> list[str]:
     """Entity ids from a text file (one per line) or a CSV/Parquet file with an entity_id column."""
     if not path.exists():
-        raise UserError(f"--entities: {path} does not exist")
+        raise ArgumentError("entities", path, "does not exist")
     if path.suffix in (".parquet", ".csv"):
         import pyarrow.csv as pacsv
         import pyarrow.parquet as pq
@@ -244,14 +246,15 @@ def read_entity_ids(path: Path) -> list[str]:
         except (pa.ArrowException, OSError) as exc:
             kind = "Parquet" if path.suffix == ".parquet" else "CSV"
             reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise UserError(
-                f"--entities: {path} is not readable {kind} ({reason}); write the ids as {kind} with an "
-                "entity_id column, or as text with one id per line"
+            raise ArgumentError(
+                "entities",
+                path,
+                f"is not readable {kind} ({reason}); write the ids as {kind} with an entity_id column, or as "
+                "text with one id per line",
             ) from None
         if "entity_id" not in table.column_names:
-            raise UserError(
-                f"--entities: {path} has no entity_id column (columns: {', '.join(table.column_names)})"
-            )
+            columns = ", ".join(table.column_names)
+            raise ArgumentError("entities", path, f"has no entity_id column (columns: {columns})")
         return [str(v) for v in table.column("entity_id").to_pylist() if v is not None]
     return [line.strip() for line in path.read_text().splitlines() if line.strip()]
 
@@ -287,7 +290,7 @@ def predict(
     if entities is not None:
         subset = check_subset(cfg, subset or DEFAULT_SUBSET, destination, shard)
     elif subset is not None:
-        raise UserError(f"subset name '{subset}' without --entities: a subset needs the ids to score")
+        raise ArgumentError("subset", repr(subset), "a subset needs the ids to score: give the entities too")
     started = time.perf_counter()
     cache = EventCache(cache_dir(cfg))
     checkpoint = ws.latest_scenario_dir(cfg, scenario.name)
@@ -295,7 +298,7 @@ def predict(
     check_checkpoint_matches(cache, scenario, scorer.meta, checkpoint)
     as_of = as_of or default_as_of(cache)
     if as_of <= cfg.data_params.data_start_date:
-        raise UserError(f"--as-of {as_of} is before data_start_date ({cfg.data_params.data_start_date})")
+        raise ArgumentError("as_of", as_of, f"is before data_start_date ({cfg.data_params.data_start_date})")
     entity, unknown = resolve_entities(cache, entities)
     entity = entity[shard_range(len(entity), shard)]
     chunks, meta = entity_features(
@@ -365,16 +368,16 @@ def check_subset(
     from basemodel_pipeline.config.outputs import FileOutput
 
     if shard is not None:
-        raise UserError(SUBSET_WITH_SHARDS)
+        raise ArgumentError("entities", None, SUBSET_WITH_SHARDS)
     if not SUBSET_NAME.fullmatch(name):
-        raise UserError(
-            f"subset name '{name}': use up to 100 letters, digits, '.', '_' or '-' (set it with --subset NAME)"
-        )
+        raise ArgumentError("subset", repr(name), "use up to 100 letters, digits, '.', '_' or '-'")
     dest_name, dest = cfg.outputs.destination(destination)
     if not isinstance(dest, FileOutput):
-        raise UserError(
-            f"--entities: output '{dest_name}' is a {dest.kind} table, where a subset would replace the whole "
-            "(scenario, as_of) slice; write subsets to a file destination (e.g. -o parquet)"
+        raise ArgumentError(
+            "destination",
+            repr(dest_name),
+            f"is a {dest.kind} table, where a subset would replace the whole (scenario, as_of) slice; write "
+            "subsets to a file destination (e.g. parquet)",
         )
     return name
 

@@ -3,7 +3,9 @@ parts in order streams exactly the single-process table to the output destinatio
 
     basemodel predict CONFIG -s churn --shard 0/4      # ... 1/4, 2/4, 3/4: processes, containers, Dagster runs
     basemodel predict CONFIG -s churn --merge-shards 4 # once all parts exist (they share the workspace)
-    basemodel predict CONFIG -s churn --workers 4      # both steps with 4 local processes
+    basemodel predict CONFIG -s churn --workers 4      # both steps with 4 local processes (inference/workers.py)
+
+In the library the layout of a run is a ScoringPlan, given to pipeline.run_predict.
 
 Parts live in <workspace>/predictions/.shards/<scenario>/<as_of>/<k>/part-<i>.parquet, written atomically,
 and carry the model version, so parts of different models or dates are never merged together.
@@ -12,11 +14,8 @@ and carry the model version, so parts of different models or dates are never mer
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
-import subprocess
-import sys
-import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +26,56 @@ from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache.history import provenance as cache_provenance
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import PipelineConfig
-from basemodel_pipeline.errors import UserError
-from basemodel_pipeline.inference.state import default_as_of, ensure_state, state_serves
-from basemodel_pipeline.progress import Progress
+from basemodel_pipeline.errors import ArgumentError, UserError
+from basemodel_pipeline.inference.state import default_as_of
 from basemodel_pipeline.workspace import cache_dir
 
 SHARD_ALIGN = (
     4096  # shard boundaries fall on the scorer's batch boundaries: identical batches, identical bits
 )
+
+
+@dataclass(frozen=True)
+class ScoringPlan:
+    """How one scoring run is laid out. The default scores every entity in this process.
+
+    workers=K: K local processes score one shard each, then the parts are merged (the table of one process);
+    shard=(I, K): score only the I-th of K slices into a part file (one of K machines, containers or runs);
+    merge_shards=K: write the K part files of a sharded run to the destination, in order."""
+
+    workers: int = 1
+    shard: tuple[int, int] | None = None
+    merge_shards: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ArgumentError("workers", self.workers, "give a number of worker processes of at least 1")
+        if self.merge_shards is not None and self.merge_shards < 1:
+            raise ArgumentError(
+                "merge_shards", self.merge_shards, "give the number of part files, at least 1"
+            )
+        if self.shard is not None:
+            shard_range(0, self.shard)  # validates 0 <= I < K
+        chosen = [
+            n
+            for n, on in [
+                ("workers", self.workers > 1),
+                ("shard", self.shard),
+                ("merge_shards", self.merge_shards),
+            ]
+            if on
+        ]
+        if len(chosen) > 1:
+            raise ArgumentError(
+                chosen[0],
+                None,
+                f"cannot be combined with {' or '.join(chosen[1:])}: choose one layout per run",
+            )
+
+    @property
+    def single(self) -> bool:
+        """Every entity in this one process."""
+        return self.workers == 1 and self.shard is None and self.merge_shards is None
 
 
 def shard_range(n: int, shard: tuple[int, int] | None, align: int | None = None) -> slice:
@@ -44,7 +85,7 @@ def shard_range(n: int, shard: tuple[int, int] | None, align: int | None = None)
         return slice(0, n)
     i, k = shard
     if not (k >= 1 and 0 <= i < k):
-        raise UserError(f"--shard {i}/{k}: write I/K with 0 <= I < K (e.g. 0/4 ... 3/4)")
+        raise ArgumentError("shard", f"{i}/{k}", "write I/K with 0 <= I < K (e.g. 0/4 ... 3/4)")
     blocks = -(-n // align)
 
     def cut(j: int) -> int:
@@ -59,7 +100,7 @@ def parse_shard(text: str) -> tuple[int, int]:
     try:
         shard = int(i), int(k)
     except ValueError:
-        raise UserError(f"--shard: '{text}' is not I/K (e.g. 0/4)") from None
+        raise ArgumentError("shard", repr(text), "is not I/K (e.g. 0/4)") from None
     shard_range(0, shard)  # validates 0 <= I < K
     return shard
 
@@ -146,108 +187,3 @@ def merge_shards(
             writer.write(pq.read_table(files[0]).replace_schema_metadata(None))
         info = writer.close()
     return {**info, "as_of": as_of.isoformat(), "shards": k, "model_version": version}
-
-
-WORKER_MEMORY = 400 * 2**20  # about what one scoring process holds (model, state slice, batches)
-
-
-def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity mask where the OS has one)."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return max(1, os.cpu_count() or 1)
-
-
-def available_memory() -> int | None:
-    """Bytes of memory available to new processes (psutil, else /proc/meminfo), or None if unknown."""
-    try:
-        import psutil
-
-        return int(psutil.virtual_memory().available)
-    except ImportError:  # pragma: no cover - psutil is in requirements.lock
-        pass
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def cap_workers(requested: int, cores: int, free: int | None) -> tuple[int, str | None]:
-    """(workers to start, one-line note when fewer than `requested`): at most one per core and one per
-    WORKER_MEMORY of free memory (when known), and at least one."""
-    by_memory = requested if free is None else free // WORKER_MEMORY
-    workers = max(1, min(requested, cores, by_memory))
-    if workers == requested:
-        return workers, None
-    memory = "free memory unknown" if free is None else f"{free / 2**30:.1f} GiB free"
-    return workers, (
-        f"--workers {requested} capped to {workers}: {cores} core{'s' * (cores != 1)}, {memory} "
-        f"at ~{WORKER_MEMORY // 2**20} MB per worker"
-    )
-
-
-def predict_with_workers(
-    cfg: PipelineConfig,
-    config: Path,
-    scenario: str,
-    as_of: dt.date | None,
-    k: int,
-    worker_args: list[str],
-    destination: str | None,
-    progress: Progress,
-) -> dict[str, Any]:
-    """Build or advance the shared state once, score k shards in k local processes (`basemodel predict
-    CONFIG --shard I/K` plus worker_args), merge the parts into the destination. k is capped by the cores
-    and free memory (cap_workers; the cap is logged and the result reports the workers actually used)."""
-    if k < 1:
-        raise UserError(f"--workers {k}: give a number of worker processes of at least 1")
-    requested, cores = k, usable_cores()
-    k, note = cap_workers(requested, cores, available_memory())
-    if note:
-        progress.log(note)
-    cache = EventCache(cache_dir(cfg))
-    as_of = as_of or default_as_of(cache)
-    if state_serves(cache, as_of, replay="--replay" in worker_args):
-        meta = json.loads((ws.latest_scenario_dir(cfg, scenario) / "model.json").read_text())
-        ensure_state(Path(cfg.workspace), cache, meta["encoder"], as_of, progress)
-    started = time.perf_counter()
-    threads = max(1, cores // k)
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "BASEMODEL_TORCH_THREADS": str(threads)}
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "basemodel_pipeline.cli",
-                "predict",
-                str(config),
-                "-s",
-                scenario,
-                "--as-of",
-                as_of.isoformat(),
-                "--shard",
-                f"{i}/{k}",
-                *worker_args,
-            ],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
-        for i in range(k)
-    ]
-    errors = []
-    for i, p in enumerate(procs):
-        _, err = p.communicate()
-        if p.returncode:
-            errors.append(
-                f"shard {i}/{k} exited with {p.returncode}: {' '.join(err.strip().splitlines()[-1:])}"
-            )
-    if errors:
-        raise UserError("; ".join(errors))
-    wall = time.perf_counter() - started
-    out = merge_shards(cfg, scenario, as_of, k, destination)
-    return {**out, "workers": k, "workers_requested": requested, "workers_wall_s": round(wall, 2)}

@@ -15,7 +15,7 @@ from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import PipelineConfig, Scenario
 from basemodel_pipeline.dates import epoch_seconds
-from basemodel_pipeline.errors import UserError
+from basemodel_pipeline.errors import ArgumentError
 from basemodel_pipeline.inference.explain import (
     DEFAULT_POPULATION,
     DEFAULT_STEPS,
@@ -52,9 +52,9 @@ def run_explain(
     m = Model.load(ws.latest_scenario_dir(cfg, scenario.name))
     as_of = as_of or default_as_of(cache)
     if as_of <= cfg.data_params.data_start_date:
-        raise UserError(f"--as-of {as_of} is before data_start_date ({cfg.data_params.data_start_date})")
+        raise ArgumentError("as_of", as_of, f"is before data_start_date ({cfg.data_params.data_start_date})")
     if population <= 0:
-        raise UserError(f"--population {population}: give a positive number of entities")
+        raise ArgumentError("population", population, "give a positive number of entities")
     if entity_id is not None:
         try:
             idx = int(cache.entity_index(np.array([entity_id]))[0])
@@ -62,9 +62,10 @@ def run_explain(
             idx = -1
         if idx < 0:
             some = ", ".join(str(i) for i in cache.entity_ids[:5])
-            raise UserError(
-                f"--entity '{entity_id}' is not an entity of the event cache at {cache.path} "
-                f"({cache.n_entities} entities, e.g. {some})"
+            raise ArgumentError(
+                "entity_id",
+                repr(entity_id),
+                f"is not an entity of the event cache at {cache.path} ({cache.n_entities} entities, e.g. {some})",
             )
         entity, stem = np.array([idx], np.int64), _file_stem(entity_id)
     else:
