@@ -113,9 +113,9 @@ def main() -> None:
     for scale in args.scales:
         elapsed = time.perf_counter() - started
         if args.deadline_s and runs:
-            first = next(iter(runs))
-            per_scale = runs[first]["total_s"] / first
-            if elapsed + per_scale * scale > args.deadline_s:
+            first = next(iter(runs))  # pretraining grows with the budget, fine-tuning does not
+            pretrain_s, rest_s = runs[first]["pretrain_s"], runs[first]["total_s"] - runs[first]["pretrain_s"]
+            if elapsed + pretrain_s * scale / first + rest_s > args.deadline_s:
                 print(f"scale {scale}: skipped (would end after --deadline-s {args.deadline_s})", flush=True)
                 result[f"x{scale}.skipped"] = True
                 continue
@@ -145,7 +145,7 @@ def main() -> None:
         fine = finetune_many(cfg, list(cfg.scenarios), Log(), keep_outputs=True)
         total_s = time.perf_counter() - t0
         sampler.stop.set()
-        runs[scale] = {"total_s": total_s, "fine": fine}
+        runs[scale] = {"total_s": total_s, "pretrain_s": sampler.times["pretrain_s"], "fine": fine}
         k = f"x{scale}"
         result.update(
             {
