@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 # Names (never values) of the variables the launcher forwarded to the step (Launcher.forward_env)
 FORWARDED_ENV_VAR = "BASEMODEL_FORWARDED_ENV"
 
@@ -86,3 +88,21 @@ def data_version_of(meta: Mapping[str, Any]) -> str:
             return value
     payload = json.dumps({k: v for k, v in flatten_metadata(meta).items()}, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def json_dumps(obj: Any) -> str:
+    """JSON with NaN and infinities written as null (strict JSON: other tools refuse bare NaN)."""
+    return json.dumps(finite(obj), indent=2, allow_nan=False)
+
+
+def finite(obj: Any) -> Any:
+    """obj with NaN and infinities as None and numpy scalars as Python numbers, for strict JSON."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [finite(v) for v in obj]
+    if isinstance(obj, np.floating | np.integer):
+        return finite(obj.item())
+    return obj

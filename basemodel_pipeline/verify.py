@@ -52,7 +52,7 @@ def verify_checkpoint(kind: str, label: str, directory: Path) -> Finding:
     try:
         ckpt.verify(directory)
         meta = ckpt.read_meta(directory, verified=True)
-        ckpt.check_shapes(directory, meta["arch"])
+        ckpt.check_shapes(directory, meta.arch)
     except UserError as exc:
         return Finding(kind, label, "FAILED", str(exc))
     size = sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())

@@ -171,10 +171,23 @@ def test_an_edited_model_json_without_checksums_is_still_one_line(workspace: Pat
     load_checkpoint(directory)  # loads: nothing recorded to compare with
     assert verify(workspace)[0] == 0
     meta = json.loads((directory / "model.json").read_text())
+    hidden = meta["arch"]["hidden_dim"]
     meta["arch"]["hidden_dim"] = 10**9  # absurd: must not allocate it
     (directory / "model.json").write_text(json.dumps(meta))
     with pytest.raises(UserError, match="model.json"):
         load_checkpoint(directory)
+    meta["arch"]["hidden_dim"] = "wide"  # read as a typed record (CheckpointMeta): the field is named
+    (directory / "model.json").write_text(json.dumps(meta))
+    with pytest.raises(
+        UserError, match=r"model.json: unreadable \(arch.hidden_dim: Input should be a valid integer"
+    ):
+        load_checkpoint(directory)
+    meta["arch"]["hidden_dim"] = hidden
+    del meta["target"]  # a foundation's fields under a scenario's name
+    (directory / "model.json").write_text(json.dumps(meta))
+    one_line_error(
+        ["predict", str(workspace), "-s", "churn"], "not a scenario checkpoint", "basemodel finetune"
+    )
     (directory / "model.json").write_text("{not json")
     one_line_error(["predict", str(workspace), "-s", "churn"], "model.json", "basemodel finetune")
     code, lines = verify(workspace)

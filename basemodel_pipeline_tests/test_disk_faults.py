@@ -164,17 +164,23 @@ def test_permission_denied_counts_as_a_workspace_fault_only_inside_the_workspace
 
 def test_a_checkpoint_that_cannot_fit_fails_before_writing(tmp_path: Path) -> None:
     """The size of a checkpoint is known before it is written: the preflight names what it needs."""
-    from basemodel_pipeline.model.checkpoint import build_model, publish_checkpoint
+    from basemodel_pipeline.model.checkpoint import (
+        CheckpointMeta,
+        TrunkConfig,
+        build_model,
+        publish_checkpoint,
+    )
 
-    model = build_model({"in_dim": 1000, "hidden_dim": 512, "num_blocks": 2, "dropout": 0.0, "out_dim": 10})
+    arch = TrunkConfig(in_dim=1000, hidden_dim=512, num_blocks=2, dropout=0.0, out_dim=10)
+    model, meta = build_model(arch), CheckpointMeta(kind="foundation", arch=arch)
     needed = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     with volume(tmp_path / "vol", "24m") as vol:
         root = vol / "checkpoints" / "foundation"
         root.mkdir(parents=True)
         fill(vol, leave=needed // 2)
         with pytest.raises(UserError, match=r"for checkpoint foundation/\S+: it needs about [\d,]+ bytes"):
-            publish_checkpoint(root, model, {"kind": "foundation"})
+            publish_checkpoint(root, model, meta)
         assert list(root.iterdir()) == []  # no staging directory, no version, no LATEST
         (vol / "filler.bin").unlink()
-        version, final = publish_checkpoint(root, model, {"kind": "foundation"})
+        version, final = publish_checkpoint(root, model, meta)
         assert (final / "model.safetensors").stat().st_size > needed

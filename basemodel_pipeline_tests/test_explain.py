@@ -265,11 +265,13 @@ def test_population(world) -> None:
 
 def test_report_explanation_from_finetune_state(world) -> None:
     """add_report_explanation works on what scenarios/finetune._finish holds (Shared, model, head, test)."""
+    from basemodel_pipeline.model.checkpoint import read_meta
+
     _, cfg, _ = world
     cache = EventCache(cache_dir(cfg))
     foundation = ws.latest_foundation_dir(cfg)
-    fmeta = json.loads((foundation / "model.json").read_text())
-    shared = Shared(cfg, cache, fmeta, foundation, FeatureEncoder.from_dict(fmeta["encoder"]))
+    fmeta = read_meta(foundation)
+    shared = Shared(cfg, cache, fmeta, foundation, FeatureEncoder.from_dict(fmeta.encoder))
     _, ex = prepare(shared, cfg.scenario("phones"))
     shared.featurise(list(ex.values()))
     m = Model.load(ws.latest_scenario_dir(cfg, "phones"))

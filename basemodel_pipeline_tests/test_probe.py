@@ -38,7 +38,12 @@ def test_foundation_embed_shape_dtype_and_determinism(tmp_path) -> None:
     checkpoint round trip."""
     import torch
 
-    from basemodel_pipeline.model.checkpoint import build_model, load_checkpoint, save_checkpoint
+    from basemodel_pipeline.model.checkpoint import (
+        CheckpointMeta,
+        build_model,
+        load_checkpoint,
+        save_checkpoint,
+    )
 
     arch = {"in_dim": 12, "hidden_dim": 32, "num_blocks": 2, "dropout": 0.5, "out_dim": 7}
     torch.manual_seed(0)
@@ -53,7 +58,7 @@ def test_foundation_embed_shape_dtype_and_determinism(tmp_path) -> None:
         torch.testing.assert_close(model.trunk.norm(emb), model.trunk(x))
         half = emb.numpy().astype(np.float16)
         assert half.dtype == np.float16 and np.isfinite(half).all()
-        save_checkpoint(tmp_path / "ckpt", model, {"arch": arch})
+        save_checkpoint(tmp_path / "ckpt", model, CheckpointMeta(kind="foundation", arch=arch))
         loaded, _ = load_checkpoint(tmp_path / "ckpt")
         assert torch.equal(loaded.embed(x), emb)
 
@@ -64,7 +69,12 @@ def test_input_dropout_acts_only_in_training_and_is_not_saved(tmp_path) -> None:
     never drop inputs)."""
     import torch
 
-    from basemodel_pipeline.model.checkpoint import build_model, load_checkpoint, save_checkpoint
+    from basemodel_pipeline.model.checkpoint import (
+        CheckpointMeta,
+        build_model,
+        load_checkpoint,
+        save_checkpoint,
+    )
 
     arch = {"in_dim": 40, "hidden_dim": 16, "num_blocks": 1, "dropout": 0.0, "out_dim": 3}
     torch.manual_seed(0)
@@ -81,7 +91,7 @@ def test_input_dropout_acts_only_in_training_and_is_not_saved(tmp_path) -> None:
     model.eval()
     with torch.no_grad():
         torch.testing.assert_close(model(x), reference)
-    save_checkpoint(tmp_path / "ckpt", model, {"arch": arch})
+    save_checkpoint(tmp_path / "ckpt", model, CheckpointMeta(kind="foundation", arch=arch))
     loaded, _ = load_checkpoint(tmp_path / "ckpt")
     assert loaded.trunk.input_dropout == 0.0
 

@@ -20,7 +20,12 @@ from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cli import app
 from basemodel_pipeline.config import PipelineConfig, load_config
 from basemodel_pipeline.errors import UserError
-from basemodel_pipeline.model.checkpoint import build_model, load_checkpoint, publish_checkpoint
+from basemodel_pipeline.model.checkpoint import (
+    CheckpointMeta,
+    build_model,
+    load_checkpoint,
+    publish_checkpoint,
+)
 from basemodel_pipeline.outputs import open_writer
 from basemodel_pipeline.retention import plan_retention, prune
 
@@ -38,14 +43,14 @@ def with_retention(config: Path, **keep: Any) -> PipelineConfig:
 def foundation(cfg: PipelineConfig, latest: bool = True) -> str:
     root = ws.foundation_root(cfg)
     pointer = (root / "LATEST").read_text() if (root / "LATEST").exists() else None
-    version, _ = publish_checkpoint(root, build_model(ARCH), {"kind": "foundation", "arch": ARCH})
+    version, _ = publish_checkpoint(root, build_model(ARCH), CheckpointMeta(kind="foundation", arch=ARCH))
     if not latest and pointer is not None:  # published but LATEST not moved yet: a run in progress
         ws.set_latest(root, pointer.strip())
     return version
 
 
 def scenario(cfg: PipelineConfig, name: str, foundation_version: str) -> str:
-    meta = {"kind": "scenario", "arch": ARCH, "foundation_version": foundation_version}
+    meta = CheckpointMeta(kind="scenario", arch=ARCH, foundation_version=foundation_version)
     version, _ = publish_checkpoint(ws.scenario_root(cfg, name), build_model(ARCH), meta)
     return version
 
@@ -131,7 +136,7 @@ def test_prune_keeps_the_newest_and_everything_in_use(workspace: dict[str, Any])
         load_checkpoint(ws.foundation_root(cfg) / version)
     for version in names(ws.scenario_root(cfg, "churn")):
         _, meta = load_checkpoint(ws.scenario_root(cfg, "churn") / version)
-        assert meta["foundation_version"] in names(ws.foundation_root(cfg))
+        assert meta.foundation_version in names(ws.foundation_root(cfg))
     assert ws.latest_foundation_dir(cfg).name == F[4] and ws.latest_scenario_dir(cfg, "churn").name == S[3]
     assert not [p for p in root.rglob(".*") if p.is_dir()]
 

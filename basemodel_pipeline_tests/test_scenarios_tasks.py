@@ -268,13 +268,14 @@ def test_multiclass_and_regression_outputs(world) -> None:
 def _test_examples(cfg, name: str):
     from basemodel_pipeline.cache.store import EventCache
     from basemodel_pipeline.features.sketch import FeatureEncoder
+    from basemodel_pipeline.model.checkpoint import read_meta
     from basemodel_pipeline.scenarios.shared import Shared, prepare
     from basemodel_pipeline.workspace import cache_dir
 
     cache = EventCache(cache_dir(cfg))
     foundation = ws.latest_foundation_dir(cfg)
-    fmeta = json.loads((foundation / "model.json").read_text())
-    shared = Shared(cfg, cache, fmeta, foundation, FeatureEncoder.from_dict(fmeta["encoder"]))
+    fmeta = read_meta(foundation)
+    shared = Shared(cfg, cache, fmeta, foundation, FeatureEncoder.from_dict(fmeta.encoder))
     return cache, prepare(shared, cfg.scenario(name))[1]["test"]
 
 

@@ -25,6 +25,7 @@ from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.demo import prepare_demo
+from basemodel_pipeline.model.checkpoint import read_meta
 from basemodel_pipeline.reports.explanations import run_explain
 from basemodel_pipeline.workspace import cache_dir
 
@@ -71,9 +72,7 @@ def main() -> None:
         )
     out.update(
         {
-            "input_dim": int(
-                json.loads((ws.latest_foundation_dir(cfg) / "model.json").read_text())["arch"]["in_dim"]
-            ),
+            "input_dim": read_meta(ws.latest_foundation_dir(cfg)).arch.in_dim,
             "population": args.population,
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
             "loadavg_before": loadavg_before,

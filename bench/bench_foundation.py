@@ -121,7 +121,7 @@ def main() -> None:
     pre = stage("pretrain_s", lambda: pipeline.run_pretrain(cfg))
     cache = EventCache(cache_dir(cfg))
     model, meta = load_checkpoint(ws.latest_foundation_dir(cfg))
-    enc = FeatureEncoder.from_dict(meta["encoder"])
+    enc = FeatureEncoder.from_dict(meta.encoder)
     device = resolve_device(args.device).type
     entities = np.arange(min(cache.n_entities, 100_000))
     t_end = int(max(s.ts[-1] for s in cache.sources.values())) + 1

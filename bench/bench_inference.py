@@ -46,6 +46,7 @@ from basemodel_pipeline.config import load_config  # noqa: E402
 from basemodel_pipeline.features.sketch import FeatureEncoder  # noqa: E402
 from basemodel_pipeline.inference.predict import Scorer, default_as_of  # noqa: E402
 from basemodel_pipeline.inference.state import ensure_state  # noqa: E402
+from basemodel_pipeline.model.checkpoint import read_meta  # noqa: E402
 from basemodel_pipeline.scenarios.targets import build_examples, choose_classes  # noqa: E402
 from basemodel_pipeline.tasks import task_named  # noqa: E402
 from basemodel_pipeline.training.splits import scenario_split_times  # noqa: E402
@@ -67,8 +68,7 @@ def quality(args: argparse.Namespace) -> dict:
     times = scenario_split_times(cfg.data_params, sc.target.horizon_days, sc.name)
     spec = choose_classes(cache, sc, times["train"])
     test = build_examples(cache, sc, spec, times["test"])
-    meta = json.loads((checkpoint / "model.json").read_text())
-    X = FeatureEncoder.from_dict(meta["encoder"]).history(cache, test.entity, test.time)
+    X = FeatureEncoder.from_dict(read_meta(checkpoint).encoder).history(cache, test.entity, test.time)
     runtime.set_threads()
     result: dict = {
         "benchmark": "inference_precision",
@@ -105,19 +105,25 @@ def _metric(task: str) -> str:
 def head_only_scenario(cfg, name: str) -> dict:  # noqa: ANN001
     """A binary scenario checkpoint of the production shape (the foundation trunk + a fresh 1-output head),
     published without training: scoring speed depends on the model's shape, not on its weights."""
-    from basemodel_pipeline.model.checkpoint import build_model, load_checkpoint, publish_checkpoint
+    from basemodel_pipeline.model.checkpoint import (
+        CheckpointMeta,
+        build_model,
+        load_checkpoint,
+        publish_checkpoint,
+    )
     from basemodel_pipeline.scenarios.examples import TargetSpec
 
     foundation, fmeta = load_checkpoint(ws.latest_foundation_dir(cfg))
-    model = build_model({**fmeta["arch"], "out_dim": 1})
+    model = build_model(fmeta.arch.with_out_dim(1))
     model.trunk.load_state_dict(foundation.trunk.state_dict())
-    meta = {
-        "scenario": cfg.scenario(name).model_dump(mode="json"),
-        "target": TargetSpec("binary", [], []).to_dict(),
-        "arch": {**fmeta["arch"], "out_dim": 1},
-        "encoder": fmeta["encoder"],
-        "note": "bench/bench_inference.py --head-only: untrained head, for throughput only",
-    }
+    meta = CheckpointMeta(
+        kind="scenario",
+        scenario=cfg.scenario(name).model_dump(mode="json"),
+        target=TargetSpec("binary", [], []).to_dict(),
+        arch=fmeta.arch.with_out_dim(1),
+        encoder=fmeta.encoder,
+        note="bench/bench_inference.py --head-only: untrained head, for throughput only",
+    )
     version, path = publish_checkpoint(ws.scenario_root(cfg, name), model, meta)
     return {"version": version, "path": str(path)}
 

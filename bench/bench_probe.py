@@ -136,7 +136,7 @@ def main() -> None:
     cfg = load_config(Path(args.workspace) / "config.yaml")
     cache = EventCache(cache_dir(cfg))
     model, meta = load_checkpoint(ws.latest_foundation_dir(cfg))
-    enc = FeatureEncoder.from_dict(meta["encoder"])
+    enc = FeatureEncoder.from_dict(meta.encoder)
     torch.set_num_threads(2)
     result: dict[str, object] = {
         "benchmark": "embedding_probe",
@@ -147,7 +147,7 @@ def main() -> None:
         + " ".join(map(str, args.seeds)),
         "machine": f"{platform.machine()} {psutil.cpu_count()} cores",
         "loadavg_before": [round(x, 2) for x in os.getloadavg()],
-        "foundation_version": meta["version"],
+        "foundation_version": meta.version,
         "probe_seeds": args.seeds,
         "recsys_score": f"mean of the {FOLDS} per-fold metrics of the cross-fitted probe",
     }

@@ -62,16 +62,14 @@ def export_embeddings(
     model, amp, chosen = prepare_model(model, precision, dev)
     as_of = as_of or default_as_of(cache)
     entity = np.arange(cache.n_entities, dtype=np.int64)
-    chunks, info = entity_features(
-        Path(cfg.workspace), cache, meta["encoder"], entity, as_of, replay, progress
-    )
+    chunks, info = entity_features(Path(cfg.workspace), cache, meta.encoder, entity, as_of, replay, progress)
     runtime.set_threads()
     ids = cache.entity_ids
     writer = open_writer(cfg, "embeddings", None, as_of, destination)
     directory = getattr(writer, "directory", None)  # file destinations: add the RecSys-2025 arrays
     if directory is not None:  # file destinations: what retention must keep
         # float16 embeddings.npy + float32 Parquet values: known before the first byte
-        require_space(directory, len(entity) * meta["arch"]["hidden_dim"] * 6, f"embeddings as of {as_of}")
+        require_space(directory, len(entity) * meta.arch.hidden_dim * 6, f"embeddings as of {as_of}")
         ws.write_provenance(
             directory, foundation_version=foundation.name, **cache_provenance(cache.manifest, as_of)
         )
@@ -111,7 +109,7 @@ def export_embeddings(
         **out,
         "path": str(Path(out["destination"]).parent) if directory is not None else out["destination"],
         "entities": len(entity),
-        "dim": int(dim or meta["arch"]["hidden_dim"]),
+        "dim": int(dim or meta.arch.hidden_dim),
         "as_of": as_of.isoformat(),
         "precision": chosen,
         "foundation_version": foundation.name,

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,7 @@ from basemodel_pipeline.features.names import (
 )
 from basemodel_pipeline.features.sketch import ColumnPlan, FeatureEncoder
 from basemodel_pipeline.inference.predict import load_scenario
+from basemodel_pipeline.model.checkpoint import CheckpointMeta
 from basemodel_pipeline.model.trunk import TrunkWithHead
 from basemodel_pipeline.tasks import TASKS, Task
 
@@ -446,12 +447,12 @@ class Model:
     model: TrunkWithHead
     enc: FeatureEncoder
     head: Task
-    meta: dict = field(default_factory=dict)
+    meta: CheckpointMeta | None = None  # None: a model not yet published (the report's explanation)
 
     @classmethod
     def load(cls, checkpoint: Path) -> Model:
         model, meta, head = load_scenario(checkpoint)
-        return cls(model, FeatureEncoder.from_dict(meta["encoder"]), head, meta)
+        return cls(model, FeatureEncoder.from_dict(meta.encoder), head, meta)
 
 
 def explain(

@@ -48,7 +48,7 @@ from basemodel_pipeline.inference.state import (
     float32_rows,
     state_serves,
 )
-from basemodel_pipeline.model.checkpoint import load_checkpoint
+from basemodel_pipeline.model.checkpoint import META, CheckpointMeta, damaged, load_checkpoint
 from basemodel_pipeline.progress import Progress
 from basemodel_pipeline.scenarios.candidates import Candidate, Context
 from basemodel_pipeline.scenarios.examples import TargetSpec
@@ -114,21 +114,23 @@ def entity_features(
     return state_chunks(state, entity), info
 
 
-def load_scenario(checkpoint: Path) -> tuple[Any, dict, Task]:
+def load_scenario(checkpoint: Path) -> tuple[Any, CheckpointMeta, Task]:
     """(model, meta, task) of a scenario checkpoint; the task decodes outputs with the stored target spec."""
     model, meta = load_checkpoint(checkpoint)
-    spec = dict(meta["target"])
+    if meta.target is None or meta.scenario is None:
+        raise damaged(checkpoint, f"{META}: not a scenario checkpoint (no 'target' or 'scenario')")
+    spec = dict(meta.target)
     extra = checkpoint / "target.json"
     if extra.exists():
         spec.update(json.loads(extra.read_text()))
     return model, meta, task_for(TargetSpec.from_dict(spec))
 
 
-def load_published(checkpoint: Path, meta: dict, head: Task) -> Candidate:
+def load_published(checkpoint: Path, meta: CheckpointMeta, head: Task) -> Candidate:
     """The candidate the scenario published (scenarios/selection.py): the network alone in checkpoints
     written before candidates existed."""
-    ctx = Context(Scenario.model_validate(meta["scenario"]), head.spec, head)
-    published = meta.get("published") or {
+    ctx = Context(Scenario.model_validate(meta.scenario), head.spec, head)
+    published = meta.published or {
         "kind": "neural_ranking" if head.ranked else "neural",
         "weight": head.spec.extra.get("repeat_weight", 0.0),
     }
@@ -142,7 +144,7 @@ class Scorer:
     """A scenario model ready to score feature chunks at a precision on a device."""
 
     model: torch.nn.Module
-    meta: dict
+    meta: CheckpointMeta
     head: Task  # the scenario's task: decoding and the predictions table
     device: torch.device
     amp: torch.dtype | None
@@ -161,7 +163,7 @@ class Scorer:
     ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         """The published candidate's probabilities / values [n] or [n, C], or (items [n, k], scores) for
         recommendation."""
-        enc = FeatureEncoder.from_dict(self.meta["encoder"])
+        enc = FeatureEncoder.from_dict(self.meta.encoder)
         t = np.full(len(entity), epoch_seconds(as_of), np.int64)
         rows = Rows(
             cache, enc, np.asarray(entity, np.int64), t, RowView(X), None, self.model, self.device, self.amp
@@ -171,11 +173,13 @@ class Scorer:
         return self.published.predict(rows)
 
 
-def check_checkpoint_matches(cache: EventCache, scenario: Scenario, meta: dict, checkpoint: Path) -> None:
+def check_checkpoint_matches(
+    cache: EventCache, scenario: Scenario, meta: CheckpointMeta, checkpoint: Path
+) -> None:
     """The newest checkpoint of a scenario must come from this scenario definition and this data: another
     config sharing the workspace (or an edit not yet fine-tuned) would otherwise have its model scored and
     its predictions overwritten under this config's name."""
-    trained = meta.get("scenario")
+    trained = meta.scenario
     if trained is not None and trained != scenario.model_dump(mode="json"):
         changed = sorted(
             k
@@ -187,7 +191,7 @@ def check_checkpoint_matches(cache: EventCache, scenario: Scenario, meta: dict, 
             f"definition (differs in: {', '.join(changed)}); fine-tune it with this config first, or give this "
             "config its own workspace if another config shares this one"
         )
-    fingerprint = meta.get("cache_fingerprint")
+    fingerprint = meta.cache_fingerprint
     if fingerprint is not None and fingerprint != cache.manifest["fingerprint"]:
         raise UserError(
             f"scenario '{scenario.name}': its newest checkpoint ({checkpoint}) was trained on other data (cache "
@@ -302,22 +306,22 @@ def predict(
     entity, unknown = resolve_entities(cache, entities)
     entity = entity[shard_range(len(entity), shard)]
     chunks, meta = entity_features(
-        Path(cfg.workspace), cache, scorer.meta["encoder"], entity, as_of, replay, progress
+        Path(cfg.workspace), cache, scorer.meta.encoder, entity, as_of, replay, progress
     )
     runtime.set_threads()
-    model_top_k = top_k or scorer.meta["scenario"].get("k", DEFAULT_TOP_K)
+    model_top_k = top_k or (scorer.meta.scenario or {}).get("k", DEFAULT_TOP_K)
     ids = cache.entity_ids
     if shard:
         part = parts_dir(cfg, scenario.name, as_of, shard[1]) / f"part-{shard[0]:05d}.parquet"
-        writer: Any = PartWriter(part, scorer.meta["version"])
+        writer: Any = PartWriter(part, scorer.meta.version)
     else:
         writer = open_writer(cfg, "predictions", scenario.name, as_of, destination, subset=subset)
         if getattr(writer, "directory", None) is not None:  # file destinations: what retention must keep
             ws.write_provenance(
                 writer.directory,
                 scenario=scenario.name,
-                model_version=scorer.meta["version"],
-                foundation_version=scorer.meta.get("foundation_version"),
+                model_version=scorer.meta.version,
+                foundation_version=scorer.meta.foundation_version,
                 **cache_provenance(cache.manifest, as_of),
             )
     scoring_started = time.perf_counter()
@@ -345,7 +349,7 @@ def predict(
             "entities": len(entity),
             "as_of": as_of.isoformat(),
             "precision": scorer.precision,
-            "model_version": scorer.meta["version"],
+            "model_version": scorer.meta.version,
             "wall_s": round(wall, 2),
             "scoring_s": round(scoring_s, 2),
             "inference_entities_per_s": round(len(entity) / max(scoring_s, 1e-9), 1),
@@ -357,7 +361,7 @@ def predict(
     if unknown:
         meta["unknown_examples"] = ", ".join(unknown[:UNKNOWN_EXAMPLES])
     if shard is None and entities is None and len(entity):  # the whole population: how far it moved
-        meta.update(population_drift(cfg, scenario.name, scorer.meta["version"], as_of, sample.rows()))
+        meta.update(population_drift(cfg, scenario.name, scorer.meta.version, as_of, sample.rows()))
     return meta
 
 

@@ -9,7 +9,6 @@ cores and the free memory (cap_workers), and each gets cores // K torch threads.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import multiprocessing
 import os
 import time
@@ -25,6 +24,7 @@ from basemodel_pipeline.errors import ArgumentError, UserError
 from basemodel_pipeline.inference.predict import predict
 from basemodel_pipeline.inference.shards import merge_shards
 from basemodel_pipeline.inference.state import default_as_of, ensure_state, state_serves
+from basemodel_pipeline.model.checkpoint import read_meta
 from basemodel_pipeline.progress import NullProgress, Progress
 from basemodel_pipeline.workspace import cache_dir
 
@@ -104,8 +104,8 @@ def predict_with_workers(
     cache = EventCache(cache_dir(cfg))
     as_of = as_of or default_as_of(cache)
     if state_serves(cache, as_of, replay=bool(options.get("replay"))):
-        meta = json.loads((ws.latest_scenario_dir(cfg, scenario.name) / "model.json").read_text())
-        ensure_state(Path(cfg.workspace), cache, meta["encoder"], as_of, progress)
+        meta = read_meta(ws.latest_scenario_dir(cfg, scenario.name))
+        ensure_state(Path(cfg.workspace), cache, meta.encoder, as_of, progress)
     started = time.perf_counter()
     part_options = {key: v for key, v in options.items() if key != "destination"}
     context = multiprocessing.get_context("spawn")  # no fork of a process holding torch's threads

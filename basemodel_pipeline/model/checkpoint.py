@@ -1,23 +1,28 @@
 """Checkpoints without pickle: weights as safetensors, everything else as JSON.
 
-A version directory holds model.safetensors, model.json (arch, encoder, history), any extra files, and
-manifest.json, written last: {"files": {relative path: {bytes, sha256}}} of every other file. Loading
-verifies them all (checkpoints are small) and reports a changed, truncated or unreadable file in one line
-naming it and the stage that writes it again. Checkpoints written before manifests load unverified."""
+A version directory holds model.safetensors, model.json (a CheckpointMeta: the TrunkConfig, the feature
+encoder, the training history and, for a scenario, its definition, target and published candidate), any
+extra files, and manifest.json, written last: {"files": {relative path: {bytes, sha256}}} of every other
+file. Loading verifies them all (checkpoints are small) and reports a changed, truncated or unreadable file
+in one line naming it and the stage that writes it again. Checkpoints written before manifests load
+unverified. Every consumer reads model.json through read_meta, as a typed record, never by hand."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save
 
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.diskfaults import require_space
 from basemodel_pipeline.errors import UserError
+from basemodel_pipeline.metadata import finite
 from basemodel_pipeline.model.trunk import Trunk, TrunkWithHead
 
 WEIGHTS = "model.safetensors"
@@ -25,12 +30,59 @@ META = "model.json"
 MANIFEST = "manifest.json"
 
 
-def save_checkpoint(directory: Path, model: TrunkWithHead, meta: dict[str, Any]) -> None:
+class TrunkConfig(BaseModel):
+    """The network's shape (model.json's `arch`): all build_model needs."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    in_dim: int = Field(gt=0)
+    hidden_dim: int = Field(gt=0)
+    num_blocks: int = Field(ge=0)
+    dropout: float = Field(ge=0.0, lt=1.0)
+    out_dim: int = Field(gt=0)
+
+    def with_out_dim(self, out_dim: int) -> TrunkConfig:
+        """The same trunk under another head (a scenario's head on the foundation's trunk)."""
+        return self.model_copy(update={"out_dim": out_dim})
+
+
+class CheckpointMeta(BaseModel):
+    """model.json of a checkpoint version. Foundation and scenario checkpoints share the first block; the
+    rest is set by the kind that writes it (None where it does not apply). Unknown keys are kept, so a
+    newer writer's additions survive an older reader."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    kind: Literal["foundation", "scenario"]
+    version: str = ""  # set by publish_checkpoint
+    arch: TrunkConfig
+    encoder: dict[str, Any] = Field(default_factory=dict)  # features/encoder.FeatureEncoder.to_dict()
+    cache_fingerprint: str | None = None  # the event cache it was trained on
+    history: list[dict[str, Any]] = Field(default_factory=list)  # one record per epoch
+    # foundation checkpoints
+    horizon_days: int | None = None
+    input_dropout: float | None = None
+    best_val_loss: float | None = None
+    training_sizes: dict[str, Any] | None = None
+    world_size: int | None = None
+    # scenario checkpoints
+    scenario: dict[str, Any] | None = None  # the scenario's config, as trained
+    target: dict[str, Any] | None = None  # the target spec (scenarios/targets.TargetSpec.to_dict())
+    foundation_version: str | None = None
+    published: dict[str, Any] | None = None  # the published candidate: name and what reloads it
+    metrics: dict[str, Any] | None = None
+
+    def to_json(self) -> str:
+        """Strict JSON (NaN as null), numpy scalars as numbers, anything else JSON lacks as text."""
+        return json.dumps(finite(self.model_dump(exclude_none=True)), indent=2, allow_nan=False, default=str)
+
+
+def save_checkpoint(directory: Path, model: TrunkWithHead, meta: CheckpointMeta) -> None:
     """Write weights and metadata into `directory` (a staging dir: the caller publishes it atomically)."""
     directory.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     (directory / WEIGHTS).write_bytes(save(state))  # through Python: a full disk is an OSError (ENOSPC)
-    (directory / META).write_text(json.dumps(meta, indent=2, default=str))
+    (directory / META).write_text(meta.to_json())
 
 
 def write_manifest(directory: Path) -> None:
@@ -44,7 +96,7 @@ def write_manifest(directory: Path) -> None:
 def publish_checkpoint(
     root: Path,
     model: TrunkWithHead,
-    meta: dict[str, Any],
+    meta: CheckpointMeta,
     extra_files: dict[str, str] | dict[str, str | bytes] | None = None,
 ) -> tuple[str, Path]:
     """Write a new version under `root` atomically and point LATEST at it. Returns (version, path).
@@ -57,7 +109,7 @@ def publish_checkpoint(
     final = root / version
     tmp = ws.staging_dir(final)
     try:
-        save_checkpoint(tmp, model.cpu(), {**meta, "version": version})
+        save_checkpoint(tmp, model.cpu(), meta.model_copy(update={"version": version}))
         for name, content in (extra_files or {}).items():
             path = tmp / name
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -74,9 +126,9 @@ def publish_checkpoint(
     return version, final
 
 
-def build_model(arch: dict[str, Any]) -> TrunkWithHead:
-    trunk = Trunk(arch["in_dim"], arch["hidden_dim"], arch["num_blocks"], arch["dropout"])
-    return TrunkWithHead(trunk, arch["out_dim"])
+def build_model(arch: TrunkConfig | Mapping[str, Any]) -> TrunkWithHead:
+    a = arch if isinstance(arch, TrunkConfig) else TrunkConfig.model_validate(arch)
+    return TrunkWithHead(Trunk(a.in_dim, a.hidden_dim, a.num_blocks, a.dropout), a.out_dim)
 
 
 def redo(directory: Path) -> str:
@@ -97,7 +149,8 @@ def problems(directory: Path) -> list[str]:
     return ws.file_problems(directory, files, MANIFEST)
 
 
-def _damaged(directory: Path, problem: str) -> UserError:
+def damaged(directory: Path, problem: str) -> UserError:
+    """The one-line error for a damaged checkpoint file: which, what is wrong, what writes it again."""
     name, _, what = problem.partition(": ")
     return UserError(
         f"checkpoint file {directory / name}: {what}; {redo(directory)}, or point {directory.parent / 'LATEST'} "
@@ -109,30 +162,32 @@ def verify(directory: Path) -> None:
     """Raise a one-line UserError for the first file that differs from the manifest."""
     found = problems(directory)
     if found:
-        raise _damaged(directory, found[0])
+        raise damaged(directory, found[0])
 
 
-def read_meta(directory: Path, verified: bool = False) -> dict[str, Any]:
+def read_meta(directory: Path, verified: bool = False) -> CheckpointMeta:
     """model.json of a checkpoint (the checkpoint verified first unless `verified`)."""
     if not verified:
         verify(directory)
     try:
-        meta = json.loads((directory / META).read_text())
-        if not isinstance(meta, dict) or not isinstance(meta.get("arch"), dict):
-            raise ValueError("no 'arch' object")
-    except (OSError, ValueError) as exc:
-        raise _damaged(directory, f"{META}: unreadable ({' '.join(str(exc).split())})") from None
-    return meta
+        return CheckpointMeta.model_validate_json((directory / META).read_bytes())
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "the document"
+        reason = f"{where}: {first['msg']}" if first["type"] != "json_invalid" else "not JSON"
+        raise damaged(directory, f"{META}: unreadable ({reason})") from None
+    except OSError as exc:
+        raise damaged(directory, f"{META}: unreadable ({' '.join(str(exc).split())})") from None
 
 
 def _weights(directory: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(directory / WEIGHTS))
     except (OSError, SafetensorError) as exc:
-        raise _damaged(directory, f"{WEIGHTS}: unreadable ({' '.join(str(exc).split())})") from None
+        raise damaged(directory, f"{WEIGHTS}: unreadable ({' '.join(str(exc).split())})") from None
 
 
-def check_shapes(directory: Path, arch: dict[str, Any]) -> None:
+def check_shapes(directory: Path, arch: TrunkConfig) -> None:
     """The architecture in model.json fits the stored tensors (checked on the meta device: nothing is
     allocated, so an absurd size in an edited model.json costs nothing)."""
     try:
@@ -141,22 +196,22 @@ def check_shapes(directory: Path, arch: dict[str, Any]) -> None:
         with safe_open(str(directory / WEIGHTS), "pt") as fh:
             stored = {k: tuple(fh.get_slice(k).get_shape()) for k in fh.keys()}  # noqa: SIM118
     except (KeyError, TypeError, ValueError, RuntimeError) as exc:
-        raise _damaged(directory, f"{META}: 'arch' is not a valid architecture ({exc})") from None
+        raise damaged(directory, f"{META}: 'arch' is not a valid architecture ({exc})") from None
     except (OSError, SafetensorError) as exc:
-        raise _damaged(directory, f"{WEIGHTS}: unreadable ({' '.join(str(exc).split())})") from None
+        raise damaged(directory, f"{WEIGHTS}: unreadable ({' '.join(str(exc).split())})") from None
     if wanted != stored:
         diff = sorted(k for k in set(wanted) | set(stored) if wanted.get(k) != stored.get(k))
-        raise _damaged(
+        raise damaged(
             directory,
             f"{META}: its 'arch' does not fit {WEIGHTS} ({diff[0]}: {wanted.get(diff[0])} vs "
             f"{stored.get(diff[0])} stored)",
         )
 
 
-def load_checkpoint(directory: Path) -> tuple[TrunkWithHead, dict[str, Any]]:
+def load_checkpoint(directory: Path) -> tuple[TrunkWithHead, CheckpointMeta]:
     meta = read_meta(directory)
-    check_shapes(directory, meta["arch"])
-    model = build_model(meta["arch"])
+    check_shapes(directory, meta.arch)
+    model = build_model(meta.arch)
     model.load_state_dict(_weights(directory))
     model.eval()
     return model, meta

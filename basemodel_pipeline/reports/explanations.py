@@ -75,7 +75,7 @@ def run_explain(
     result = {
         "scenario": scenario.name,
         "as_of": as_of.isoformat(),
-        "model_version": m.meta.get("version"),
+        "model_version": m.meta.version if m.meta else None,
         **({"entity_id": entity_id} if entity_id is not None else {}),
         **result,
     }

@@ -31,7 +31,7 @@ def run_baselines(cfg: PipelineConfig, scenario: Scenario, progress: Progress) -
     meta: dict[str, Any] = {
         "data_version": key,
         "path": str(path),
-        "foundation_version": shared.fmeta["version"],
+        "foundation_version": shared.fmeta.version,
         "cache_data_version": cache_data_version(shared.cache.manifest),
     }
     stage = staging.read(path)

@@ -25,7 +25,8 @@ from basemodel_pipeline.cache.versions import data_version as cache_data_version
 from basemodel_pipeline.cache.windows import windows_metadata
 from basemodel_pipeline.config import PipelineConfig, Scenario
 from basemodel_pipeline.config.models import PythonTarget
-from basemodel_pipeline.model.checkpoint import publish_checkpoint
+from basemodel_pipeline.metadata import finite, json_dumps
+from basemodel_pipeline.model.checkpoint import CheckpointMeta, publish_checkpoint
 from basemodel_pipeline.model.trunk import TrunkWithHead
 from basemodel_pipeline.progress import Progress
 from basemodel_pipeline.scenarios import staging
@@ -38,7 +39,6 @@ from basemodel_pipeline.scenarios.selection import Selection, choose, primary
 from basemodel_pipeline.scenarios.shared import (
     Shared,
     candidate_models,
-    json_dumps,
     open_shared,
     prepare,
     split_parts,
@@ -236,7 +236,7 @@ def _finish(
         "work": work,  # training/work.py
         "test_date": cfg.data_params.test_date.isoformat(),
         "windows": windows_metadata(cfg),
-        "foundation_version": shared.fmeta["version"],
+        "foundation_version": shared.fmeta.version,
         "cache_data_version": cache_data_version(shared.cache.manifest),
     }
     if cfg.training_params.finetune.refit_on_all:  # after the test measurement: the newest weeks too
@@ -262,17 +262,17 @@ def _finish(
     big = {k: spec.extra[k] for k in ("items", "popularity") if k in spec.extra}
     small_spec = {k: v for k, v in spec.to_dict().items() if k not in big}
     published_meta, published_files = published.save()
-    meta = {
-        "kind": "scenario",
-        "scenario": scenario.model_dump(mode="json"),
-        "target": small_spec,
-        "arch": {**shared.fmeta["arch"], "out_dim": task.out_dim},
-        "encoder": shared.fmeta["encoder"],
-        "foundation_version": shared.fmeta["version"],
-        "cache_fingerprint": shared.cache.manifest["fingerprint"],
-        "published": {"name": selection.published, **published_meta},
-        "metrics": {k: v for k, v in result.items() if k != "history"},
-    }
+    meta = CheckpointMeta(
+        kind="scenario",
+        scenario=scenario.model_dump(mode="json"),
+        target=finite(small_spec),
+        arch=shared.fmeta.arch.with_out_dim(task.out_dim),
+        encoder=shared.fmeta.encoder,
+        foundation_version=shared.fmeta.version,
+        cache_fingerprint=shared.cache.manifest["fingerprint"],
+        published=finite({"name": selection.published, **published_meta}),
+        metrics=finite({k: v for k, v in result.items() if k != "history"}),
+    )
     extra: dict[str, str | bytes] = {
         "metrics.json": json_dumps(result),
         "report.html": scenario_report(scenario, result, truth, outputs),

@@ -3,7 +3,6 @@ examples (``Shared``), the examples of a scenario and their splits, and the cand
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +18,7 @@ from basemodel_pipeline.config import PipelineConfig, Scenario
 from basemodel_pipeline.config.params import FinetuneParams
 from basemodel_pipeline.errors import DataError
 from basemodel_pipeline.features.sketch import FeatureEncoder
-from basemodel_pipeline.model.checkpoint import build_model, load_trunk_state, read_meta
+from basemodel_pipeline.model.checkpoint import CheckpointMeta, build_model, load_trunk_state, read_meta
 from basemodel_pipeline.model.trunk import TrunkWithHead
 from basemodel_pipeline.progress import Progress
 from basemodel_pipeline.scenarios import staging
@@ -43,7 +42,7 @@ class Shared:
 
     cfg: PipelineConfig
     cache: EventCache
-    fmeta: dict
+    fmeta: CheckpointMeta
     foundation: Any
     enc: FeatureEncoder
     keys: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.int64))
@@ -109,10 +108,10 @@ class Shared:
     def stage_key(self, scenario: Scenario) -> str:
         """The key of the scenario's staged baselines for this cache and encoder (scenarios/staging.py)."""
         version = cache_data_version(self.cache.manifest)
-        return staging.stage_key(self.cfg, scenario, version, self.fmeta["encoder"])
+        return staging.stage_key(self.cfg, scenario, version, self.fmeta.encoder)
 
     def new_model(self, out_dim: int) -> TrunkWithHead:
-        model = build_model({**self.fmeta["arch"], "out_dim": out_dim})
+        model = build_model(self.fmeta.arch.with_out_dim(out_dim))
         model.trunk.load_state_dict(load_trunk_state(self.foundation))
         return model
 
@@ -122,7 +121,7 @@ def open_shared(cfg: PipelineConfig, progress: Progress) -> Shared:
     cache = EventCache(cache_dir(cfg))
     foundation = ws.latest_foundation_dir(cfg)
     fmeta = read_meta(foundation)
-    shared = Shared(cfg, cache, fmeta, foundation, FeatureEncoder.from_dict(fmeta["encoder"]))
+    shared = Shared(cfg, cache, fmeta, foundation, FeatureEncoder.from_dict(fmeta.encoder))
     shared.regime = data_regime(cache.n_entities)
     progress.log(f"data regime: {shared.regime}")
     return shared
@@ -210,20 +209,3 @@ def candidate_models(ctx: Context, names: list[str] | None) -> dict[str, Candida
         # CJ favourite department); list it in `candidates:` to fit it
         names = ["neural"]
     return {k: v for k, v in pool.items() if names is None or k in names or k in baseline}
-
-
-def json_dumps(obj: Any) -> str:
-    """JSON with NaN and infinities written as null (strict JSON: other tools refuse bare NaN)."""
-    return json.dumps(_finite(obj), indent=2, allow_nan=False)
-
-
-def _finite(obj: Any) -> Any:
-    if isinstance(obj, float):
-        return obj if np.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_finite(v) for v in obj]
-    if isinstance(obj, np.floating | np.integer):
-        return _finite(obj.item())
-    return obj

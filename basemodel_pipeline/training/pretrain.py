@@ -32,7 +32,7 @@ from basemodel_pipeline.dates import DAY, epoch_seconds
 from basemodel_pipeline.errors import ConfigError
 from basemodel_pipeline.features.kernels import new_day, source_tensors
 from basemodel_pipeline.features.sketch import FeatureEncoder
-from basemodel_pipeline.model.checkpoint import build_model, publish_checkpoint
+from basemodel_pipeline.model.checkpoint import CheckpointMeta, TrunkConfig, build_model, publish_checkpoint
 from basemodel_pipeline.progress import NullProgress, Progress
 from basemodel_pipeline.training import loop, resume
 from basemodel_pipeline.training.calibrate import Sizes, calibrate
@@ -293,13 +293,13 @@ def _pretrain(
             f"{FIELD}: no entity has history before the validation split points; check data_params"
         )
     Xv, Yv = ex(ve[keep], vt[keep])
-    arch = {
-        "in_dim": enc.dim,
-        "hidden_dim": p.hidden_dim,
-        "num_blocks": p.num_blocks,
-        "dropout": p.dropout,
-        "out_dim": layout.width,
-    }
+    arch = TrunkConfig(
+        in_dim=enc.dim,
+        hidden_dim=p.hidden_dim,
+        num_blocks=p.num_blocks,
+        dropout=p.dropout,
+        out_dim=layout.width,
+    )
     model = build_model(arch).to(device)
     model.trunk.input_dropout = p.input_dropout
     model.trunk.set_stats(Xv.mean(0).to(device), Xv.std(0).to(device))  # the same on every rank
@@ -389,18 +389,18 @@ def _pretrain(
         world.barrier()  # wait for rank 0 to publish
         return {"rank": world.rank, "val_loss": run["best"], "epochs": len(run["history"])}
     wall = time.perf_counter() - started
-    meta = {
-        "kind": "foundation",
-        "arch": arch,
-        "encoder": enc.to_dict(),
-        "horizon_days": p.horizon_days,
-        "input_dropout": p.input_dropout,
-        "cache_fingerprint": cache.manifest["fingerprint"],
-        "history": run["history"],
-        "best_val_loss": run["best"],
-        "training_sizes": sizes.to_dict(),
-        "world_size": world.size,
-    }
+    meta = CheckpointMeta(
+        kind="foundation",
+        arch=arch,
+        encoder=enc.to_dict(),
+        horizon_days=p.horizon_days,
+        input_dropout=p.input_dropout,
+        cache_fingerprint=cache.manifest["fingerprint"],
+        history=run["history"],
+        best_val_loss=run["best"],
+        training_sizes=sizes.to_dict(),
+        world_size=world.size,
+    )
     version, final = publish_checkpoint(ws.foundation_root(cfg), model, meta)
     resume.clear_state(state_dir)
     world.barrier()

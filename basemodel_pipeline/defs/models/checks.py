@@ -110,7 +110,7 @@ def loss_finite_and_improving(context: dg.AssetCheckExecutionContext) -> dg.Asse
         info = ckpt.read_meta(Path(meta["path"]))  # verified against its manifest first
     except UserError as exc:
         return dg.AssetCheckResult(passed=False, description=str(exc))
-    history = info.get("history") or info.get("meta", {}).get("history") or []
+    history = info.history
     passed, severity, why = loss_verdict(history)
     return dg.AssetCheckResult(
         passed=passed,
