@@ -69,10 +69,11 @@ def run_pretrain(cfg: PipelineConfig, progress: Progress | None = None) -> dict[
 @guarded
 def run_finetune(cfg: PipelineConfig, scenario: str, progress: Progress | None = None) -> dict[str, Any]:
     """Fine-tune one scenario from the foundation checkpoint; evaluate it and the baselines on the test window."""
+    from basemodel_pipeline.reports.scenario import report_files
     from basemodel_pipeline.scenarios.finetune import finetune
 
     cfg = resolve_windows(cfg)
-    return finetune(cfg, cfg.scenario(scenario), progress or NullProgress())
+    return finetune(cfg, cfg.scenario(scenario), progress or NullProgress(), report=report_files)
 
 
 @guarded
@@ -91,10 +92,12 @@ def run_finetune_many(
 ) -> dict[str, Any]:
     """Fine-tune several scenarios with one featurisation pass (each stops on its own validation metric).
     Returns {scenario: metadata} (a single scenario returns its metadata directly)."""
+    from basemodel_pipeline.reports.scenario import report_files
     from basemodel_pipeline.scenarios.finetune import finetune_many
 
     cfg = resolve_windows(cfg)
-    out = finetune_many(cfg, [cfg.scenario(s) for s in scenarios], progress or NullProgress())
+    scs = [cfg.scenario(s) for s in scenarios]
+    out = finetune_many(cfg, scs, progress or NullProgress(), report=report_files)
     return out[scenarios[0]] if len(scenarios) == 1 else out
 
 

@@ -77,6 +77,8 @@ def test_refit_on_all_learns_the_test_window_after_measuring_it(tiny_dataset: Pa
     run_cache(cfg)
     run_pretrain(cfg)
     plain = finetune_many(cfg, cfg.scenarios, NullProgress())["grocery"]
+    # the library publishes no report of its own: pipeline.py composes it (reports.scenario.report_files)
+    assert plain["report_path"] is None and not (Path(plain["path"]) / "report.html").exists()
     raw["training_params"]["finetune"]["refit_on_all"] = True
     config.write_text(yaml.safe_dump(raw, sort_keys=False))
     cfg = load_config(config)

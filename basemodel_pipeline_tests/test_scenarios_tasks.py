@@ -19,6 +19,7 @@ from basemodel_pipeline.config import load_config
 from basemodel_pipeline.errors import DataError, UserError
 from basemodel_pipeline.pipeline import run_cache, run_extract, run_predict, run_pretrain
 from basemodel_pipeline.progress import NullProgress
+from basemodel_pipeline.reports.scenario import report_files
 from basemodel_pipeline.scenarios.finetune import finetune, finetune_many
 from basemodel_pipeline.tasks.recommendation import REPEAT_WEIGHTS
 
@@ -208,7 +209,8 @@ def world(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFactory):
     run_extract(cfg)
     run_cache(cfg)
     run_pretrain(cfg)
-    results = finetune_many(cfg, [cfg.scenario(s["name"]) for s in SCENARIOS], NullProgress())
+    scenarios = [cfg.scenario(s["name"]) for s in SCENARIOS]
+    results = finetune_many(cfg, scenarios, NullProgress(), report=report_files)  # as pipeline.py composes
     yield cfg, results
     sys.path.remove(str(d))
 

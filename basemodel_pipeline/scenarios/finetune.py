@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -43,7 +45,7 @@ from basemodel_pipeline.scenarios.shared import (
     prepare,
     split_parts,
 )
-from basemodel_pipeline.tasks import task_named
+from basemodel_pipeline.tasks import Task, task_named
 from basemodel_pipeline.tasks.recommendation import REPEAT_HALF_LIFE_DAYS, REPEAT_WEIGHTS, Recommendation
 from basemodel_pipeline.training.work import WorkCounter
 
@@ -61,12 +63,35 @@ def _tune_repeat_weight(ctx: Context, rows: Rows) -> float:
     return max(score, key=lambda w: (score[w], -w))
 
 
+@dataclass(frozen=True)
+class Finished:
+    """A fine-tuned scenario about to be published: what its report is made from. The report itself is
+    composed above this layer (pipeline.py passes reports.scenario.report_files as finetune_many's `report`)."""
+
+    shared: Shared
+    scenario: Scenario
+    model: TrunkWithHead
+    head: Task
+    test: Examples  # the test window's examples
+    result: dict[str, Any]  # what metrics.json holds
+    truth: Any  # the test labels
+    outputs: dict[str, Any]  # every candidate's test outputs
+
+
+ReportFiles = Callable[[Finished], dict[str, str]]  # files to publish beside the checkpoint
+
+
 def finetune_many(
-    cfg: PipelineConfig, scenarios: list[Scenario], progress: Progress, keep_outputs: bool = False
+    cfg: PipelineConfig,
+    scenarios: list[Scenario],
+    progress: Progress,
+    keep_outputs: bool = False,
+    report: ReportFiles | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Fine-tune several scenarios with one featurisation pass; each stops on its own validation metric.
     ``keep_outputs``: each result also holds "test_outputs" (every candidate's test outputs) and "test_truth"
-    (bench/bench_quality.py computes paired intervals from them)."""
+    (bench/bench_quality.py computes paired intervals from them). ``report``: the files (report.html, ...)
+    each checkpoint is published with; without it a checkpoint has metrics.json but no report."""
     shared = open_shared(cfg, progress)
     prepared = {}
     for sc in scenarios:
@@ -93,12 +118,14 @@ def finetune_many(
     for sc in scenarios:
         spec, ex, targets_s = prepared[sc.name]
         timing = {"targets_s": targets_s, "featurise_s": featurise_s}
-        out[sc.name] = _finish(shared, sc, spec, ex, progress, timing, dict(work), keep_outputs)
+        out[sc.name] = _finish(shared, sc, spec, ex, progress, timing, dict(work), keep_outputs, report)
     return out
 
 
-def finetune(cfg: PipelineConfig, scenario: Scenario, progress: Progress) -> dict[str, Any]:
-    return finetune_many(cfg, [scenario], progress)[scenario.name]
+def finetune(
+    cfg: PipelineConfig, scenario: Scenario, progress: Progress, report: ReportFiles | None = None
+) -> dict[str, Any]:
+    return finetune_many(cfg, [scenario], progress, report=report)[scenario.name]
 
 
 def _finish(
@@ -110,12 +137,10 @@ def _finish(
     timing: dict,
     work: dict,
     keep_outputs: bool = False,
+    report: ReportFiles | None = None,
 ) -> dict[str, Any]:
     """Train the network, fit the other candidates, choose on validation, score the test window once,
-    publish the checkpoint with the chosen candidate and write the report."""
-    from basemodel_pipeline.reports.explanations import add_report_explanation
-    from basemodel_pipeline.reports.html import scenario_report
-
+    publish the checkpoint with the chosen candidate (and the report's files, when `report` is given)."""
     cfg = shared.cfg
     parts = split_parts(ex)
     t0 = time.perf_counter()
@@ -275,13 +300,12 @@ def _finish(
     )
     extra: dict[str, str | bytes] = {
         "metrics.json": json_dumps(result),
-        "report.html": scenario_report(scenario, result, truth, outputs),
         **{f"candidates/{k}": v for k, v in published_files.items()},
     }
-    t0 = time.perf_counter()
-    # "what drives the model" in the report (the network's view), explanation.json beside it
-    add_report_explanation(extra, shared, model, head, ex["test"])
-    timing["explain_s"] = time.perf_counter() - t0
+    if report is not None:
+        t0 = time.perf_counter()
+        extra.update(report(Finished(shared, scenario, model, head, ex["test"], result, truth, outputs)))
+        timing["report_s"] = time.perf_counter() - t0
     if big:
         extra["target.json"] = json.dumps(big)
     if isinstance(scenario.target, PythonTarget):
@@ -296,7 +320,7 @@ def _finish(
         **kept,
         "path": str(final),
         "version": version,
-        "report_path": str(final / "report.html"),
+        "report_path": str(final / "report.html") if "report.html" in extra else None,
         "metric": metric_name,
         "mode": mode,
         "published": selection.published,
