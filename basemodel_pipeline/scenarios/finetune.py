@@ -17,6 +17,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,11 +33,12 @@ from basemodel_pipeline.model.checkpoint import CheckpointMeta, publish_checkpoi
 from basemodel_pipeline.model.trunk import TrunkWithHead
 from basemodel_pipeline.progress import Progress
 from basemodel_pipeline.scenarios import staging
-from basemodel_pipeline.scenarios.candidates import Blend, Candidate, Context, LightGBM, Neural
-from basemodel_pipeline.scenarios.examples import Examples, TargetSpec, concat_examples
+from basemodel_pipeline.scenarios.candidates import Blend, Candidate, Context, LightGBM
+from basemodel_pipeline.scenarios.examples import Examples, TargetSpec
 from basemodel_pipeline.scenarios.inputs import Rows
 from basemodel_pipeline.scenarios.network import train_network
-from basemodel_pipeline.scenarios.rerank import NeuralRanking, Reranker
+from basemodel_pipeline.scenarios.refit import refit
+from basemodel_pipeline.scenarios.rerank import NeuralRanking
 from basemodel_pipeline.scenarios.selection import Selection, choose, primary
 from basemodel_pipeline.scenarios.shared import (
     Shared,
@@ -45,7 +47,7 @@ from basemodel_pipeline.scenarios.shared import (
     prepare,
     split_parts,
 )
-from basemodel_pipeline.tasks import Task, task_named
+from basemodel_pipeline.tasks import Task
 from basemodel_pipeline.tasks.recommendation import REPEAT_HALF_LIFE_DAYS, REPEAT_WEIGHTS, Recommendation
 from basemodel_pipeline.training.work import WorkCounter
 
@@ -150,13 +152,125 @@ def _finish(
     timing["train_s"] = time.perf_counter() - t0
     # examples the network trained on, all epochs (features come from the shared featurisation pass)
     work["train_examples_per_s"] = round(len(parts["train"]) * len(history) / max(timing["train_s"], 1e-9), 1)
-    ctx = Context(scenario, spec, head, cfg.training_params.finetune.seed, progress)
-    task = ctx.task
     mode = scenario.mode or cfg.training_params.finetune.mode
     model.to(runtime.resolve_device(cfg.training_params.foundation.device))
-    rows = {k: shared.rows_of(v, model, mode) for k, v in {**parts, "test": ex["test"]}.items()}
+    fit = _fit_candidates(shared, scenario, spec, {**parts, "test": ex["test"]}, model, head, mode, progress)
+    t0 = time.perf_counter()
+    selection, published = _choose(fit, parts["select"], scenario)
+    timing["select_s"] = time.perf_counter() - t0
+    progress.log(f"{scenario.name}: published {selection.published}: {selection.reason}")
+    t0 = time.perf_counter()
+    outputs = _score_test(fit, selection, published)  # the test window, scored once, after the choice
+    timing["test_s"] = time.perf_counter() - t0
+    timing["candidates_fit_s"] = sum(fit.fit_s.values())
+    refit_info: dict[str, Any] = {}
+    if cfg.training_params.finetune.refit_on_validation:
+        t0 = time.perf_counter()
+        model, outputs["model"] = refit(
+            shared, scenario, spec, parts, ex["test"], model, history, published, progress
+        )
+        timing["refit_s"] = time.perf_counter() - t0
+        refit_info = {"refit_on_validation": True, "windows": "training + validation"}
+    truth = fit.ctx.task.truth(ex["test"].labels)
+    result = {
+        **_evaluation(fit, spec, scenario, selection, outputs, truth),
+        "mode": mode,
+        "best_val": best,
+        "examples": {
+            "train": len(ex["train"]),
+            "stop": len(parts["stop"]),
+            "select": len(parts["select"]),
+            "test": len(ex["test"]),
+            "available": shared.available.get(scenario.name, {}),  # before finetune.max_*_examples
+        },
+        "regime": shared.regime,
+        **({"refit": refit_info} if refit_info else {}),
+        "history": history,
+        "timing_s": {k: round(v, 2) for k, v in timing.items()},
+        "work": work,  # training/work.py
+        "test_date": cfg.data_params.test_date.isoformat(),
+        "windows": windows_metadata(cfg),
+        "foundation_version": shared.fmeta.version,
+        "cache_data_version": cache_data_version(shared.cache.manifest),
+    }
+    if cfg.training_params.finetune.refit_on_all:  # after the test measurement: the newest weeks too
+        t0 = time.perf_counter()
+        everything = {**parts, "test": ex["test"]}
+        model, _ = refit(shared, scenario, spec, everything, ex["test"], model, history, published, progress)
+        result["timing_s"]["refit_all_s"] = round(time.perf_counter() - t0, 2)
+        result["refit"] = {
+            **result.get("refit", {}),
+            "refit_on_all": True,
+            "windows": "training + validation + test",
+            "test_metrics": "of the model before this refit (the refitted model has seen the test window)",
+        }
+    done = Finished(shared, scenario, model, head, ex["test"], result, truth, outputs)
+    version, final = _publish(done, spec, selection, published, report, timing)
+    kept = {"test_outputs": outputs, "test_truth": truth} if keep_outputs else {}
+    return {**kept, **_summary(final, version, result, selection, timing, work, fit)}
+
+
+def _summary(
+    final: Path,
+    version: str,
+    result: dict[str, Any],
+    selection: Selection,
+    timing: dict,
+    work: dict,
+    fit: _Fit,
+) -> dict[str, Any]:
+    """What a fine-tuning run returns (and Dagster shows): where the checkpoint is and its headline figures."""
+    return {
+        "path": str(final),
+        "version": version,
+        "report_path": str(final / "report.html") if (final / "report.html").exists() else None,
+        "metric": result["metric"],
+        "mode": result["mode"],
+        "published": selection.published,
+        **{f"test_{k}": v for k, v in result["test"].items() if v is not None},
+        **{f"val_{k}": v for k, v in selection.validation.items()},
+        "best_val": result["best_val"],
+        "epochs": len(result["history"]),
+        "train_examples": result["examples"]["train"],
+        "classes": result["classes"],
+        **{k: round(v, 2) for k, v in timing.items()},
+        **work,
+        **{f"windows.{k}": v for k, v in result["windows"].items()},
+        "foundation_version": result["foundation_version"],
+        "cache_data_version": result["cache_data_version"],
+        "baselines_reused": fit.stage_info["reused"],
+    }
+
+
+@dataclass
+class _Fit:
+    """A scenario's candidates, fitted (or read from the staged baselines), and the rows they score."""
+
+    ctx: Context
+    rows: dict[str, Rows]  # train, stop, select, test
+    candidates: dict[str, Candidate]
+    stage: staging.Stage | None  # the staged baselines' validation and test outputs, when they were staged
+    stage_info: dict[str, Any]
+    fit_s: dict[str, float]  # seconds per candidate fitted here
+
+
+def _fit_candidates(
+    shared: Shared,
+    scenario: Scenario,
+    spec: TargetSpec,
+    parts: dict[str, Examples],
+    model: TrunkWithHead,
+    head: Task,
+    mode: str,
+    progress: Progress,
+) -> _Fit:
+    """Every candidate the scenario names, fitted on the training rows (early stopping on "stop"); the
+    baselines staged by run_baselines are read instead of fitted again."""
+    cfg = shared.cfg
+    ctx = Context(scenario, spec, head, cfg.training_params.finetune.seed, progress)
+    rows = {k: shared.rows_of(v, model, mode) for k, v in parts.items()}
     candidates = candidate_models(ctx, scenario.candidates)
-    if task.ranked:
+    if ctx.task.ranked:
         spec.extra["repeat_half_life_days"] = REPEAT_HALF_LIFE_DAYS
         weight = _tune_repeat_weight(ctx, rows["stop"])
         spec.extra["repeat_weight"] = weight
@@ -175,9 +289,14 @@ def _finish(
         cand.fit(rows["train"], rows["stop"])
         fit_s[name] = round(time.perf_counter() - t0, 2)
         progress.log(f"{scenario.name}: {name} fitted in {fit_s[name]} s")
-    t0 = time.perf_counter()
-    select = rows["select"]
-    y_select = select.labels if task.ranked else task.truth(parts["select"].labels)
+    return _Fit(ctx, rows, candidates, stage, stage_info, fit_s)
+
+
+def _choose(fit: _Fit, select_examples: Examples, scenario: Scenario) -> tuple[Selection, Candidate]:
+    """The published candidate (or blend), chosen on the selection rows of the validation windows."""
+    task, candidates, select = fit.ctx.task, fit.candidates, fit.rows["select"]
+    staged = fit.stage.select if fit.stage is not None else {}
+    y_select = select.labels if task.ranked else task.truth(select_examples.labels)
     val_out = {
         name: staged[name] if name in staged else cand.predict(select) for name, cand in candidates.items()
     }
@@ -190,33 +309,29 @@ def _finish(
         scores = {n: primary(task, y_select, val_out[n]) for n in gbm}
         fitted = ["neural", max(gbm, key=lambda n: scores[n] if np.isfinite(scores[n]) else -np.inf)]
     members = [] if task.ranked else fitted
-    selection, published = choose(
-        ctx, candidates, val_out, y_select, select.entity, members, scenario.publish
-    )
-    timing["select_s"] = time.perf_counter() - t0
-    progress.log(f"{scenario.name}: published {selection.published}: {selection.reason}")
-    # the test window, scored once, after the choice
-    t0 = time.perf_counter()
-    staged_test = stage.test if stage is not None else {}
+    return choose(fit.ctx, candidates, val_out, y_select, select.entity, members, scenario.publish)
+
+
+def _score_test(fit: _Fit, selection: Selection, published: Candidate) -> dict[str, Any]:
+    """Every candidate's test outputs ("model": the published one's, first); the blend's too when the
+    selection fitted one, even if another candidate is published."""
+    staged_test = fit.stage.test if fit.stage is not None else {}
+    test = fit.rows["test"]
     outputs = {
-        name: staged_test[name] if name in staged_test else cand.predict(rows["test"])
-        for name, cand in candidates.items()
+        name: staged_test[name] if name in staged_test else cand.predict(test)
+        for name, cand in fit.candidates.items()
     }
-    if "blend" in selection.validation:  # reported even when another candidate is published
-        blend = published if selection.published == "blend" else _blend_of(ctx, candidates, selection)
-        outputs["blend"] = blend.predict(rows["test"])
-    outputs = {"model": outputs[selection.published], **outputs}
-    timing["test_s"] = time.perf_counter() - t0
-    timing["candidates_fit_s"] = sum(fit_s.values())
-    refit_info: dict[str, Any] = {}
-    if cfg.training_params.finetune.refit_on_validation:
-        t0 = time.perf_counter()
-        model, outputs["model"] = _refit(
-            shared, scenario, spec, parts, ex["test"], model, history, published, progress
-        )
-        timing["refit_s"] = time.perf_counter() - t0
-        refit_info = {"refit_on_validation": True, "windows": "training + validation"}
-    truth = task.truth(ex["test"].labels)
+    if "blend" in selection.validation:
+        blend = published if selection.published == "blend" else _blend_of(fit.ctx, fit.candidates, selection)
+        outputs["blend"] = blend.predict(test)
+    return {"model": outputs[selection.published], **outputs}
+
+
+def _evaluation(
+    fit: _Fit, spec: TargetSpec, scenario: Scenario, selection: Selection, outputs: dict[str, Any], truth: Any
+) -> dict[str, Any]:
+    """The test metrics of every candidate and what was chosen: the heart of metrics.json."""
+    task = fit.ctx.task
     log1p = bool(spec.extra.get("log1p"))
     all_metrics = {name: task.evaluate(truth, o, scenario.k, log1p) for name, o in outputs.items()}
     for name in ("popularity",):  # popularity scores rank but are not probabilities: no log-loss
@@ -224,66 +339,40 @@ def _finish(
             all_metrics[name] = {
                 k: (float("nan") if "log_loss" in k else v) for k, v in all_metrics[name].items()
             }
-    metric_name = task.primary_metric
-    test = {name: m[metric_name] for name, m in all_metrics.items()}
+    test = {name: m[task.primary_metric] for name, m in all_metrics.items()}
     if task.ranked:
         test.setdefault("lightgbm_aggregates", None)  # no LightGBM on aggregates for ranking the catalogue
-    result = {
-        "metric": metric_name,
+    return {
+        "metric": task.primary_metric,
         "task": task.name,
-        "mode": mode,
         "published": selection.published,
         "selection": selection.to_dict(),
         "test": test,
         "test_metrics": all_metrics,
-        "best_val": best,
-        "examples": {
-            "train": len(ex["train"]),
-            "stop": len(parts["stop"]),
-            "select": len(parts["select"]),
-            "test": len(ex["test"]),
-            "available": shared.available.get(scenario.name, {}),  # before finetune.max_*_examples
-        },
         "classes": len(spec.classes) or spec.extra.get("n_items", 1),
         "repeat_weight": spec.extra.get("repeat_weight"),
-        "regime": shared.regime,
-        **({"refit": refit_info} if refit_info else {}),
-        "history": history,
-        "candidates_fit_s": fit_s,
+        "candidates_fit_s": fit.fit_s,
         # multilabel LightGBM: the row bound and the rows each per-label booster trained on
         "lightgbm_rows": {
             name: cand.gbm.sampling()
-            for name, cand in candidates.items()
+            for name, cand in fit.candidates.items()
             if task.per_label and isinstance(cand, LightGBM) and cand.gbm is not None
         },
-        "baselines": stage_info,
-        "timing_s": {k: round(v, 2) for k, v in timing.items()},
-        "work": work,  # training/work.py
-        "test_date": cfg.data_params.test_date.isoformat(),
-        "windows": windows_metadata(cfg),
-        "foundation_version": shared.fmeta.version,
-        "cache_data_version": cache_data_version(shared.cache.manifest),
+        "baselines": fit.stage_info,
     }
-    if cfg.training_params.finetune.refit_on_all:  # after the test measurement: the newest weeks too
-        t0 = time.perf_counter()
-        model, _ = _refit(
-            shared,
-            scenario,
-            spec,
-            {**parts, "test": ex["test"]},
-            ex["test"],
-            model,
-            history,
-            published,
-            progress,
-        )
-        result["timing_s"]["refit_all_s"] = round(time.perf_counter() - t0, 2)
-        result["refit"] = {
-            **result.get("refit", {}),
-            "refit_on_all": True,
-            "windows": "training + validation + test",
-            "test_metrics": "of the model before this refit (the refitted model has seen the test window)",
-        }
+
+
+def _publish(
+    done: Finished,
+    spec: TargetSpec,
+    selection: Selection,
+    published: Candidate,
+    report: ReportFiles | None,
+    timing: dict,
+) -> tuple[str, Path]:
+    """Publish the checkpoint: weights, model.json, metrics.json, the published candidate's files, the
+    target's large parts, a Python target's source and the report's files."""
+    shared, scenario, result = done.shared, done.scenario, done.result
     big = {k: spec.extra[k] for k in ("items", "popularity") if k in spec.extra}
     small_spec = {k: v for k, v in spec.to_dict().items() if k not in big}
     published_meta, published_files = published.save()
@@ -291,7 +380,7 @@ def _finish(
         kind="scenario",
         scenario=scenario.model_dump(mode="json"),
         target=finite(small_spec),
-        arch=shared.fmeta.arch.with_out_dim(task.out_dim),
+        arch=shared.fmeta.arch.with_out_dim(done.head.out_dim),
         encoder=shared.fmeta.encoder,
         foundation_version=shared.fmeta.version,
         cache_fingerprint=shared.cache.manifest["fingerprint"],
@@ -304,7 +393,7 @@ def _finish(
     }
     if report is not None:
         t0 = time.perf_counter()
-        extra.update(report(Finished(shared, scenario, model, head, ex["test"], result, truth, outputs)))
+        extra.update(report(done))
         timing["report_s"] = time.perf_counter() - t0
     if big:
         extra["target.json"] = json.dumps(big)
@@ -314,29 +403,7 @@ def _finish(
         source = function_source(scenario)
         if source is not None:
             extra["target_function.py"] = source
-    version, final = publish_checkpoint(ws.scenario_root(cfg, scenario.name), model, meta, extra)
-    kept = {"test_outputs": outputs, "test_truth": truth} if keep_outputs else {}
-    return {
-        **kept,
-        "path": str(final),
-        "version": version,
-        "report_path": str(final / "report.html") if "report.html" in extra else None,
-        "metric": metric_name,
-        "mode": mode,
-        "published": selection.published,
-        **{f"test_{k}": v for k, v in test.items() if v is not None},
-        **{f"val_{k}": v for k, v in selection.validation.items()},
-        "best_val": best,
-        "epochs": len(history),
-        "train_examples": len(ex["train"]),
-        "classes": result["classes"],
-        **{k: round(v, 2) for k, v in timing.items()},
-        **work,
-        **{f"windows.{k}": v for k, v in result["windows"].items()},
-        "foundation_version": result["foundation_version"],
-        "cache_data_version": result["cache_data_version"],
-        "baselines_reused": stage_info["reused"],
-    }
+    return publish_checkpoint(ws.scenario_root(shared.cfg, scenario.name), done.model, meta, extra)
 
 
 def _staged_baselines(
@@ -351,49 +418,6 @@ def _staged_baselines(
         return None, {"reused": False, "key": key}
     progress.log(f"{scenario.name}: baselines {', '.join(stage.saved)} read from {path}")
     return stage, {"reused": True, "key": key, "fit_s": stage.fit_s}  # no path: checkpoints stay movable
-
-
-def _uses_network(cand: Candidate) -> bool:
-    if isinstance(cand, Blend):
-        return any(_uses_network(m) for m in cand.members)
-    return isinstance(cand, (Neural, NeuralRanking, Reranker))
-
-
-def _refit(
-    shared: Shared,
-    scenario: Scenario,
-    spec: TargetSpec,
-    parts: dict[str, Examples],
-    test: Examples,
-    model: TrunkWithHead,
-    history: list[dict],
-    published: Candidate,
-    progress: Progress,
-) -> tuple[TrunkWithHead, Any]:
-    """The published candidate trained again on the training and validation windows together (and the test
-    window when `parts` holds "test": finetune.refit_on_all), for the epochs / rounds early stopping chose
-    (finetune.refit_on_validation). Returns (network, its test outputs)."""
-    mode = scenario.mode or shared.cfg.training_params.finetune.mode
-    labelled = [parts["train"], parts["stop"], parts["select"], *([parts["test"]] if "test" in parts else [])]
-    everything = concat_examples(labelled)
-    task = task_named(scenario.task)
-    if _uses_network(published):
-        sign = 1.0 if task.higher_is_better() else -1.0
-        scores = [sign * h["val_metric"] if np.isfinite(h["val_metric"]) else -np.inf for h in history]
-        epochs = int(np.argmax(scores)) + 1
-        progress.log(
-            f"{scenario.name}: refitting the network on {len(everything):,} examples for {epochs} epochs"
-        )
-        model = train_network(
-            shared, scenario, spec, {"train": everything, "val": parts["select"]}, progress, epochs
-        )[0]
-        model.to(runtime.resolve_device(shared.cfg.training_params.foundation.device))
-    # the re-ranker learns from validation windows only (rerank.Reranker.fit): all of them now
-    windows = concat_examples(labelled[1:]) if task.ranked else everything
-    progress.log(f"{scenario.name}: refitting {type(published).__name__} on {len(windows):,} examples")
-    published.refit(shared.rows_of(windows, model, mode))
-    rows = shared.rows_of(test, model, mode)
-    return model, (published.rank(rows)[0] if task.ranked else published.predict(rows))
 
 
 def _blend_of(ctx: Context, candidates: dict[str, Candidate], selection: Selection) -> Blend:
