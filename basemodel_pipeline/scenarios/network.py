@@ -18,6 +18,7 @@ from basemodel_pipeline.scenarios.examples import Examples, TargetSpec
 from basemodel_pipeline.scenarios.lora import add_lora, merge_lora
 from basemodel_pipeline.scenarios.shared import Shared
 from basemodel_pipeline.tasks import Task, task_for
+from basemodel_pipeline.training import loop
 
 
 def train_network(
@@ -58,52 +59,42 @@ def train_network(
         model.to(device)
     n = len(ex["train"])
     steps = epochs * -(-n // p.batch_size)
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=p.weight_decay)
-    warmup = min(100, steps // 10)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt,
-        lambda s: (
-            (s + 1) / max(warmup, 1)
-            if s < warmup
-            else 0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * min(1.0, (s - warmup) / max(steps - warmup, 1))))
-        ),
-    )
+    opt, sched = loop.optimizer_and_schedule(params, lr, p.weight_decay, min(100, steps // 10), steps)
     rng = np.random.default_rng(p.seed)
     primary = head.primary_metric
     sign = 1.0 if head.higher_is_better() else -1.0
     val_truth = head.truth(ex["val"].labels)
-    progress.start(f"finetune {scenario.name}", steps)
+    bar = f"finetune {scenario.name}"
+    progress.start(bar, steps)
+
+    def batch(idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:  # [b, in_dim or hidden], head targets
+        xb = torch.from_numpy(inputs[rows["train"][idx]]).to(device)
+        return xb, head.targets(ex["train"].labels, idx).to(device)
+
+    def on_step(loss: float, size: int) -> None:
+        progress.advance(bar, 1, loss=loss)
+
     best, best_state, history, bad = -np.inf, None, [], 0
     for epoch in range(epochs):
-        net.train()
-        total, started = 0.0, time.perf_counter()
-        for idx in runtime.batches(n, p.batch_size, rng):
-            xb = torch.from_numpy(inputs[rows["train"][idx]]).to(device)
-            yb = head.targets(ex["train"].labels, idx).to(device)
-            loss = head.loss(net(xb).float(), yb)
-            if not torch.isfinite(loss):
-                raise FloatingPointError(
-                    f"scenario '{scenario.name}': training loss is not finite; lower the learning rate"
-                )
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            sched.step()
-            total += float(loss.detach()) * len(idx)
-            progress.advance(f"finetune {scenario.name}", 1, loss=float(loss.detach()))
+        started = time.perf_counter()
+        try:  # the shared loop (training/loop.py): bf16 autocast on CUDA, fp32 on the CPU
+            train_loss = loop.train_epoch(
+                net, n, batch, head.loss, opt, sched, p.batch_size, rng, device, on_step
+            )
+        except FloatingPointError as exc:
+            raise FloatingPointError(f"scenario '{scenario.name}': {exc}") from None
         val_logits = runtime.predict(net, inputs[rows["val"]], device)
         val_metric = float(head.primary(val_truth, head.network_outputs(val_logits)))
         history.append(
             {
                 "epoch": epoch + 1,
-                "train_loss": total / n,
+                "train_loss": train_loss,
                 "val_metric": val_metric,
                 "seconds": round(time.perf_counter() - started, 2),
             }
         )
         progress.log(
-            f"{scenario.name} epoch {epoch + 1}: train_loss={total / n:.4f} val_{primary}={val_metric:.4f}"
+            f"{scenario.name} epoch {epoch + 1}: train_loss={train_loss:.4f} val_{primary}={val_metric:.4f}"
         )
         score = sign * val_metric if np.isfinite(val_metric) else -np.inf
         if best_state is None or score > best or fixed_epochs is not None:

@@ -1,10 +1,11 @@
-"""Small, explicit training utilities shared by pretraining and fine-tuning (the device, threads, mixed
-precision and batched forward passes are runtime.py's)."""
+"""The one training loop: an optimizer with its schedule, and an epoch of mini-batch steps. Pretraining
+(training/pretrain.py) and the scenario networks (scenarios/network.py) both train through it; the device,
+threads, mixed precision and batched forward passes are runtime.py's."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import torch
@@ -12,12 +13,22 @@ from torch import nn
 
 from basemodel_pipeline.runtime import Array, autocast, batches, take
 
+Batch = Callable[
+    [np.ndarray], tuple[torch.Tensor, torch.Tensor]
+]  # example indices -> (inputs, targets) on the device
+
+
+def array_batch(X: Array, Y: Array, device: torch.device) -> Batch:
+    """The Batch of two arrays (numpy or tensors) holding the same examples' inputs and targets."""
+    return lambda idx: (take(X, idx, device), take(Y, idx, device))
+
 
 def optimizer_and_schedule(
-    model: nn.Module, lr: float, weight_decay: float, warmup: int, total_steps: int
+    params: Iterable[nn.Parameter], lr: float, weight_decay: float, warmup: int, total_steps: int
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW with linear warmup then cosine decay to 10% of the peak rate."""
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    """AdamW over `params` (all of a model's, or only a head's and its LoRA adapters') with linear warmup
+    then cosine decay to 10% of the peak rate."""
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
 
     def factor(step: int) -> float:
         if step < warmup:
@@ -30,8 +41,8 @@ def optimizer_and_schedule(
 
 def train_epoch(
     model: nn.Module,
-    X: Array,
-    Y: Array,
+    n: int,
+    batch: Batch,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     opt: torch.optim.Optimizer,
     sched: torch.optim.lr_scheduler.LambdaLR,
@@ -42,16 +53,18 @@ def train_epoch(
     skip_batches: int = 0,
     amp: torch.dtype | None | str = "cuda-bf16",
 ) -> float:
-    """One pass over (X, Y) in random mini-batches; returns the mean loss of the batches run.
+    """One pass over n examples in random mini-batches (`batch` gathers each one); returns the mean loss of
+    the batches run. Parameters without a gradient (a frozen trunk) are neither clipped nor stepped.
 
     `skip_batches` resumes an interrupted epoch: the permutation is drawn as usual, the first batches skipped.
-    `on_step(loss, batch_size)` is called after every optimizer step."""
+    `on_step(loss, batch_size)` is called after every optimizer step. `amp`: runtime.autocast (the default,
+    bf16 on CUDA only)."""
     model.train()
     total, count = 0.0, 0
-    for i, idx in enumerate(batches(len(X), batch_size, rng)):
+    for i, idx in enumerate(batches(n, batch_size, rng)):
         if i < skip_batches:
             continue
-        xb, yb = take(X, idx, device), take(Y, idx, device)
+        xb, yb = batch(idx)
         with autocast(device, amp):
             out = model(xb)
         loss = loss_fn(out.float(), yb)

@@ -309,7 +309,7 @@ def _pretrain(
     per_rank = -(-sizes.examples_per_epoch // world.size)
     total_steps = p.epochs * (-(-per_rank // sizes.batch_size) + n_chunks)
     opt, sched = loop.optimizer_and_schedule(
-        model, p.learning_rate, p.weight_decay, p.warmup_steps, total_steps
+        model.parameters(), p.learning_rate, p.weight_decay, p.warmup_steps, total_steps
     )
     progress.start("pretrain", total_steps)
     state_dir = ws.foundation_root(cfg) / ".resume"
@@ -368,7 +368,7 @@ def _pretrain(
                         resume.save_state(state_dir, key, model, opt, sched, kept["best_state"], run)
 
                 loop.train_epoch(
-                    replica, X, Y, loss_fn, opt, sched, sizes.batch_size,
+                    replica, len(X), loop.array_batch(X, Y, device), loss_fn, opt, sched, sizes.batch_size,
                     np.random.default_rng([p.seed, epoch, ci]), device,
                     on_step=on_step, skip_batches=run["batch"] - done, amp=sizes.amp_dtype,
                 )  # fmt: skip
