@@ -122,7 +122,7 @@ def _train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any) 
 
 
 def _info(step: int) -> dict[str, Any]:
-    return {**resume.new_run_info(), "step": step}
+    return resume.RunState(step=step).info()
 
 
 def _save(directory: Path, model: Any, opt: Any, sched: Any, step: int) -> dict[str, torch.Tensor]:

@@ -138,7 +138,10 @@ def test_activity_targets_match_a_direct_count(trained) -> None:
 
 
 def test_foundation_early_stopping_rule() -> None:
-    from basemodel_pipeline.training.pretrain import _stalled
+    from basemodel_pipeline.training.resume import RunState
+
+    def _stalled(history: list, patience: int) -> bool:
+        return RunState(history=history).stalled(patience)
 
     h = [{"val_loss": v} for v in (3.0, 2.5, 2.6, 2.7)]
     assert _stalled(h, patience=2)  # 2.6, 2.7 do not beat 2.5

@@ -44,19 +44,7 @@ def train_network(
     head.init_bias(model.head, ex["train"].labels)
     model.to(device)
     rows = {k: shared.rows(v) for k, v in ex.items()}
-    if mode == "frozen":
-        inputs = shared.trunk_outputs(device)
-        net: nn.Module = model.head
-        params = list(model.head.parameters())
-    else:
-        assert shared.X is not None
-        inputs, net = shared.X, model
-        params = (
-            list(model.parameters())
-            if mode == "full"
-            else add_lora(model.trunk, scenario.lora_rank) + list(model.head.parameters())
-        )
-        model.to(device)
+    inputs, net, params = _trainable(shared, model, mode, scenario.lora_rank, device)
     n = len(ex["train"])
     steps = epochs * -(-n // p.batch_size)
     opt, sched = loop.optimizer_and_schedule(params, lr, p.weight_decay, min(100, steps // 10), steps)
@@ -108,3 +96,21 @@ def train_network(
     if mode == "lora":
         merge_lora(model.trunk)
     return model.cpu(), head, history, sign * best
+
+
+def _trainable(
+    shared: Shared, model: TrunkWithHead, mode: str, lora_rank: int, device: torch.device
+) -> tuple[np.ndarray, nn.Module, list[nn.Parameter]]:
+    """What a fine-tuning mode trains: (the rows' inputs, the module they go through, its trained parameters).
+    frozen: the head on the trunk's outputs; full: the whole network on the features; lora: the head and
+    low-rank adapters on the frozen trunk's linear layers."""
+    if mode == "frozen":
+        return shared.trunk_outputs(device), model.head, list(model.head.parameters())
+    assert shared.X is not None
+    params = (
+        list(model.parameters())
+        if mode == "full"
+        else add_lora(model.trunk, lora_rank) + list(model.head.parameters())
+    )
+    model.to(device)
+    return shared.X, model, params

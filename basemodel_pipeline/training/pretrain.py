@@ -12,9 +12,7 @@ run resumed from its last saved state replays exactly what the interrupted run w
 
 from __future__ import annotations
 
-import copy
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +35,7 @@ from basemodel_pipeline.progress import NullProgress, Progress
 from basemodel_pipeline.training import loop, resume
 from basemodel_pipeline.training.calibrate import Sizes, calibrate
 from basemodel_pipeline.training.distributed import World, init_world, shutdown
-from basemodel_pipeline.training.work import WorkCounter
+from basemodel_pipeline.training.epochs import EpochRunner
 from basemodel_pipeline.workspace import cache_dir
 
 FIELD = "training_params.foundation"
@@ -225,26 +223,6 @@ def epoch_chunks(
     return [(e[by_chunk[a:b]], t[by_chunk[a:b]]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
-class Prefetcher:
-    """Featurise chunk i+1 in a background thread while chunk i trains (workers >= 1), else inline."""
-
-    def __init__(self, make, workers: int) -> None:
-        self.make = make
-        self.pool = ThreadPoolExecutor(workers) if workers > 0 else None
-        self.pending: dict[int, Future] = {}
-
-    def get(self, chunks: list, i: int, prefetch_next: bool = True):
-        job = self.pending.pop(i, None)
-        result = job.result() if job is not None else self.make(*chunks[i])
-        if self.pool is not None and prefetch_next and i + 1 < len(chunks):
-            self.pending[i + 1] = self.pool.submit(self.make, *chunks[i + 1])
-        return result
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
-
-
 def pretrain(cfg: PipelineConfig, progress: Progress) -> dict[str, Any]:
     p = cfg.training_params.foundation
     cache = EventCache(cache_dir(cfg))
@@ -273,6 +251,7 @@ def _pretrain(
     device: torch.device,
     progress: Progress,
 ) -> dict[str, Any]:
+    """Read top to bottom: encoder and sizes, validation set, model, optimizer, resume, epochs, publish."""
     p = cfg.training_params.foundation
     enc = fit_encoder(cache, cfg)
     layout = target_layout(enc)
@@ -283,16 +262,7 @@ def _pretrain(
         + f", world={world.size}"
     )
     ex = PretrainBatches(cache, enc, p.horizon_days * DAY, device)
-
-    n_val = min(cache.n_entities, p.validation_entities)
-    val_entities = np.sort(np.random.default_rng([p.seed, 7]).choice(cache.n_entities, n_val, replace=False))
-    ve, vt = np.repeat(val_entities, len(val_times)), np.tile(val_times, n_val)
-    keep = ex.with_history(ve, vt)
-    if not keep.any():
-        raise ConfigError(
-            f"{FIELD}: no entity has history before the validation split points; check data_params"
-        )
-    Xv, Yv = ex(ve[keep], vt[keep])
+    Xv, Yv = _validation_set(cache, ex, val_times, p.validation_entities, p.seed)  # [n_val, in], [n_val, out]
     arch = TrunkConfig(
         in_dim=enc.dim,
         hidden_dim=p.hidden_dim,
@@ -303,7 +273,6 @@ def _pretrain(
     model = build_model(arch).to(device)
     model.trunk.input_dropout = p.input_dropout
     model.trunk.set_stats(Xv.mean(0).to(device), Xv.std(0).to(device))  # the same on every rank
-    replica = world.wrap(model)  # DDP under torchrun, else the model itself
     loss_fn = make_loss(layout, p.activity_loss_weight)
     n_chunks = -(-sizes.entities_per_epoch // max(1, sizes.chunk_examples // sizes.split_points_per_entity))
     per_rank = -(-sizes.examples_per_epoch // world.size)
@@ -312,82 +281,29 @@ def _pretrain(
         model.parameters(), p.learning_rate, p.weight_decay, p.warmup_steps, total_steps
     )
     progress.start("pretrain", total_steps)
-    state_dir = ws.foundation_root(cfg) / ".resume"
-    key = resume.state_key(
-        p.model_dump(mode="json"),
-        cfg.data_params.model_dump(mode="json"),
-        sizes.to_dict(),
-        world.size,
-        cache.manifest["fingerprint"],
-        cache.manifest["created"],  # a rebuilt cache (new data) starts afresh
-    )
-    run = resume.new_run_info()
-    kept: dict[str, Any] = {"best_state": None}  # best weights so far (read by the step callback)
-    resumed = resume.load_state(state_dir, key, model, opt, sched, warn=progress.log)
-    if resumed is not None:
-        run, kept["best_state"] = resumed
-        progress.log(f"resuming from step {run['step']} (epoch {run['epoch'] + 1}, batch {run['batch']})")
-        progress.advance("pretrain", run["step"])
-    timing = {"featurise_s": 0.0}
-
-    def make(e: np.ndarray, t: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, float]:
-        t0 = time.perf_counter()
-        X, Y = ex(e, t)
-        return X, Y, time.perf_counter() - t0
-
-    prefetch = Prefetcher(make, sizes.loader_workers)
-    # counted on every rank over all ranks' examples (the epoch's chunks are the same before sharding)
-    work = WorkCounter(cache, [plan.name for plan in enc.sources])
+    saver = _saver(cfg, cache, sizes, world, model, opt, sched)
+    run = saver.resume(progress)
+    epochs = EpochRunner(ex, world, world.wrap(model), loss_fn, opt, sched, sizes, device, p.seed, progress)
     try:
-        for epoch in range(run["epoch"], p.epochs):
+        for epoch in range(run.epoch, p.epochs):
             drawn = epoch_chunks(cache.n_entities, sizes, lo, hi, p.seed, epoch, ex)
-            chunks = [world.shard(*c) for c in drawn]
-            done = 0
-            for ci, (ce, _) in enumerate(chunks):
-                n_batches = -(-len(ce) // sizes.batch_size)
-                if run["batch"] >= done + n_batches:  # finished before an interruption
-                    done += n_batches
-                    continue
-                X, Y, feat_s = prefetch.get(chunks, ci)
-                timing["featurise_s"] += feat_s
-
-                def on_step(loss: float, n: int, epoch: int = epoch) -> None:
-                    run.update(
-                        epoch=epoch,
-                        batch=run["batch"] + 1,
-                        step=run["step"] + 1,
-                        loss_sum=run["loss_sum"] + loss * n,
-                        loss_count=run["loss_count"] + n,
-                    )
-                    progress.advance("pretrain", 1, loss=loss)
-                    if (
-                        world.main
-                        and p.checkpoint_every_steps
-                        and run["step"] % p.checkpoint_every_steps == 0
-                    ):
-                        resume.save_state(state_dir, key, model, opt, sched, kept["best_state"], run)
-
-                loop.train_epoch(
-                    replica, len(X), loop.array_batch(X, Y, device), loss_fn, opt, sched, sizes.batch_size,
-                    np.random.default_rng([p.seed, epoch, ci]), device,
-                    on_step=on_step, skip_batches=run["batch"] - done, amp=sizes.amp_dtype,
-                )  # fmt: skip
-                done += n_batches
-                run["n_examples"] += len(ce)
-                work.add(*drawn[ci])
-                del X, Y
-            _end_epoch(run, kept, epoch, model, loss_fn, Xv, Yv, device, sizes, progress)
-            if world.main and p.checkpoint_every_steps:
-                resume.save_state(state_dir, key, model, opt, sched, kept["best_state"], run)
-            if _stalled(run["history"], p.patience):  # early stopping on the validation loss
+            epochs.train(run, epoch, drawn, saver)
+            with torch.no_grad():  # validation loss on the fixed validation set
+                out = torch.from_numpy(runtime.predict(model, Xv, device, amp=sizes.amp_dtype))
+                val_loss = float(loss_fn(out, Yv.cpu()))
+            train_loss = run.end_epoch(epoch, val_loss, model)
+            progress.log(f"epoch {epoch + 1}: train_loss={train_loss:.4f} val_loss={val_loss:.4f}")
+            saver.save(run)
+            if run.stalled(p.patience):  # early stopping on the validation loss
                 progress.log(f"validation loss did not improve for {p.patience} epochs: stopping")
                 break
     finally:
-        prefetch.close()
-    model.load_state_dict(kept["best_state"])
+        epochs.close()
+    assert run.best_state is not None
+    model.load_state_dict(run.best_state)
     if not world.main:
         world.barrier()  # wait for rank 0 to publish
-        return {"rank": world.rank, "val_loss": run["best"], "epochs": len(run["history"])}
+        return {"rank": world.rank, "val_loss": run.best, "epochs": len(run.history)}
     wall = time.perf_counter() - started
     meta = CheckpointMeta(
         kind="foundation",
@@ -396,33 +312,90 @@ def _pretrain(
         horizon_days=p.horizon_days,
         input_dropout=p.input_dropout,
         cache_fingerprint=cache.manifest["fingerprint"],
-        history=run["history"],
-        best_val_loss=run["best"],
+        history=run.history,
+        best_val_loss=run.best,
         training_sizes=sizes.to_dict(),
         world_size=world.size,
     )
     version, final = publish_checkpoint(ws.foundation_root(cfg), model, meta)
-    resume.clear_state(state_dir)
+    saver.clear()
     world.barrier()
+    return _summary(cfg, cache, final, version, run, enc, sizes, wall, epochs, saver.resumed, world, lo, hi)
+
+
+def _saver(
+    cfg: PipelineConfig,
+    cache: EventCache,
+    sizes: Sizes,
+    world: World,
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    sched: Any,
+) -> resume.Saver:
+    """The run's resumable state, keyed by everything that shapes the run: another config, cache or world
+    size starts afresh."""
+    p = cfg.training_params.foundation
+    key = resume.state_key(
+        p.model_dump(mode="json"),
+        cfg.data_params.model_dump(mode="json"),
+        sizes.to_dict(),
+        world.size,
+        cache.manifest["fingerprint"],
+        cache.manifest["created"],  # a rebuilt cache (new data) starts afresh
+    )
+    every = p.checkpoint_every_steps if world.main else 0
+    return resume.Saver(ws.foundation_root(cfg) / ".resume", key, model, opt, sched, every)
+
+
+def _validation_set(
+    cache: EventCache, ex: PretrainBatches, val_times: np.ndarray, entities: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fixed sample of entities at every validation split point, those with history before it."""
+    n_val = min(cache.n_entities, entities)
+    val_entities = np.sort(np.random.default_rng([seed, 7]).choice(cache.n_entities, n_val, replace=False))
+    ve, vt = np.repeat(val_entities, len(val_times)), np.tile(val_times, n_val)
+    keep = ex.with_history(ve, vt)
+    if not keep.any():
+        raise ConfigError(
+            f"{FIELD}: no entity has history before the validation split points; check data_params"
+        )
+    return ex(ve[keep], vt[keep])
+
+
+def _summary(
+    cfg: PipelineConfig,
+    cache: EventCache,
+    final: Any,
+    version: str,
+    run: resume.RunState,
+    enc: FeatureEncoder,
+    sizes: Sizes,
+    wall: float,
+    epochs: EpochRunner,
+    resumed: bool,
+    world: World,
+    lo: int,
+    hi: int,
+) -> dict[str, Any]:
+    """What pretraining returns (and Dagster shows): the checkpoint, the losses, the work done."""
     events = sum(s.n_events for s in cache.sources.values())
-    history = run["history"]
-    done_work = work.summary(wall, lo, hi)
+    done_work = epochs.work.summary(wall, lo, hi)
     return {
         "path": str(final),
         "version": version,
-        "train_loss": history[-1]["train_loss"],
-        "val_loss": run["best"],
-        "epochs": len(history),
-        "examples": run["n_examples"],
+        "train_loss": run.history[-1]["train_loss"],
+        "val_loss": run.best,
+        "epochs": len(run.history),
+        "examples": run.n_examples,
         "input_dim": enc.dim,
         "wall_s": round(wall, 2),
-        "featurise_s": round(timing["featurise_s"], 2),
+        "featurise_s": round(epochs.featurise_s, 2),
         # the work done (training/work.py), per second of the stage's wall time, featurisation included
         "train_examples_per_s": done_work["examples_per_s"],
         "train_history_events_per_s": done_work["history_events_per_s"],
         "train_events_scanned_per_s": done_work["events_scanned_per_s"],
         **{f"work.{k}": v for k, v in done_work.items() if not k.endswith("_per_s")},
-        "resumed": resumed is not None,  # work counts cover this process only
+        "resumed": resumed,  # work counts cover this process only
         # the data set's size over the wall time: "time to a foundation model for N events", not throughput
         "time_to_foundation_s": round(wall, 2),
         "dataset_events": events,
@@ -431,24 +404,3 @@ def _pretrain(
         **{f"windows.{k}": v for k, v in windows_metadata(cfg).items()},
         "cache_data_version": cache_data_version(cache.manifest),
     }
-
-
-def _stalled(history: list[dict[str, Any]], patience: int) -> bool:
-    """True when none of the last `patience` epochs improved on the best validation loss before them."""
-    if len(history) <= patience:
-        return False
-    before = min(h["val_loss"] for h in history[:-patience])
-    return min(h["val_loss"] for h in history[-patience:]) >= before
-
-
-def _end_epoch(run, kept, epoch, model, loss_fn, Xv, Yv, device, sizes: Sizes, progress: Progress) -> None:
-    """Validation loss, history, best weights; reset the per-epoch counters."""
-    train_loss = run["loss_sum"] / max(run["loss_count"], 1)
-    with torch.no_grad():
-        out = torch.from_numpy(runtime.predict(model, Xv, device, amp=sizes.amp_dtype))
-        val_loss = float(loss_fn(out, Yv.cpu()))
-    run["history"].append({"epoch": epoch + 1, "train_loss": train_loss, "val_loss": val_loss})
-    progress.log(f"epoch {epoch + 1}: train_loss={train_loss:.4f} val_loss={val_loss:.4f}")
-    if val_loss < run["best"]:
-        run["best"], kept["best_state"] = val_loss, copy.deepcopy(model.state_dict())
-    run.update(epoch=epoch + 1, batch=0, loss_sum=0.0, loss_count=0)

@@ -15,6 +15,7 @@ import json
 import shutil
 from collections.abc import Callable
 from copy import deepcopy
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from basemodel_pipeline import workspace as ws
+from basemodel_pipeline.progress import Progress
 
 TENSORS = "state.safetensors"
 META = "state.json"
@@ -33,18 +35,52 @@ def state_key(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def new_run_info() -> dict[str, Any]:
-    """Progress counters saved with the state (JSON)."""
-    return {
-        "epoch": 0,
-        "batch": 0,
-        "step": 0,
-        "loss_sum": 0.0,
-        "loss_count": 0,
-        "history": [],
-        "best": float("inf"),
-        "n_examples": 0,
-    }
+@dataclass
+class RunState:
+    """Where a pretraining run stands. Saved with the weights (state.json's "info", best_state as tensors)
+    every checkpoint_every_steps, so a killed run resumes at the batch it reached."""
+
+    epoch: int = 0  # the epoch in progress
+    batch: int = 0  # batches done in it
+    step: int = 0  # optimizer steps, all epochs
+    loss_sum: float = 0.0  # this epoch's training loss, summed over its examples
+    loss_count: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)  # one record per finished epoch
+    best: float = float("inf")  # the best validation loss so far
+    n_examples: int = 0  # training examples seen, all epochs
+    best_state: dict[str, torch.Tensor] | None = None  # the best epoch's weights
+
+    def info(self) -> dict[str, Any]:
+        """The counters, for state.json."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "best_state"}
+
+    @classmethod
+    def from_info(cls, info: dict[str, Any], best_state: dict[str, torch.Tensor] | None) -> RunState:
+        known = {f.name for f in fields(cls)} - {"best_state"}
+        return cls(**{k: v for k, v in info.items() if k in known}, best_state=best_state)
+
+    def stepped(self, epoch: int, loss: float, examples: int) -> None:
+        """One optimizer step of `examples` examples with this mean loss."""
+        self.epoch, self.batch, self.step = epoch, self.batch + 1, self.step + 1
+        self.loss_sum += loss * examples
+        self.loss_count += examples
+
+    def end_epoch(self, epoch: int, val_loss: float, model: torch.nn.Module) -> float:
+        """Record the epoch (keeping the weights if they are the best yet) and reset the per-epoch
+        counters; returns the epoch's training loss."""
+        train_loss = self.loss_sum / max(self.loss_count, 1)
+        self.history.append({"epoch": epoch + 1, "train_loss": train_loss, "val_loss": val_loss})
+        if val_loss < self.best:
+            self.best, self.best_state = val_loss, deepcopy(model.state_dict())
+        self.epoch, self.batch, self.loss_sum, self.loss_count = epoch + 1, 0, 0.0, 0
+        return train_loss
+
+    def stalled(self, patience: int) -> bool:
+        """None of the last `patience` epochs improved on the best validation loss before them."""
+        if len(self.history) <= patience:
+            return False
+        before = min(h["val_loss"] for h in self.history[:-patience])
+        return min(h["val_loss"] for h in self.history[-patience:]) >= before
 
 
 def _flatten_optimizer(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
@@ -175,3 +211,35 @@ def load_state(
 def clear_state(directory: Path) -> None:
     """Remove a saved state (once its run has published a checkpoint, or when it is unusable)."""
     shutil.rmtree(directory, ignore_errors=True)
+
+
+class Saver:
+    """The run's resumable state: restored once at the start, saved every `every` steps and at each
+    epoch's end (rank 0 only; every=0: never), removed once the checkpoint is published."""
+
+    def __init__(
+        self, directory: Path, key: str, model: torch.nn.Module, opt: Any, sched: Any, every: int
+    ) -> None:
+        self.directory, self.key, self.model, self.opt, self.sched = directory, key, model, opt, sched
+        self.every, self.resumed = every, False
+
+    def resume(self, progress: Progress) -> RunState:
+        found = load_state(self.directory, self.key, self.model, self.opt, self.sched, warn=progress.log)
+        if found is None:
+            return RunState()
+        run = RunState.from_info(*found)
+        self.resumed = True
+        progress.log(f"resuming from step {run.step} (epoch {run.epoch + 1}, batch {run.batch})")
+        progress.advance("pretrain", run.step)
+        return run
+
+    def step(self, run: RunState) -> None:
+        if self.every and run.step % self.every == 0:
+            self.save(run)
+
+    def save(self, run: RunState) -> None:
+        if self.every:
+            save_state(self.directory, self.key, self.model, self.opt, self.sched, run.best_state, run.info())
+
+    def clear(self) -> None:
+        clear_state(self.directory)
