@@ -27,10 +27,9 @@ from basemodel_pipeline.dates import epoch_seconds
 from basemodel_pipeline.errors import UserError
 from basemodel_pipeline.features.names import ATTRIBUTES, describe
 from basemodel_pipeline.features.sketch import FeatureEncoder
+from basemodel_pipeline.inference.attributions import OTHER_BUCKETS, HashedValues
 from basemodel_pipeline.inference.explain import (
-    OTHER_BUCKETS,
     Explainer,
-    HashedValues,
     Model,
     baseline_features,
     choose_output,
