@@ -42,7 +42,7 @@ def segment_dirs(path: Path, manifest: dict[str, Any]) -> list[Path]:
 
 def existing_vocab(path: Path, manifest: dict[str, Any], sub: str, column_file: str) -> pa.Table:
     """The values (code order) of a vocabulary over the base and its active segments."""
-    from basemodel_pipeline.cache.plan import read_vocab
+    from basemodel_pipeline.cache.codes import read_vocab
 
     return read_vocab([d / "vocab" / sub / f"{column_file}.parquet" for d in segment_dirs(path, manifest)])
 

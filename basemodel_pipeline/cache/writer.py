@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from basemodel_pipeline import workspace as ws
-from basemodel_pipeline.cache import integrity, versions
+from basemodel_pipeline.cache import codes, integrity, versions
 from basemodel_pipeline.cache import plan as P
 from basemodel_pipeline.cache.segment import write_segment
 from basemodel_pipeline.cache.view import active_segments, existing_vocab, segment_dirs
@@ -163,7 +163,7 @@ def write_source(
     """Vocabularies (extending old_vocab) and the sorted CSR arrays of one event source into `out` (an append
     `segment` writes only the new vocabulary values). Returns (events, time range, sha256 of the arrays,
     {column: (vocabulary values written, vocabulary size)})."""
-    vocab = P.build_vocabularies(con, plan, old_vocab, only_new=segment)
+    vocab = codes.build_vocabularies(con, plan, old_vocab, only_new=segment)
     write_vocab(out, plan, vocab)
     sql, entity, cols = P.scan_sql(con, plan, id_type)
     events = out / "events" / plan.src.name
@@ -190,7 +190,7 @@ def write_attributes(
     import numpy as np
 
     rel = P.parquet_rel([str(f) for f in extract_files(cfg, srcs[0])])
-    meta, arrays, new_vocab = P.attribute_arrays(cfg, con, rel, id_type, first, existing, segment)
+    meta, arrays, new_vocab = codes.attribute_arrays(cfg, con, rel, id_type, first, existing, segment)
     (out / "attributes").mkdir(parents=True, exist_ok=True)
     for name, values in arrays.items():
         np.save(out / "attributes" / f"{name}.npy", values)
