@@ -27,7 +27,8 @@ class RowSample:
 
     def add(self, X: np.ndarray) -> None:
         first = (-self.seen) % self.stride
-        self.parts.append(np.asarray(X[first :: self.stride], dtype=np.float32))
+        # a copy: a view would keep every scored chunk alive (the whole population's features in memory)
+        self.parts.append(np.array(X[first :: self.stride], dtype=np.float32))
         self.seen += len(X)
 
     def rows(self) -> np.ndarray:
