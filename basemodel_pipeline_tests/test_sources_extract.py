@@ -137,7 +137,9 @@ def test_cli_extract_day_range(tiny_config: Path) -> None:
     assert result.exit_code == 2 and "unknown data source 'nope'" in result.stderr
 
 
-def test_remote_sources_extract_in_contiguous_chunks(tiny_config: Path) -> None:
+def test_every_source_extracts_in_contiguous_chunks(tiny_config: Path) -> None:
+    """Remote sources and local Parquet alike: one scan of the whole history held DuckDB's partitioned day
+    write in memory (2.3 GB at 50M events, outside its memory limit); 31-day chunks bound it."""
     from test_sources_support import relocate
 
     from basemodel_pipeline.sources.extract import CHUNK_DAYS, chunks
@@ -145,14 +147,36 @@ def test_remote_sources_extract_in_contiguous_chunks(tiny_config: Path) -> None:
     cfg = load_config(tiny_config)
     start = cfg.data_params.data_start_date
     days = (start, start + (2 * CHUNK_DAYS + 5) * DAY)
-    assert chunks(cfg, cfg.source("transactions"), days) == [days]  # local Parquet: one scan
     params = {"account": "a", "user": "u", "database": "D", "schema": "S"}
     location = {"database_type": "snowflake", "table_name": "EVENTS", "connection_params": params}
     remote = load_config(relocate(tiny_config, {"transactions": location}))
-    parts = chunks(remote, remote.source("transactions"), days)
-    assert len(parts) == 3 and parts[0][0] == days[0] and parts[-1][1] == days[1]
-    assert all(a[1] == b[0] for a, b in zip(parts, parts[1:], strict=False))
-    assert all(b - a <= CHUNK_DAYS * DAY for a, b in parts)
+    for c in (cfg, remote):
+        parts = chunks(c, c.source("transactions"), days)
+        assert len(parts) == 3 and parts[0][0] == days[0] and parts[-1][1] == days[1]
+        assert all(a[1] == b[0] for a, b in zip(parts, parts[1:], strict=False))
+        assert all(b - a <= CHUNK_DAYS * DAY for a, b in parts)
+
+
+def test_a_local_extract_writes_one_chunk_of_days_at_a_time(
+    tiny_config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole history comes out in chunks of at most CHUNK_DAYS days (each its own partitioned write),
+    with the same day files as before."""
+    from basemodel_pipeline.sources import extract
+
+    cfg = load_config(tiny_config)
+    seen: list[int] = []
+    real = extract.write_days
+
+    def counting(*args: object, **kwargs: object) -> list[str]:
+        written = real(*args, **kwargs)
+        seen.append(len(written))
+        return written
+
+    monkeypatch.setattr(extract, "write_days", counting)
+    run_extract(cfg, "transactions")
+    files = day_files(cfg)
+    assert len(seen) > 1 and max(seen) <= extract.CHUNK_DAYS and sum(seen) == len(files), (seen, len(files))
 
 
 def day_hashes(cfg) -> dict[str, str]:
