@@ -13,7 +13,7 @@ from typing import Any
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.config.models import PipelineConfig
 from basemodel_pipeline.errors import UserError
-from basemodel_pipeline.sources.parquet import parquet_glob
+from basemodel_pipeline.sources.parquet import is_local, parquet_glob
 
 HEADROOM = 0.2
 
@@ -26,9 +26,9 @@ def source_bytes(cfg: PipelineConfig) -> int:
     """Bytes of the source data: local Parquet files as they are, other sources by their extracts."""
     total = 0
     for src in cfg.data_sources:
-        loc = src.data_location
-        if loc.database_type == "parquet" and "://" not in loc.path:
-            total += sum(Path(p).stat().st_size for p in glob.glob(parquet_glob(loc.path), recursive=True))
+        if is_local(src):
+            path = src.data_location.path
+            total += sum(Path(p).stat().st_size for p in glob.glob(parquet_glob(path), recursive=True))
         else:
             total += _bytes_under(ws.extracts_dir(cfg, src.name))
     return total

@@ -20,7 +20,7 @@ from typing import Any
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import PipelineConfig, Scenario
-from basemodel_pipeline.errors import ArgumentError, UserError
+from basemodel_pipeline.errors import UserError
 from basemodel_pipeline.inference.predict import predict
 from basemodel_pipeline.inference.shards import merge_shards
 from basemodel_pipeline.inference.state import default_as_of, ensure_state, state_serves
@@ -79,9 +79,9 @@ def _start_worker(threads: int) -> None:
 
 def _score_shard(
     cfg: PipelineConfig, scenario: Scenario, as_of: dt.date, shard: tuple[int, int], options: dict[str, Any]
-) -> int:
-    """One worker's job: score shard (I, K) into its part file; returns the rows written."""
-    return int(predict(cfg, scenario, as_of, NullProgress(), shard=shard, **options)["rows"])
+) -> None:
+    """One worker's job: score shard (I, K) into its part file."""
+    predict(cfg, scenario, as_of, NullProgress(), shard=shard, **options)
 
 
 def predict_with_workers(
@@ -92,11 +92,9 @@ def predict_with_workers(
     options: dict[str, Any],
     progress: Progress,
 ) -> dict[str, Any]:
-    """Build or advance the shared state once, score `workers` shards in as many local processes (each with
+    """Build or advance the shared state once, score `workers` (>= 1: ScoringPlan checks it) shards in as many local processes (each with
     `options` of inference.predict.predict), merge the parts into options' destination. The count is capped
     by the cores and free memory (the cap is logged; the result reports the workers actually used)."""
-    if workers < 1:
-        raise ArgumentError("workers", workers, "give a number of worker processes of at least 1")
     requested, cores = workers, usable_cores()
     k, note = cap_workers(requested, cores, available_memory())
     if note:
@@ -109,13 +107,13 @@ def predict_with_workers(
     started = time.perf_counter()
     part_options = {key: v for key, v in options.items() if key != "destination"}
     context = multiprocessing.get_context("spawn")  # no fork of a process holding torch's threads
-    errors, rows = [], 0
+    errors = []
     progress.start("predict", k)
     with ProcessPoolExecutor(k, context, initializer=_start_worker, initargs=(max(1, cores // k),)) as pool:
         jobs = [pool.submit(_score_shard, cfg, scenario, as_of, (i, k), part_options) for i in range(k)]
         for i, job in enumerate(jobs):
             try:
-                rows += job.result()
+                job.result()
             except UserError as exc:
                 errors.append(f"shard {i}/{k}: {exc}")
             except BrokenProcessPool:

@@ -28,7 +28,7 @@ from basemodel_pipeline.cache.versions import data_version as cache_data_version
 from basemodel_pipeline.cache.windows import windows_metadata
 from basemodel_pipeline.config import PipelineConfig, Scenario
 from basemodel_pipeline.config.models import PythonTarget
-from basemodel_pipeline.metadata import finite, json_dumps
+from basemodel_pipeline.metadata import json_dumps
 from basemodel_pipeline.model.checkpoint import CheckpointMeta, publish_checkpoint
 from basemodel_pipeline.model.trunk import TrunkWithHead
 from basemodel_pipeline.progress import Progress
@@ -379,13 +379,13 @@ def _publish(
     meta = CheckpointMeta(
         kind="scenario",
         scenario=scenario.model_dump(mode="json"),
-        target=finite(small_spec),
+        target=small_spec,
         arch=shared.fmeta.arch.with_out_dim(done.head.out_dim),
         encoder=shared.fmeta.encoder,
         foundation_version=shared.fmeta.version,
         cache_fingerprint=shared.cache.manifest["fingerprint"],
-        published=finite({"name": selection.published, **published_meta}),
-        metrics=finite({k: v for k, v in result.items() if k != "history"}),
+        published={"name": selection.published, **published_meta},
+        metrics={k: v for k, v in result.items() if k != "history"},
     )
     extra: dict[str, str | bytes] = {
         "metrics.json": json_dumps(result),

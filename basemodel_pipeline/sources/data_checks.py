@@ -25,7 +25,7 @@ from basemodel_pipeline.config.loader import _line_of
 from basemodel_pipeline.config.models import DataSource, PipelineConfig
 from basemodel_pipeline.errors import ConfigError, DataError, UserError
 from basemodel_pipeline.sources import damaged
-from basemodel_pipeline.sources.parquet import parquet_glob, quote_ident, read_parquet_sql
+from basemodel_pipeline.sources.parquet import is_local, parquet_glob, quote_ident, read_parquet_sql
 from basemodel_pipeline.sources.sql import resolve
 
 SAMPLE_ROWS = 100_000  # rows of a non-local source loaded for the date-format and join checks
@@ -90,22 +90,17 @@ class _Checker:
             self.fail(f"data_sources[{self.cfg.data_sources.index(src)}].data_location.path", str(err))
 
     @staticmethod
-    def local(src: DataSource) -> bool:
-        loc = src.data_location
-        return loc.database_type == "parquet" and "://" not in loc.path
-
-    @staticmethod
     def where_is(src: DataSource) -> str:
-        return parquet_glob(src.data_location.path) if _Checker.local(src) else src.data_location.display()
+        return parquet_glob(src.data_location.path) if is_local(src) else src.data_location.display()
 
     def rel(self, src: DataSource, **options: bool) -> str:
-        if self.local(src):
+        if is_local(src):
             return read_parquet_sql(src.data_location.path, **options)
         return quote_ident(f"sample_{src.name}")
 
     def keys_rel(self, src: DataSource, columns: list[str]) -> str:
         """Every key of a non-local source (one column query, up to KEY_ROWS rows), as a DuckDB table."""
-        if self.local(src):
+        if is_local(src):
             return self.rel(src)
         from basemodel_pipeline.sources import sample_rows
 
@@ -136,7 +131,7 @@ class _Checker:
         available = [*self.columns[src.name], *extra]
         if column in available:
             return
-        if not self.local(src) and resolve(column, dict.fromkeys(available, "")) is not None:
+        if not is_local(src) and resolve(column, dict.fromkeys(available, "")) is not None:
             return  # warehouses fold unquoted names (Snowflake: upper case); extraction resolves them
         close = difflib.get_close_matches(column, available, n=1)
         hint = f"did you mean '{close[0]}'? " if close else ""
@@ -150,7 +145,7 @@ class _Checker:
         for i, src in enumerate(self.cfg.data_sources):
             try:
                 self.columns[src.name] = (
-                    source_columns(src, self.con) if self.local(src) else self.load_sample(src)
+                    source_columns(src, self.con) if is_local(src) else self.load_sample(src)
                 )
             except UserError as err:
                 self.fail_if_damaged(src, deep=False)
@@ -162,7 +157,7 @@ class _Checker:
                 self.check_dates(f"data_sources[{i}].date_column", src)
             if src.where_condition is not None:
                 self.check_where(f"data_sources[{i}].where_condition", src)
-            if src.sql_lambdas or (src.where_condition is not None and not self.local(src)):
+            if src.sql_lambdas or (src.where_condition is not None and not is_local(src)):
                 self.check_query(f"data_sources[{i}]", src)  # first: the checks below apply where_condition
             self.check_nulls(f"data_sources[{i}]", src)
             self.check_finite(f"data_sources[{i}]", src)
@@ -251,7 +246,7 @@ class _Checker:
 
     def last_day(self, src: DataSource) -> dt.date | None:
         """The last event day of a local event source (None elsewhere: warehouses are not scanned here)."""
-        if not self.local(src) or src.date_column is None:
+        if not is_local(src) or src.date_column is None:
             return None
         name = resolve(src.date_column.name, self.columns[src.name]) or src.date_column.name
         col = quote_ident(name)
@@ -421,7 +416,7 @@ class _Checker:
 
     def check_where(self, where: str, src: DataSource) -> None:
         assert src.where_condition is not None
-        if not self.local(src):
+        if not is_local(src):
             return  # written in the source's dialect: checked by check_query
         try:
             statements = sqlglot.parse(src.where_condition, read="duckdb")

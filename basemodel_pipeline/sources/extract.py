@@ -35,6 +35,7 @@ from basemodel_pipeline.errors import DataError
 from basemodel_pipeline.progress import Progress
 from basemodel_pipeline.sources import DayRange, damaged, query_for, run_with_backend, watermark, what
 from basemodel_pipeline.sources.base import Backend
+from basemodel_pipeline.sources.parquet import is_local
 from basemodel_pipeline.sources.sql import quote_ident, quote_literal
 
 DAY_COLUMN = "__day"
@@ -70,10 +71,7 @@ def _extract(
     # Local Parquet is all or nothing: its chunks' day files are staged and published together, so a damaged
     # page met in a later chunk leaves no day written. Remote chunks are published one by one (a failure
     # repeats one chunk, not the history).
-    loc = src.data_location
-    staged = (
-        ws.staging_dir(out / "chunks") if loc.database_type == "parquet" and "://" not in loc.path else None
-    )
+    staged = ws.staging_dir(out / "chunks") if src.date_column is not None and is_local(src) else None
     target = staged or out
 
     def attempt(chunk: DayRange | None) -> Callable[[Backend], list[str]]:

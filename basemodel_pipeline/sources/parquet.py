@@ -34,6 +34,12 @@ DATASET_VIEW = "__basemodel_source"
 BATCH_ROWS = 1 << 17
 
 
+def is_local(src: DataSource) -> bool:
+    """A Parquet source on a local (or mounted) path, read by DuckDB in place: not s3:// nor a warehouse."""
+    loc = src.data_location
+    return loc.database_type == "parquet" and "://" not in loc.path
+
+
 def parquet_glob(path: str) -> str:
     """A directory becomes ``<dir>/**/*.parquet``; files, globs and URLs ending in .parquet stay as they are."""
     if "://" not in path and os.path.isdir(path):
