@@ -183,6 +183,15 @@ def test_an_edited_model_json_without_checksums_is_still_one_line(workspace: Pat
     ):
         load_checkpoint(directory)
     meta["arch"]["hidden_dim"] = hidden
+    target = dict(meta["target"])
+    meta["target"]["log1pp"] = True  # the target's details are the task's typed record: the field is named
+    (directory / "model.json").write_text(json.dumps(meta))
+    one_line_error(
+        ["predict", str(workspace), "-s", "churn"],
+        "unreadable target (log1pp: Extra inputs",
+        "basemodel finetune",
+    )
+    meta["target"] = target
     del meta["target"]  # a foundation's fields under a scenario's name
     (directory / "model.json").write_text(json.dumps(meta))
     one_line_error(

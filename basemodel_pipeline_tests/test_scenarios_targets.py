@@ -20,6 +20,7 @@ from basemodel_pipeline.scenarios.examples import SparseLabels, TargetSpec, labe
 from basemodel_pipeline.scenarios.lora import LoRALinear, add_lora, merge_lora
 from basemodel_pipeline.scenarios.targets import build_examples, choose_classes
 from basemodel_pipeline.tasks import task_for
+from basemodel_pipeline.tasks.recommendation import RecommendationDetails
 
 T = 300 * DAY
 ITEMS = ["a", "b", "c", "d"]  # codes 1..4
@@ -235,7 +236,9 @@ def test_sketch_head_decodes_the_trained_item_on_top() -> None:
         "recommendation",
         [],
         [],
-        {"n_items": 500, "head": "sketch", "partitions": 4, "width": 64, "seed": 1, "popularity": [1] * 500},
+        RecommendationDetails(
+            n_items=500, head="sketch", partitions=4, width=64, seed=1, popularity=[1] * 500
+        ),
     )
     head = task_for(spec)
     labels = SparseLabels.from_pairs(np.array([0]), np.array([123]), np.array([1.0]), 1, 500)
@@ -265,7 +268,7 @@ def test_lora_starts_as_identity_and_merges_exactly() -> None:
 
 
 def test_own_history_bonus_lifts_past_items_by_the_chosen_weight() -> None:
-    spec = TargetSpec("recommendation", [], [], {"n_items": 6, "head": "dense", "popularity": [1] * 6})
+    spec = TargetSpec("recommendation", [], [], RecommendationDetails(n_items=6, popularity=[1] * 6))
     head = task_for(spec)
     logits = np.log(
         np.array([[0.5, 0.3, 0.1, 0.05, 0.03, 0.02], [0.5, 0.3, 0.1, 0.05, 0.03, 0.02]], np.float32)

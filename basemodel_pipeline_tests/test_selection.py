@@ -3,6 +3,8 @@ head's range and hurdle, LightGBM models saved as text, and the regression metri
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -14,10 +16,10 @@ from basemodel_pipeline.scenarios.candidates import Blend, Context
 from basemodel_pipeline.scenarios.examples import TargetSpec
 from basemodel_pipeline.scenarios.selection import choose, split_validation
 from basemodel_pipeline.tasks import task_for, task_named
-from basemodel_pipeline.tasks.regression import regression_extra
+from basemodel_pipeline.tasks.regression import RegressionDetails, regression_stats
 
 
-def _ctx(task: str, extra: dict | None = None) -> Context:
+def _ctx(task: str, **details: Any) -> Context:
     target = {
         "binary": {"kind": "binary", "source": "s", "horizon_days": 7},
         "regression": {"kind": "regression", "source": "s", "horizon_days": 7, "column": "v"},
@@ -25,7 +27,7 @@ def _ctx(task: str, extra: dict | None = None) -> Context:
     }[task]
     scenario = Scenario.model_validate({"name": "s", "task": task, "target": target})
     classes = ["a", "b", "c"] if task == "multilabel" else []
-    spec = TargetSpec(task, classes, list(range(1, len(classes) + 1)), extra or {})
+    spec = TargetSpec(task, classes, list(range(1, len(classes) + 1)), task_named(task).details(**details))
     return Context(scenario, spec, task_for(spec))
 
 
@@ -80,7 +82,7 @@ def test_blend_weights_per_task_type() -> None:
     rng = np.random.default_rng(1)
     y = rng.normal(2.0, 1.0, 3000).clip(0)
     a, b = y + rng.normal(0, 0.3, 3000), rng.normal(2.0, 1.0, 3000)  # informative, noise
-    ctx = _ctx("regression", {"min": 0.0, "max": float(y.max())})
+    ctx = _ctx("regression", min=0.0, max=float(y.max()))
     blend = Blend(ctx, [Fixed("a"), Fixed("b")]).fit_outputs([a, b], y)
     assert blend.weights[0] > 0.8 and blend.weights[1] < 0.1 and (blend.weights >= 0).all()
     out = blend.combine([a - 10, b])
@@ -93,11 +95,11 @@ def test_blend_weights_per_task_type() -> None:
 
 def test_regression_head_keeps_to_the_label_range_and_uses_a_hurdle_for_mostly_zero_amounts() -> None:
     y = np.r_[np.zeros(600), np.random.default_rng(2).gamma(2.0, 2.0, 400)]
-    extra = regression_extra(y)
+    extra = regression_stats(y)
     assert extra["hurdle"] and extra["min"] == 0.0 and 0.39 < extra["positive_share"] < 0.41
-    assert not regression_extra(y + 1.0).get("hurdle")  # never zero: a plain regression
-    assert not regression_extra(y - 1.0).get("hurdle")  # negative values: a plain regression
-    head = task_for(TargetSpec("regression", [], [], extra))
+    assert not regression_stats(y + 1.0).get("hurdle")  # never zero: a plain regression
+    assert not regression_stats(y - 1.0).get("hurdle")  # negative values: a plain regression
+    head = task_for(TargetSpec("regression", [], [], RegressionDetails(**extra)))
     assert head.out_dim == 2
     logits = np.array([[5.0, -30.0], [-5.0, 2.0], [0.0, 0.0]], np.float32)
     values = head.scores(logits)
@@ -105,7 +107,7 @@ def test_regression_head_keeps_to_the_label_range_and_uses_a_hurdle_for_mostly_z
     assert values[1] == pytest.approx(
         1 / (1 + np.exp(5.0)) * (2.0 * extra["positive_std"] + extra["positive_mean"]), rel=1e-5
     )
-    plain = task_for(TargetSpec("regression", [], [], regression_extra(y + 1.0)))
+    plain = task_for(TargetSpec("regression", [], [], RegressionDetails(**regression_stats(y + 1.0))))
     assert plain.scores(np.array([[-100.0]], np.float32))[0] == pytest.approx(1.0)  # the training minimum
 
 

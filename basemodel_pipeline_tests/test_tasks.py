@@ -4,6 +4,7 @@ from one file; each task's targets, loss, decoding, metrics, blends and predicti
 from __future__ import annotations
 
 import datetime as dt
+import json
 from typing import Any, get_args
 
 import numpy as np
@@ -14,21 +15,21 @@ from torch import nn
 
 from basemodel_pipeline.config import scenarios as config_scenarios
 from basemodel_pipeline.evaluation import metrics
-from basemodel_pipeline.scenarios.examples import SparseLabels, TargetSpec
+from basemodel_pipeline.scenarios.examples import SparseLabels, TargetDetails, TargetSpec
 from basemodel_pipeline.tasks import TASKS, Task, register, task_for, task_named
 from basemodel_pipeline.tasks.binary import Binary
 from basemodel_pipeline.tasks.multiclass import Multiclass
 from basemodel_pipeline.tasks.multilabel import Multilabel
 from basemodel_pipeline.tasks.recommendation import Recommendation
-from basemodel_pipeline.tasks.regression import Regression
+from basemodel_pipeline.tasks.regression import Regression, RegressionDetails
 
 DAY = dt.date(2024, 5, 1)
 CLASSES = ["a", "b", "c"]
 
 
-def _spec(task: str, **extra: Any) -> TargetSpec:
+def _spec(task: str, **details: Any) -> TargetSpec:
     classes = CLASSES if task in ("multiclass", "multilabel") else []
-    return TargetSpec(task, classes, list(range(1, len(classes) + 1)), extra)
+    return TargetSpec(task, classes, list(range(1, len(classes) + 1)), task_named(task).details(**details))
 
 
 # ---- the registry ----------------------------------------------------------------------------------------
@@ -40,6 +41,41 @@ def test_every_task_of_the_config_has_a_class_and_nothing_else_does() -> None:
     assert task_named("binary") is Binary and isinstance(task_for(_spec("regression")), Regression)
     with pytest.raises(ValueError, match="unknown task 'survival'; known: binary, multiclass"):
         task_named("survival")
+
+
+def test_target_details_are_typed_per_task_and_round_trip() -> None:
+    from pydantic import ValidationError
+
+    from basemodel_pipeline.tasks import spec_from_dict
+    from basemodel_pipeline.tasks.multilabel import MultilabelDetails
+    from basemodel_pipeline.tasks.recommendation import RecommendationDetails
+
+    assert Regression.details is RegressionDetails and Multilabel.details is MultilabelDetails
+    assert Recommendation.details is RecommendationDetails and Binary.details is TargetDetails
+    with pytest.raises(ValidationError, match="log1pp"):  # a misspelt field fails where it is written
+        RegressionDetails(log1pp=True)  # type: ignore[call-arg]
+    rec = RecommendationDetails(n_items=3, popularity=[1, 2, 3], items=["x", "y", "z"])
+    with pytest.raises(ValidationError, match="repeat_weight"):  # and on assignment, of the wrong type
+        rec.repeat_weight = "heavy"  # type: ignore[assignment]
+    with pytest.raises(
+        TypeError, match="a regression target spec holds TargetDetails, not RegressionDetails"
+    ):
+        task_for(TargetSpec("regression", [], [], TargetDetails()))
+    for spec in (
+        _spec("binary"),
+        _spec("multiclass"),
+        TargetSpec("multilabel", ["a", "b"], [], MultilabelDetails(list_columns=["g__a", "g__b"])),
+        TargetSpec(
+            "regression", [], [], Regression.fit_details(RegressionDetails(log1p=True), np.r_[0.0, 0, 3])
+        ),
+        TargetSpec("recommendation", [], [], rec.with_values(repeat_weight=2.0, head="sketch")),
+    ):
+        stored = spec.to_dict()
+        assert set(stored) - {"task", "classes", "class_codes"} <= set(type(spec.details).model_fields)
+        back = spec_from_dict(json.loads(json.dumps(stored)))
+        assert back == spec and type(back.details) is type(spec.details)
+    with pytest.raises(ValidationError, match="n_itemz"):  # a stored field the record does not know
+        spec_from_dict({"task": "recommendation", "n_itemz": 3, "popularity": [1]})
 
 
 class Count(Task):
@@ -144,20 +180,21 @@ def test_multiclass_head() -> None:
 
 def test_regression_head_with_and_without_hurdle() -> None:
     y = np.array([0.0, 0.0, 4.0, 6.0, 0.0, 10.0])
-    extra = Regression.spec_extra(y)
-    assert extra["hurdle"] and extra["min"] == 0.0 and extra["max"] == 10.0
-    task = task_for(TargetSpec("regression", [], [], extra))
+    d = Regression.fit_details(RegressionDetails(), y)
+    assert isinstance(d, RegressionDetails) and d.hurdle and d.min == 0.0 and d.max == 10.0
+    task = task_for(TargetSpec("regression", [], [], d))
     assert task.out_dim == 2
     target = task.targets(y, np.arange(6))
     assert target[:, 0].tolist() == [0, 0, 1, 1, 0, 1]
     logits = np.array([[0.0, 0.0], [5.0, 10.0]], np.float32)
-    expected = 0.5 * (extra["positive_mean"])
+    expected = 0.5 * (d.positive_mean or 0.0)
     assert task.scores(logits)[0] == pytest.approx(expected)
     assert task.scores(logits)[1] <= 10.0  # within the training range
-    plain = task_for(TargetSpec("regression", [], [], Regression.spec_extra(y + 1.0)))
+    plain = task_for(TargetSpec("regression", [], [], Regression.fit_details(RegressionDetails(), y + 1.0)))
     assert plain.out_dim == 1
-    e = plain.spec.extra
-    assert plain.scores(np.array([[1.0]], np.float32))[0] == pytest.approx(e["std"] + e["mean"])
+    e = plain.spec.details
+    assert isinstance(e, RegressionDetails)
+    assert plain.scores(np.array([[1.0]], np.float32))[0] == pytest.approx(e.std + e.mean)
     z = torch.tensor([[0.5]])
     assert plain.loss(z, torch.tensor([[0.1]])) == nn.functional.mse_loss(z, torch.tensor([[0.1]]))
     assert plain.unlink(np.array([-5.0, 50.0])).tolist() == [1.0, 11.0]  # blends keep to the range too

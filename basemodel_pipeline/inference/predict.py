@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import torch
+from pydantic import ValidationError
 
 from basemodel_pipeline import runtime
 from basemodel_pipeline import workspace as ws
@@ -51,10 +52,9 @@ from basemodel_pipeline.inference.state import (
 from basemodel_pipeline.model.checkpoint import META, CheckpointMeta, damaged, load_checkpoint
 from basemodel_pipeline.progress import Progress
 from basemodel_pipeline.scenarios.candidates import Candidate, Context
-from basemodel_pipeline.scenarios.examples import TargetSpec
 from basemodel_pipeline.scenarios.inputs import Rows, RowView
 from basemodel_pipeline.scenarios.loading import load_candidate
-from basemodel_pipeline.tasks import Task, task_for
+from basemodel_pipeline.tasks import Task, spec_from_dict, task_for
 from basemodel_pipeline.tasks.multilabel import DEFAULT_TOP_K
 from basemodel_pipeline.workspace import cache_dir
 
@@ -123,7 +123,13 @@ def load_scenario(checkpoint: Path) -> tuple[Any, CheckpointMeta, Task]:
     extra = checkpoint / "target.json"
     if extra.exists():
         spec.update(json.loads(extra.read_text()))
-    return model, meta, task_for(TargetSpec.from_dict(spec))
+    try:
+        target = spec_from_dict(spec)
+    except (ValidationError, ValueError) as err:  # a field the task's record lacks, or an unknown task
+        first = err.errors()[0] if isinstance(err, ValidationError) else None
+        reason = f"{'.'.join(map(str, first['loc']))}: {first['msg']}" if first else str(err)
+        raise damaged(checkpoint, f"{META}: unreadable target ({reason})") from None
+    return model, meta, task_for(target)
 
 
 def load_published(checkpoint: Path, meta: CheckpointMeta, head: Task) -> Candidate:
@@ -132,7 +138,7 @@ def load_published(checkpoint: Path, meta: CheckpointMeta, head: Task) -> Candid
     ctx = Context(Scenario.model_validate(meta.scenario), head.spec, head)
     published = meta.published or {
         "kind": "neural_ranking" if head.ranked else "neural",
-        "weight": head.spec.extra.get("repeat_weight", 0.0),
+        "weight": getattr(head.spec.details, "repeat_weight", None) or 0.0,
     }
     folder = checkpoint / "candidates"
     files = {f.name: f.read_bytes() for f in folder.iterdir()} if folder.is_dir() else {}

@@ -18,7 +18,6 @@ from basemodel_pipeline.scenarios import staging
 from basemodel_pipeline.scenarios.candidates import Context
 from basemodel_pipeline.scenarios.shared import candidate_models, open_shared, prepare, split_parts
 from basemodel_pipeline.tasks import task_for
-from basemodel_pipeline.tasks.recommendation import REPEAT_HALF_LIFE_DAYS
 
 
 def run_baselines(cfg: PipelineConfig, scenario: Scenario, progress: Progress) -> dict[str, Any]:
@@ -47,8 +46,6 @@ def run_baselines(cfg: PipelineConfig, scenario: Scenario, progress: Progress) -
     parts = split_parts(ex)
     rows = {k: shared.plain_rows(v) for k, v in {**parts, "test": ex["test"]}.items()}
     ctx = Context(scenario, spec, task_for(spec), cfg.training_params.finetune.seed, progress)
-    if ctx.task.ranked:  # as fine-tuning sets it before fitting its candidates
-        spec.extra["repeat_half_life_days"] = REPEAT_HALF_LIFE_DAYS
     candidates = {
         k: v for k, v in candidate_models(ctx, scenario.candidates).items() if k in staging.BASELINES
     }

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict
 
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config.models import Scenario
@@ -117,26 +118,43 @@ def concat_examples(parts: list[Examples]) -> Examples:
     )
 
 
+class TargetDetails(BaseModel):
+    """What a task's head needs beyond its classes, stored with the target spec in model.json: one record per
+    task type, declared beside the task (``Task.details`` in tasks/<task>.py; binary and multiclass need
+    nothing and use this empty one). Fields are checked on construction and on assignment, so a misspelt or
+    mistyped field is an error where it is written, not a ``KeyError`` where it is read."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    def with_values(self, **values: Any) -> TargetDetails:
+        """A copy with `values` set, checked like the record's constructor."""
+        return type(self).model_validate({**self.model_dump(), **values})
+
+
 @dataclass
 class TargetSpec:
-    """What a trained scenario needs to rebuild its labels and decode its outputs: stored in the checkpoint.
-
-    ``extra`` holds task-specific values: regression ``mean``/``std``/``log1p``; recommendation ``n_items``,
-    ``head`` (dense | sketch), ``partitions``, ``width``, ``seed``, ``popularity`` [n_items] (training
-    target counts) and ``items`` (item names, code k -> items[k - 1])."""
+    """What a trained scenario needs to rebuild its labels and decode its outputs: stored in the checkpoint
+    (``to_dict``: the task, the classes and the details' fields side by side)."""
 
     task: str
     classes: list[str]  # class names (multiclass/multilabel); [] otherwise
     class_codes: list[int]  # vocabulary codes of the classes in the target column ([] for python targets)
-    extra: dict[str, Any] = field(default_factory=dict)
+    details: TargetDetails = field(default_factory=TargetDetails)
 
     def to_dict(self) -> dict:
-        return {"task": self.task, "classes": self.classes, "class_codes": self.class_codes, **self.extra}
+        details = self.details.model_dump(mode="json", exclude_none=True)
+        return {"task": self.task, "classes": self.classes, "class_codes": self.class_codes, **details}
 
     @classmethod
-    def from_dict(cls, d: dict) -> TargetSpec:
+    def from_dict(cls, d: dict, details: type[TargetDetails] = TargetDetails) -> TargetSpec:
+        """The spec `to_dict` wrote; `details`: the task's record (tasks.spec_from_dict looks it up)."""
         rest = {k: v for k, v in d.items() if k not in ("task", "classes", "class_codes")}
-        return cls(d["task"], list(d.get("classes", [])), list(d.get("class_codes", [])), rest)
+        return cls(
+            d["task"],
+            list(d.get("classes", [])),
+            list(d.get("class_codes", [])),
+            details.model_validate(rest),
+        )
 
 
 # ---- candidate examples ----------------------------------------------------------------------------

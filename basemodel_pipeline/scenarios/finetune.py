@@ -48,7 +48,7 @@ from basemodel_pipeline.scenarios.shared import (
     split_parts,
 )
 from basemodel_pipeline.tasks import Task
-from basemodel_pipeline.tasks.recommendation import REPEAT_HALF_LIFE_DAYS, REPEAT_WEIGHTS, Recommendation
+from basemodel_pipeline.tasks.recommendation import REPEAT_WEIGHTS, Recommendation
 from basemodel_pipeline.training.work import WorkCounter
 
 REPEAT_TUNE_EXAMPLES = 3000  # recommendation: validation examples used to weigh the own purchase history
@@ -270,10 +270,9 @@ def _fit_candidates(
     ctx = Context(scenario, spec, head, cfg.training_params.finetune.seed, progress)
     rows = {k: shared.rows_of(v, model, mode) for k, v in parts.items()}
     candidates = candidate_models(ctx, scenario.candidates)
-    if ctx.task.ranked:
-        spec.extra["repeat_half_life_days"] = REPEAT_HALF_LIFE_DAYS
+    if isinstance(ctx.task, Recommendation):
         weight = _tune_repeat_weight(ctx, rows["stop"])
-        spec.extra["repeat_weight"] = weight
+        ctx.task.d.repeat_weight = weight
         candidates["neural"] = NeuralRanking(ctx, weight)
         progress.log(f"{scenario.name}: weight of the own purchase history {weight}")
     stage, stage_info = _staged_baselines(shared, scenario, rows, progress)
@@ -332,7 +331,7 @@ def _evaluation(
 ) -> dict[str, Any]:
     """The test metrics of every candidate and what was chosen: the heart of metrics.json."""
     task = fit.ctx.task
-    log1p = bool(spec.extra.get("log1p"))
+    log1p = bool(getattr(spec.details, "log1p", False))
     all_metrics = {name: task.evaluate(truth, o, scenario.k, log1p) for name, o in outputs.items()}
     for name in ("popularity",):  # popularity scores rank but are not probabilities: no log-loss
         if name in all_metrics:
@@ -349,8 +348,8 @@ def _evaluation(
         "selection": selection.to_dict(),
         "test": test,
         "test_metrics": all_metrics,
-        "classes": len(spec.classes) or spec.extra.get("n_items", 1),
-        "repeat_weight": spec.extra.get("repeat_weight"),
+        "classes": len(spec.classes) or getattr(spec.details, "n_items", 1),
+        "repeat_weight": getattr(spec.details, "repeat_weight", None),
         "candidates_fit_s": fit.fit_s,
         # multilabel LightGBM: the row bound and the rows each per-label booster trained on
         "lightgbm_rows": {
@@ -373,13 +372,15 @@ def _publish(
     """Publish the checkpoint: weights, model.json, metrics.json, the published candidate's files, the
     target's large parts, a Python target's source and the report's files."""
     shared, scenario, result = done.shared, done.scenario, done.result
-    big = {k: spec.extra[k] for k in ("items", "popularity") if k in spec.extra}
-    small_spec = {k: v for k, v in spec.to_dict().items() if k not in big}
+    stored = spec.to_dict()
+    big = {
+        k: stored.pop(k) for k in ("items", "popularity") if k in stored
+    }  # target.json; the rest model.json
     published_meta, published_files = published.save()
     meta = CheckpointMeta(
         kind="scenario",
         scenario=scenario.model_dump(mode="json"),
-        target=small_spec,
+        target=stored,
         arch=shared.fmeta.arch.with_out_dim(done.head.out_dim),
         encoder=shared.fmeta.encoder,
         foundation_version=shared.fmeta.version,

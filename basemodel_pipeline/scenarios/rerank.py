@@ -102,7 +102,7 @@ def model_item_scores(ctx: Context, logits: np.ndarray) -> torch.Tensor:
 
 def build_pool(ctx: Context, rows: Rows, hist: History, pops: PopularityTable) -> Pool:
     """The candidate pool of every row and its features (module docstring)."""
-    n_items = ctx.spec.extra["n_items"]
+    n_items = ranking(ctx).d.n_items
     rule = item_filter(ctx)
     logits = rows.logits()
     out_rows, out_items, out_feats = [], [], []
@@ -240,9 +240,9 @@ class Reranker:
         self._booster = None
 
     def _prepare(self, rows: Rows) -> tuple[Pool, PopularityTable, History]:
-        e = self.ctx.spec.extra
-        pops = PopularityTable(rows.cache, e["source"], e["column"])
-        hist = item_history(rows.cache, e["source"], e["column"], rows.entity, rows.time)
+        d = ranking(self.ctx).d
+        pops = PopularityTable(rows.cache, d.source, d.column)
+        hist = item_history(rows.cache, d.source, d.column, rows.entity, rows.time)
         return build_pool(self.ctx, rows, hist, pops), pops, hist
 
     def _sample(self, rows: Rows, limit: int) -> Rows:
@@ -325,9 +325,9 @@ class _Untrained:
         pass
 
     def tables(self, rows: Rows) -> tuple[PopularityTable, History]:
-        e = self.ctx.spec.extra
-        pops = PopularityTable(rows.cache, e["source"], e["column"])
-        return pops, item_history(rows.cache, e["source"], e["column"], rows.entity, rows.time)
+        d = ranking(self.ctx).d
+        pops = PopularityTable(rows.cache, d.source, d.column)
+        return pops, item_history(rows.cache, d.source, d.column, rows.entity, rows.time)
 
     def rank(self, rows: Rows, k: int = RANKED_ITEMS) -> tuple[np.ndarray, np.ndarray]:
         raise NotImplementedError
@@ -362,7 +362,7 @@ class RecommendPopularity(_Untrained):
 
     def rank(self, rows: Rows, k: int = RANKED_ITEMS) -> tuple[np.ndarray, np.ndarray]:
         pops, hist = self.tables(rows)
-        n_items = self.ctx.spec.extra["n_items"]
+        n_items = ranking(self.ctx).d.n_items
         rule = item_filter(self.ctx)
         h_keys = hist.row * n_items + hist.item
         parts_r, parts_i, parts_s = [], [], []
@@ -401,11 +401,9 @@ class NeuralRanking:  # the network's refit lives in scenarios/finetune.py
     def rank(self, rows: Rows, k: int = RANKED_ITEMS) -> tuple[np.ndarray, np.ndarray]:
         from basemodel_pipeline.evaluation.baselines import decayed_history_items
 
-        e = self.ctx.spec.extra
-        src = rows.cache.source(e["source"])
-        own = decayed_history_items(
-            src, e["column"], rows.entity, rows.time, e.get("repeat_half_life_days", 30.0)
-        )
+        d = ranking(self.ctx).d
+        src = rows.cache.source(d.source)
+        own = decayed_history_items(src, d.column, rows.entity, rows.time, d.repeat_half_life_days)
         exclude = own if item_filter(self.ctx) == "new" else None
         return ranking(self.ctx).top_items(rows.logits(), k, history=own, weight=self.weight, exclude=exclude)
 

@@ -155,7 +155,7 @@ def prepare(shared: Shared, scenario: Scenario) -> tuple[TargetSpec, dict[str, E
     ex = cap_examples(ex, shared.cfg.training_params.finetune)
     for k, v in ex.items():
         _check_split(scenario.name, k, v, scenario.task)
-    spec.extra.update(task_named(scenario.task).spec_extra(ex["train"].labels))
+    spec.details = task_named(scenario.task).fit_details(spec.details, ex["train"].labels)
     return spec, ex
 
 

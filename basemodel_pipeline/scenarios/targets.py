@@ -30,6 +30,10 @@ from basemodel_pipeline.scenarios.events import (
 )
 from basemodel_pipeline.scenarios.examples import Examples, SparseLabels, TargetSpec, candidate_pairs
 from basemodel_pipeline.scenarios.python_target import python_examples
+from basemodel_pipeline.tasks import task_named
+from basemodel_pipeline.tasks.multilabel import MultilabelDetails
+from basemodel_pipeline.tasks.recommendation import RecommendationDetails
+from basemodel_pipeline.tasks.regression import RegressionDetails
 
 SPARSE_FROM_CLASSES = 512  # multilabel targets with more classes keep their labels sparse
 OTHER_CLASS = "(other)"
@@ -62,14 +66,14 @@ def choose_classes(cache: EventCache, scenario: Scenario, train_times: np.ndarra
     """The output space of a scenario, fixed on the training windows."""
     target = scenario.target
     if isinstance(target, PythonTarget):
-        return TargetSpec(scenario.task, list(target.classes), [])
+        return TargetSpec(scenario.task, list(target.classes), [], task_named(scenario.task).details())
     src = target_source(cache, scenario)
     if isinstance(target, BinaryTarget):
         return TargetSpec("binary", [], [])
     if isinstance(target, RegressionTarget):
         if target.aggregation == "sum":
             _column(src, scenario, target.column or "", "numeric")
-        return TargetSpec("regression", [], [], {"log1p": target.log1p})
+        return TargetSpec("regression", [], [], RegressionDetails(log1p=target.log1p))
     indicators = src.list_indicators(target.column)
     if indicators:
         if not isinstance(target, MultilabelTarget):
@@ -97,7 +101,7 @@ def choose_classes(cache: EventCache, scenario: Scenario, train_times: np.ndarra
                 f"scenario '{scenario.name}': no value of '{target.column}' has >= "
                 f"{target.min_positive_entities} positive entities in training; lower min_positive_entities"
             )
-        return TargetSpec("multilabel", [str(values[c]) for c in codes], codes.tolist())
+        return TargetSpec("multilabel", [str(values[c]) for c in codes], codes.tolist(), MultilabelDetails())
     if isinstance(target, MulticlassTarget):
         _, top = most_frequent_code(cache, scenario, e, t)
         freq = np.bincount(top, minlength=len(values))
@@ -118,18 +122,17 @@ def choose_classes(cache: EventCache, scenario: Scenario, train_times: np.ndarra
     n_items = len(values) - 1
     pop = np.bincount(ex.labels.indices, minlength=n_items).astype(np.float64)
     dense = n_items <= target.dense_max_items
-    extra = {
-        "n_items": n_items,
-        "head": "dense" if dense else "sketch",
-        "partitions": target.sketch_partitions,
-        "width": target.sketch_width,
-        "seed": 12345,
-        "popularity": pop.astype(int).tolist(),
-        "source": target.source,
-        "column": target.column,
-        "items": [str(v) for v in values[1:]],
-    }
-    return TargetSpec("recommendation", [], [], extra)
+    details = RecommendationDetails(
+        n_items=n_items,
+        head="dense" if dense else "sketch",
+        partitions=target.sketch_partitions,
+        width=target.sketch_width,
+        popularity=pop.astype(int).tolist(),
+        source=target.source,
+        column=target.column,
+        items=[str(v) for v in values[1:]],
+    )
+    return TargetSpec("recommendation", [], [], details)
 
 
 def _list_classes(
@@ -152,9 +155,12 @@ def _list_classes(
             f"{target.min_positive_entities} positive entities in training; lower min_positive_entities"
         )
     chosen = [indicators[k] for k in keep]
-    return TargetSpec(
-        "multilabel", [i.list_value for i in chosen], [], {"list_columns": [i.name for i in chosen]}
-    )
+    details = MultilabelDetails(list_columns=[i.name for i in chosen])
+    return TargetSpec("multilabel", [i.list_value for i in chosen], [], details)
+
+
+def _list_columns(spec: TargetSpec) -> list[str]:
+    return spec.details.list_columns if isinstance(spec.details, MultilabelDetails) else []
 
 
 def list_label_pairs(
@@ -165,7 +171,7 @@ def list_label_pairs(
     src = cache.source(scenario.target.source)
     pairs = [
         np.unique(owner[np.asarray(src.columns[c])[rows] > 0]) * len(spec.classes) + j
-        for j, c in enumerate(spec.extra["list_columns"])
+        for j, c in enumerate(_list_columns(spec))
     ]
     key = np.unique(np.concatenate(pairs)) if pairs else np.zeros(0, np.int64)
     return key // len(spec.classes), key % len(spec.classes)
@@ -184,7 +190,7 @@ def multilabel_examples(
     cache: EventCache, scenario: Scenario, spec: TargetSpec, times: np.ndarray
 ) -> Examples:
     e, t = candidate_pairs(cache, scenario, times)
-    if spec.extra.get("list_columns"):
+    if _list_columns(spec):
         ex_idx, cls = list_label_pairs(cache, scenario, spec, e, t)
         keep = np.ones(len(cls), bool)
     else:

@@ -1,7 +1,7 @@
 """The task types of a scenario, one class each (docs/tasks.md): importing the package registers the five."""
 
 from basemodel_pipeline.tasks import binary, multiclass, multilabel, recommendation, regression
-from basemodel_pipeline.tasks.base import TASKS, Task, register, task_for, task_named
+from basemodel_pipeline.tasks.base import TASKS, Task, register, spec_from_dict, task_for, task_named
 
 __all__ = [
     "TASKS",
@@ -12,6 +12,7 @@ __all__ = [
     "recommendation",
     "register",
     "regression",
+    "spec_from_dict",
     "task_for",
     "task_named",
 ]

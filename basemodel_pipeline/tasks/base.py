@@ -5,6 +5,8 @@ A ``Task`` is built from the scenario's ``TargetSpec`` (what the checkpoint stor
 
     labels -> targets   the head's width (``out_dim``), its bias at the training prior, the training targets
                         of a mini-batch and the loss (the scenario network is TrunkWithHead, model/trunk.py)
+    details             the typed record of what the head needs beyond its classes (``details``,
+                        ``fit_details``: regression's mean and range, recommendation's catalogue)
     decoding            logits -> metric-ready outputs (``scores``), kept inside the labels' range
                         (``finish``), and the link scale blends average on (``link`` / ``unlink``)
     metrics             every metric of the task (``evaluate``) and the one it is judged by
@@ -34,7 +36,7 @@ from torch import nn
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import Scenario
 from basemodel_pipeline.evaluation import baselines, metrics
-from basemodel_pipeline.scenarios.examples import Labels, TargetSpec
+from basemodel_pipeline.scenarios.examples import Labels, TargetDetails, TargetSpec
 
 Label = float | np.ndarray
 
@@ -56,8 +58,13 @@ class Task(ABC):
     least_squares_blend: ClassVar[bool] = False  # blend weights by least squares (values, not probabilities)
     needs_both_labels: ClassVar[bool] = False  # a split whose labels hold one value cannot be learned
     charts: ClassVar[str] = ""  # the report's charts (reports/html.py): curves, values, ranking; "": none
+    details: ClassVar[type[TargetDetails]] = TargetDetails  # the spec's typed details (none by default)
 
     def __init__(self, spec: TargetSpec) -> None:
+        if not isinstance(spec.details, self.details):
+            raise TypeError(
+                f"a {self.name} target spec holds {type(spec.details).__name__}, not {self.details.__name__}"
+            )
         self.spec = spec
 
     def __repr__(self) -> str:
@@ -70,9 +77,10 @@ class Task(ABC):
         return 1
 
     @classmethod
-    def spec_extra(cls, train_labels: Labels) -> dict[str, Any]:
-        """What the head needs from the training labels, stored in spec.extra (regression: mean, std, range)."""
-        return {}
+    def fit_details(cls, details: TargetDetails, train_labels: Labels) -> TargetDetails:
+        """The spec's details with what the head needs from the training labels (regression: mean, std,
+        range, hurdle); unchanged by default."""
+        return details
 
     def truth(self, labels: Labels) -> Any:
         """Labels as the metrics and the candidates take them (dense arrays; CSR arrays for recommendation)."""
@@ -97,11 +105,6 @@ class Task(ABC):
     def network_outputs(self, logits: np.ndarray) -> Any:
         """What the metrics take from the network's logits (early stopping): its scores."""
         return self.scores(logits)
-
-    def clip(self, values: np.ndarray) -> np.ndarray:
-        """Values within the training labels' range (spec.extra min / max, when known)."""
-        lo, hi = self.spec.extra.get("min"), self.spec.extra.get("max")
-        return np.clip(values, -np.inf if lo is None else lo, np.inf if hi is None else hi)
 
     def finish(self, out: np.ndarray) -> np.ndarray:
         """A candidate's outputs as published: every class present, values inside the labels' range."""
@@ -236,3 +239,9 @@ def task_named(name: str) -> type[Task]:
 def task_for(spec: TargetSpec) -> Task:
     """The task of a scenario's target spec, ready to train and decode."""
     return task_named(spec.task)(spec)
+
+
+def spec_from_dict(d: dict) -> TargetSpec:
+    """A target spec as ``TargetSpec.to_dict`` stored it, its details read as its task's record (a field the
+    record does not know, or of the wrong type, raises pydantic's ValidationError)."""
+    return TargetSpec.from_dict(d, task_named(str(d.get("task"))).details)

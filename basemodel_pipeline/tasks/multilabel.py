@@ -18,13 +18,20 @@ import pyarrow as pa
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import Scenario
 from basemodel_pipeline.evaluation import baselines, metrics
-from basemodel_pipeline.scenarios.examples import Labels, SparseLabels, dense_labels
+from basemodel_pipeline.scenarios.examples import Labels, SparseLabels, TargetDetails, dense_labels
 from basemodel_pipeline.tasks.base import Label, register
 from basemodel_pipeline.tasks.binary import Binary, sigmoid
 from basemodel_pipeline.tasks.multiclass import class_rows
 
 MAX_LABELS_ALL = 100  # predictions: every label's score up to this many labels
 DEFAULT_TOP_K = 20  # predictions: the best labels per entity above MAX_LABELS_ALL labels
+
+
+class MultilabelDetails(TargetDetails):
+    """A multilabel spec's details: over a list-valued column, the cache's indicator column of each class
+    (cache/plan.py), in the order of the classes; [] for a column of single values (the class codes)."""
+
+    list_columns: list[str] = []
 
 
 @register
@@ -36,6 +43,11 @@ class Multilabel(Binary):
     per_label = True
     calibrate_blend = False
     needs_both_labels = False
+    details = MultilabelDetails
+
+    @property
+    def list_columns(self) -> list[str]:
+        return self.spec.details.list_columns  # type: ignore[attr-defined]  # checked by Task
 
     @property
     def out_dim(self) -> int:
@@ -81,9 +93,10 @@ class Multilabel(Binary):
     ) -> np.ndarray:
         """The entity's share of recent events with each label (90 days; a list column's values, or the
         target column's codes), the training prior breaking ties."""
-        target, extra = scenario.target, self.spec.extra
-        if extra.get("list_columns"):
-            return baselines.list_shares(cache, target.source, entity, time, extra["list_columns"], prior)
+        if self.list_columns:
+            return baselines.list_shares(
+                cache, scenario.target.source, entity, time, self.list_columns, prior
+            )
         return self.column_shares(cache, entity, time, scenario, prior)
 
     # ---- outputs -------------------------------------------------------------------------------------

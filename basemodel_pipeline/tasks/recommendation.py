@@ -14,7 +14,7 @@ scenarios/rerank.py. The predictions table holds a row per (entity, rank)."""
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -22,7 +22,13 @@ import torch
 from torch import nn
 
 from basemodel_pipeline.evaluation import metrics
-from basemodel_pipeline.scenarios.examples import Labels, SparseLabels, TargetSpec, dense_labels
+from basemodel_pipeline.scenarios.examples import (
+    Labels,
+    SparseLabels,
+    TargetDetails,
+    TargetSpec,
+    dense_labels,
+)
 from basemodel_pipeline.tasks.base import Task, register
 
 Bonus = tuple[np.ndarray, np.ndarray, np.ndarray]  # (row, item, decayed count) of the entities' own history
@@ -31,12 +37,30 @@ REPEAT_WEIGHTS = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0)  # tried on validation
 RANKED_ITEMS = 100  # items ranked per entity for the metrics (MRR over this list)
 
 
-def sketch_table(spec: TargetSpec) -> np.ndarray:
+class RecommendationDetails(TargetDetails):
+    """A recommendation spec's details: the catalogue, the head's layout and what ranking adds to the network.
+    ``items`` and ``popularity`` (one entry per item) are stored in the checkpoint's target.json."""
+
+    n_items: int  # the catalogue: item code k (1-based in the cache) is output k - 1
+    head: Literal["dense", "sketch"] = "dense"
+    partitions: int = 4  # sketch: P hash partitions of `width` buckets, hashed with `seed`
+    width: int = 2048
+    seed: int = 12345
+    popularity: list[int]  # [n_items] training target counts
+    source: str = ""  # where the items are: the target's source and column
+    column: str = ""
+    items: list[str] = []  # item names: output k -> items[k]
+    repeat_weight: float | None = (
+        None  # weight of the entity's own history in the scores (tuned on validation)
+    )
+    repeat_half_life_days: float = REPEAT_HALF_LIFE_DAYS  # half-life of that history's decayed counts
+
+
+def sketch_table(d: RecommendationDetails) -> np.ndarray:
     """[P, n_items] global output index (p * W + bucket) of each item in each partition."""
-    e = spec.extra
-    rng = np.random.default_rng(e["seed"])
-    table = rng.integers(0, e["width"], size=(e["partitions"], e["n_items"]))
-    return (table + np.arange(e["partitions"])[:, None] * e["width"]).astype(np.int64)
+    rng = np.random.default_rng(d.seed)
+    table = rng.integers(0, d.width, size=(d.partitions, d.n_items))
+    return (table + np.arange(d.partitions)[:, None] * d.width).astype(np.int64)
 
 
 @register
@@ -45,24 +69,26 @@ class Recommendation(Task):
     primary_metric = "ndcg@10"
     ranked = True
     charts = "ranking"
+    details = RecommendationDetails
 
     def __init__(self, spec: TargetSpec) -> None:
         super().__init__(spec)
-        self.sketch = spec.extra["head"] == "sketch"
-        pop = np.asarray(spec.extra["popularity"], np.float64) + 1.0
+        self.d: RecommendationDetails = spec.details  # type: ignore[assignment]  # checked by Task
+        self.sketch = self.d.head == "sketch"
+        pop = np.asarray(self.d.popularity, np.float64) + 1.0
         self.log_pop = torch.from_numpy(np.log(pop / pop.sum()).astype(np.float32))
         if self.sketch:
-            self.table = torch.from_numpy(sketch_table(spec))
+            self.table = torch.from_numpy(sketch_table(self.d))
             mass = np.zeros(self.out_dim)
             for p in range(self.table.shape[0]):
                 np.add.at(mass, self.table[p].numpy(), pop)
-            mass = mass / mass.reshape(self.table.shape[0], -1).sum(1).repeat(spec.extra["width"])
+            mass = mass / mass.reshape(self.table.shape[0], -1).sum(1).repeat(self.d.width)
             self.log_mass = torch.from_numpy(np.log(np.maximum(mass, 1e-12)).astype(np.float32))
 
     @property
     def out_dim(self) -> int:
-        e = self.spec.extra
-        return e["n_items"] if e["head"] == "dense" else e["partitions"] * e["width"]
+        d = self.d
+        return d.n_items if d.head == "dense" else d.partitions * d.width
 
     def truth(self, labels: Labels) -> tuple[np.ndarray, np.ndarray, int]:
         """The relevant items as CSR arrays (indptr, indices, n_items)."""
@@ -128,8 +154,8 @@ class Recommendation(Task):
         `history` (row, item, decayed count), sorted by row: the entity's own past items; each adds
         weight * log1p(count) to the item's score (weight: the spec's ``repeat_weight`` unless given).
         `exclude` (the same form): items never ranked for that row (``items: new`` targets)."""
-        k = min(k, self.spec.extra["n_items"])
-        w = self.spec.extra.get("repeat_weight", 0.0) if weight is None else weight
+        k = min(k, self.d.n_items)
+        w = (self.d.repeat_weight or 0.0) if weight is None else weight
         items, scores = [], []
         for a in range(0, len(logits), chunk):
             s = self.item_scores(torch.from_numpy(np.asarray(logits[a : a + chunk], np.float32)))
@@ -165,7 +191,7 @@ class Recommendation(Task):
     ) -> pa.Table:
         """A row per (entity, rank); a list shorter than k (few eligible items) ends in -1: not written."""
         items, scores = out
-        names = np.array(self.spec.extra["items"], dtype=object)
+        names = np.array(self.d.items, dtype=object)
         k = items.shape[1]
         valid = items.ravel() >= 0
         return pa.table(

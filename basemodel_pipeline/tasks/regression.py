@@ -23,13 +23,27 @@ from basemodel_pipeline.config import Scenario
 from basemodel_pipeline.dates import DAY
 from basemodel_pipeline.evaluation import metrics
 from basemodel_pipeline.scenarios.events import regression_values
-from basemodel_pipeline.scenarios.examples import Labels
+from basemodel_pipeline.scenarios.examples import Labels, TargetDetails, TargetSpec
 from basemodel_pipeline.tasks.base import Task, register
 
 HURDLE_ZERO_SHARE = 0.1  # a non-negative target zero in at least this share of rows -> hurdle
 
 
-def regression_extra(y: np.ndarray) -> dict[str, Any]:
+class RegressionDetails(TargetDetails):
+    """A regression spec's details: the target's scale and the training labels' statistics (fit_details)."""
+
+    log1p: bool = False  # the target is log(1 + amount); the predictions table holds the amount
+    mean: float = 0.0  # of the training labels: the head predicts (y - mean) / std
+    std: float = 1.0
+    min: float | None = None  # the range every output keeps to (None: unbounded)
+    max: float | None = None
+    hurdle: bool = False  # two outputs: P(any amount) and the standardised amount when there is one
+    positive_share: float | None = None  # hurdle: the share of rows with an amount, their mean and std
+    positive_mean: float | None = None
+    positive_std: float | None = None
+
+
+def regression_stats(y: np.ndarray) -> dict[str, Any]:
     """What a regression head needs from its training labels: mean/std, the range its outputs keep to, and
     whether to use the hurdle (a non-negative target that is zero in at least HURDLE_ZERO_SHARE of rows)."""
     out: dict[str, Any] = {
@@ -57,18 +71,23 @@ class Regression(Task):
     explainable = True
     least_squares_blend = True
     charts = "values"
+    details = RegressionDetails
+
+    def __init__(self, spec: TargetSpec) -> None:
+        super().__init__(spec)
+        self.d: RegressionDetails = spec.details  # type: ignore[assignment]  # checked by Task
 
     @property
     def hurdle(self) -> bool:
-        return bool(self.spec.extra.get("hurdle"))
+        return self.d.hurdle
 
     @property
     def out_dim(self) -> int:
         return 2 if self.hurdle else 1
 
     @classmethod
-    def spec_extra(cls, train_labels: Labels) -> dict[str, Any]:
-        return regression_extra(np.asarray(train_labels, np.float64))
+    def fit_details(cls, details: TargetDetails, train_labels: Labels) -> TargetDetails:
+        return details.with_values(**regression_stats(np.asarray(train_labels, np.float64)))
 
     # ---- labels -> targets ---------------------------------------------------------------------------
     def init_bias(self, head: nn.Linear, labels: Labels) -> None:
@@ -76,17 +95,17 @@ class Regression(Task):
         with torch.no_grad():
             head.bias.zero_()
             if self.hurdle:
-                share = float(np.clip(self.spec.extra["positive_share"], 1e-4, 1 - 1e-4))
+                share = float(np.clip(self.d.positive_share or 0.0, 1e-4, 1 - 1e-4))
                 head.bias[0] = float(np.log(share / (1 - share)))
 
     def targets(self, labels: Labels, idx: np.ndarray) -> torch.Tensor:
-        e = self.spec.extra
+        d = self.d
         y = np.asarray(labels, np.float32)[idx]
         if self.hurdle:
             pos = y > 0
-            amount = np.where(pos, (y - e["positive_mean"]) / e["positive_std"], 0.0)
+            amount = np.where(pos, (y - d.positive_mean) / d.positive_std, 0.0)  # type: ignore[operator]
             return torch.from_numpy(np.stack([pos, amount], 1).astype(np.float32))
-        return torch.from_numpy(((y - e["mean"]) / e["std"]).astype(np.float32)[:, None])
+        return torch.from_numpy(((y - d.mean) / d.std).astype(np.float32)[:, None])
 
     def loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         if not self.hurdle:
@@ -98,12 +117,18 @@ class Regression(Task):
 
     # ---- decoding ------------------------------------------------------------------------------------
     def scores(self, logits: np.ndarray) -> np.ndarray:
-        e, z = self.spec.extra, logits.astype(np.float64)
+        d, z = self.d, logits.astype(np.float64)
         if self.hurdle:
             p = 1.0 / (1.0 + np.exp(-z[:, 0]))
-            amount = np.clip(z[:, 1] * e["positive_std"] + e["positive_mean"], 0.0, e.get("max", np.inf))
+            top = np.inf if d.max is None else d.max
+            amount = np.clip(z[:, 1] * d.positive_std + d.positive_mean, 0.0, top)  # type: ignore[operator]
             return self.clip(p * amount)
-        return self.clip(z[:, 0] * e["std"] + e["mean"])
+        return self.clip(z[:, 0] * d.std + d.mean)
+
+    def clip(self, values: np.ndarray) -> np.ndarray:
+        """Values within the training labels' range (min / max, when known)."""
+        lo, hi = self.d.min, self.d.max
+        return np.clip(values, -np.inf if lo is None else lo, np.inf if hi is None else hi)
 
     def finish(self, out: np.ndarray) -> np.ndarray:
         return self.clip(out)
@@ -131,19 +156,19 @@ class Regression(Task):
     def output_table(
         self, ids: np.ndarray, as_of: dt.date, out: Any, top_k: int | None, threshold: float | None
     ) -> pa.Table:
-        value = np.expm1(out) if self.spec.extra.get("log1p") else out
+        value = np.expm1(out) if self.d.log1p else out
         return pa.table(
             {"entity_id": ids, "as_of": pa.array([as_of] * len(ids), pa.date32()), "value": value}
         )
 
     # ---- explanations --------------------------------------------------------------------------------
     def explained(self, out: torch.Tensor, index: int) -> torch.Tensor:
-        extra = self.spec.extra
+        d = self.d
         if self.hurdle:  # P(any amount) x the amount if any (before clipping to the range)
-            amount = out[:, 1] * extra["positive_std"] + extra["positive_mean"]
+            amount = out[:, 1] * d.positive_std + d.positive_mean  # type: ignore[operator]
             return torch.sigmoid(out[:, 0]) * amount
-        return out[:, 0] * extra["std"] + extra["mean"]
+        return out[:, 0] * d.std + d.mean
 
     def explained_what(self, label: str | None) -> str:
-        log1p = " (log1p of the target)" if self.spec.extra.get("log1p") else ""
+        log1p = " (log1p of the target)" if self.d.log1p else ""
         return f"predicted value{log1p}"
