@@ -289,7 +289,6 @@ OVERSIZE: dict[str, str] = {  # modules still over MODULE_LINES, each to split; 
     "cli": "one typer command per stage; the predict/explain options to move beside their commands",
     "sources.data_checks": "every data check of the sources in one module",
     "synthetic_scale": "the generator and its command line",
-    "defs.shared.launcher": "the launcher resource and its four engines (subprocess, Docker, Kubernetes, ECS)",
 }
 
 

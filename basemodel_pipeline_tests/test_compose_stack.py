@@ -33,7 +33,7 @@ from test_orchestration_deploy import (
     _wait as wait_for,
 )
 
-from basemodel_pipeline.defs.shared.launcher import remove_run_containers
+from basemodel_pipeline.defs.shared.containers import remove_run_containers
 
 pytestmark = pytest.mark.timeout(1200)
 

@@ -19,12 +19,12 @@ from conftest import chown_tree
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.defs.models.assets import foundation_model, scenario_model
 from basemodel_pipeline.defs.predictions.assets import predictions
-from basemodel_pipeline.defs.shared.launcher import (
+from basemodel_pipeline.defs.shared.containers import (
     RUN_ID_LABEL,
-    Launcher,
     remove_run_containers,
     remove_step_containers,
 )
+from basemodel_pipeline.defs.shared.launcher import Launcher
 from basemodel_pipeline.defs.shared.partitions import scenarios_partitions
 from basemodel_pipeline.defs.shared.resources import BasemodelConfigResource
 from basemodel_pipeline.pipeline import run_cache, run_extract

@@ -20,7 +20,8 @@ from docker.models.containers import _create_container_args
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.defs.models.assets import foundation_model
 from basemodel_pipeline.defs.shared.gpu_devices import reserve_devices
-from basemodel_pipeline.defs.shared.launcher import Launcher, unwritable_dir
+from basemodel_pipeline.defs.shared.launcher import Launcher
+from basemodel_pipeline.defs.shared.permissions import unwritable_dir
 from basemodel_pipeline.defs.shared.resources import BasemodelConfigResource, launcher_from_env
 from basemodel_pipeline.pipeline import run_cache, run_extract
 

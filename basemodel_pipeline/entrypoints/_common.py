@@ -5,7 +5,7 @@ Launched by Dagster (``DAGSTER_PIPES_*`` env vars set) it logs through Pipes and
 materialization; launched by hand it logs to stdout and prints the metadata as JSON. A ``UserError`` ends the
 process with exit code 2 and one line ``error: ...`` on stderr; under Pipes the error is also logged to
 Dagster and closes the session as a ``StepUserError`` carrying that line, which the launcher reads back from
-the Pipes messages (defs/launcher.py), so that the orchestrating asset fails with the user's message instead of
+the Pipes messages (defs/shared/step_failures.py), so that the orchestrating asset fails with the user's message instead of
 "process failed with code 2" on every backend, a pod or an ECS task included.
 
 This module may import dagster_pipes but never dagster.
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import faulthandler
 import json
 import os
 import sys
@@ -185,7 +186,11 @@ def main(
     source: bool = False,
     scoring: bool = False,
 ) -> None:
-    """Run one stage as a Pipes entrypoint (or standalone); exits 2 with one line on stderr on a UserError."""
+    """Run one stage as a Pipes entrypoint (or standalone); exits 2 with one line on stderr on a UserError.
+
+    A crash in native code (a segmentation fault in a library) prints every thread's Python stack on stderr
+    first (faulthandler): the launcher retries such a step once and points at that stack."""
+    faulthandler.enable()
     ns = parse_args(stage, argv, scenario=scenario, as_of=as_of, source=source, scoring=scoring)
     try:
         if rank() != 0:  # under torchrun only rank 0 speaks Pipes (one session, one materialization)

@@ -8,7 +8,7 @@ found by their `dagster/run_id` label). They run whether automation is running o
 
 import dagster as dg
 
-from basemodel_pipeline.defs.shared.launcher import remove_run_containers
+from basemodel_pipeline.defs.shared.containers import remove_run_containers
 
 FINAL_STATUSES = {
     "success": dg.DagsterRunStatus.SUCCESS,

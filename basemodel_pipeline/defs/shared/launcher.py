@@ -29,68 +29,27 @@ from typing import Any, Literal
 import dagster as dg
 from pydantic import Field
 
+from basemodel_pipeline.defs.shared.containers import (
+    MANAGED_LABEL,
+    RUN_ID_LABEL,
+    STAGE_LABEL,
+    STEP_LABEL,
+    label_value,
+    remove_step_containers,
+)
 from basemodel_pipeline.defs.shared.gpu_devices import reserve_devices
-from basemodel_pipeline.errors import StepUserError
+from basemodel_pipeline.defs.shared.permissions import unwritable_dir
+from basemodel_pipeline.defs.shared.step_failures import raise_step_failure
 from basemodel_pipeline.metadata import FORWARDED_ENV_VAR
 
 Backend = Literal["subprocess", "docker", "k8s", "ecs"]
 BACKENDS: tuple[str, ...] = ("subprocess", "docker", "k8s", "ecs")
-RUN_ID_LABEL = "dagster/run_id"
-STEP_LABEL = "dagster/step_key"
-STAGE_LABEL = "basemodel/job"  # label key kept as deployed (a label, not a Dagster job)
 K8S_CONTAINER = "dagster-pipes-execution"
-MANAGED_LABEL = "basemodel/managed"
 # Stages that train data-parallel under torchrun (training/distributed.py); the others use one process.
 DATA_PARALLEL_STAGES = frozenset({"pretrain"})
 # Stages that never use a GPU: a scenario's baselines (LightGBM, popularity) run on CPUs only.
 CPU_STAGES = frozenset({"baselines"})
 DEFAULT_USER = "1000:1000"  # the `basemodel` user of deploy/Dockerfile
-
-
-def _can_write(st: os.stat_result, uid: int, gid: int) -> bool:
-    """Whether uid:gid may create files in a directory with this stat (supplementary groups not known)."""
-    mode = st.st_mode
-    if st.st_uid == uid:
-        return bool(mode & stat.S_IWUSR and mode & stat.S_IXUSR)
-    if st.st_gid == gid:
-        return bool(mode & stat.S_IWGRP and mode & stat.S_IXGRP)
-    return bool(mode & stat.S_IWOTH and mode & stat.S_IXOTH)
-
-
-# The workspace directories steps write into (basemodel_pipeline.workspace); others (the data, dagster_home)
-# may belong to anyone.
-WRITTEN_DIRS = (
-    "extracts",
-    "cache",
-    "staging",
-    "checkpoints",
-    "predictions",
-    "embeddings",
-    "state",
-    "explanations",
-    "reports",
-)
-
-
-def unwritable_dir(root: Path, uid: int, gid: int) -> Path | None:
-    """The workspace directory, or the first of the directories steps write into (and their children), that
-    uid:gid cannot write; None when it can write them all."""
-    candidates = [root]
-    for name in WRITTEN_DIRS:
-        child = root / name
-        if child.is_dir() and not child.is_symlink():
-            candidates.append(child)
-            candidates.extend(sorted(g for g in child.iterdir() if g.is_dir() and not g.is_symlink()))
-    for directory in candidates:
-        if not _can_write(directory.stat(), uid, gid):
-            return directory
-    return None
-
-
-def _label_value(value: str) -> str:
-    """Kubernetes label values: at most 63 characters of [A-Za-z0-9_.-]."""
-    cleaned = "".join(c if c.isalnum() or c in "_.-" else "_" for c in value)
-    return cleaned[:63].strip("_.-") or "none"
 
 
 class Launcher(dg.ConfigurableResource):
@@ -222,7 +181,7 @@ class Launcher(dg.ConfigurableResource):
     def labels(self, run_id: str, step_key: str, stage: str) -> dict[str, str]:
         return {
             RUN_ID_LABEL: run_id,
-            STEP_LABEL: _label_value(step_key),
+            STEP_LABEL: label_value(step_key),
             STAGE_LABEL: stage,
             MANAGED_LABEL: "true",
         }
@@ -285,7 +244,7 @@ class Launcher(dg.ConfigurableResource):
             spec["volumes"] = [{"name": "workspace", "persistent_volume_claim": {"claim_name": self.k8s_pvc}}]
         meta = {
             "labels": {
-                _label_value(k): _label_value(v) for k, v in self.labels(run_id, step_key, stage).items()
+                label_value(k): label_value(v) for k, v in self.labels(run_id, step_key, stage).items()
             }
         }
         return meta, spec
@@ -377,10 +336,8 @@ class Launcher(dg.ConfigurableResource):
         self.check_workspace_writable()
         try:
             return self._launch(context, stage, command, {})
-        except Exception:
-            message = step_user_error(context)
-            if message:
-                raise dg.Failure(description=message, allow_retries=False) from None
+        except Exception as err:
+            raise_step_failure(context, stage, err)  # a user's one line, or a crash retried once
             raise
 
     def _launch(
@@ -434,50 +391,3 @@ class Launcher(dg.ConfigurableResource):
             extras=dict(extras),
             pipes_container_name=self.ecs_container,
         )
-
-
-def step_user_error(context: dg.AssetExecutionContext) -> str | None:
-    """The one line of the StepUserError that closed this step's Pipes session, if one did.
-
-    Read from the run's event log, where Dagster records the exception of a Pipes "closed" message: the same
-    path on every backend (a local process, a container, a pod, an ECS task), with no file shared."""
-    step_key = str(context.op_handle)
-    events = context.instance.all_logs(context.run.run_id, of_type=dg.DagsterEventType.ENGINE_EVENT)
-    for entry in reversed(events):
-        data = entry.dagster_event.engine_event_data if entry.dagster_event else None
-        error = data.error if data else None
-        if entry.step_key == step_key and error is not None and error.cls_name == StepUserError.__name__:
-            # the message is "<module>.StepUserError: <line>\n" (traceback.format_exception_only)
-            return error.message.split(f"{StepUserError.__name__}: ", 1)[-1].strip()
-    return None
-
-
-def _remove(client: Any, labels: dict[str, str]) -> list[str]:
-    """Remove (stopping first) every container carrying all these labels; `client` None: docker.from_env()."""
-    if client is None:
-        import docker
-
-        client = docker.from_env()
-    filters = {"label": [f"{k}={v}" for k, v in labels.items()]}
-    removed = []
-    for container in client.containers.list(all=True, filters=filters):
-        container.remove(force=True)
-        removed.append(container.id)
-    return removed
-
-
-def remove_step_containers(run_id: str, step_key: str, client: Any = None) -> list[str]:
-    """Remove the trainer container(s) this launcher started for one step of a run (stopped first).
-
-    Only containers carrying the launcher's own `basemodel/managed` label: DockerRunLauncher labels the run
-    worker with the same `dagster/run_id`, and removing it would kill the run before its step is recorded;
-    nor those of the run's other steps, which may still be training."""
-    labels = {RUN_ID_LABEL: run_id, STEP_LABEL: _label_value(step_key), MANAGED_LABEL: "true"}
-    return _remove(client, labels)
-
-
-def remove_run_containers(run_id: str, client: Any = None) -> list[str]:
-    """Remove every container labelled with this run id (stopped first): trainer containers and the run
-    worker. Only once the run has ended (the run-status sensors): a cancelled or crashed run leaves
-    nothing behind, and exited run workers do not pile up."""
-    return _remove(client, {RUN_ID_LABEL: run_id})
