@@ -253,3 +253,80 @@ def test_a_corrupt_state_does_not_wedge_pretrain(tiny_config: Path) -> None:
     assert result["epochs"] == OVERRIDES["epochs"]
     assert any("starting afresh" in m for m in log), log
     assert not any(m.startswith("resuming") for m in log)
+
+
+# ---- fine-tuning ------------------------------------------------------------------------------------------
+class CrashAtLog(NullProgress):
+    """Raises when a log line starts with `prefix` (after the epoch before it has saved its state)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix, self.lines = prefix, []
+
+    def log(self, message: str) -> None:
+        self.lines.append(message)
+        if message.startswith(self.prefix):
+            raise KeyboardInterrupt("simulated crash")
+
+
+class Lines(NullProgress):
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def log(self, message: str) -> None:
+        self.lines.append(message)
+
+
+def _network_result(meta: dict) -> tuple[dict, list, dict[str, torch.Tensor]]:
+    folder = Path(meta["path"])
+    metrics = json.loads((folder / "metrics.json").read_text())
+    return metrics["test"], metrics["history"], load_file(str(folder / "model.safetensors"))
+
+
+@pytest.mark.parametrize("mode", ["full", "frozen"])
+def test_a_killed_finetune_resumes_at_the_next_epoch_and_ends_like_an_uninterrupted_one(
+    tiny_config: Path, mode: str
+) -> None:
+    from basemodel_pipeline.pipeline import run_finetune
+
+    raw = yaml.safe_load(_prepared(tiny_config).read_text())
+    raw["training_params"]["finetune"].update({"mode": mode, "epochs": 4, "patience": 10})
+    raw["scenarios"] = [{**s, "candidates": ["neural"]} for s in raw["scenarios"] if s["name"] == "churn"]
+    tiny_config.write_text(yaml.safe_dump(raw))
+    cfg = load_config(tiny_config)
+    run_pretrain(cfg)
+    test, history, weights = _network_result(run_finetune(cfg, "churn"))
+    state_dir = Path(cfg.workspace) / "checkpoints" / "scenarios" / "churn" / ".resume"
+    assert not state_dir.exists()  # removed once the checkpoint is published
+
+    with pytest.raises(KeyboardInterrupt):
+        run_finetune(cfg, "churn", CrashAtLog("churn epoch 3:"))  # epoch 3 trained, its state not saved
+    saved = json.loads((state_dir / "train" / "state.json").read_text())
+    assert saved["info"]["epoch"] == 2 and len(saved["info"]["history"]) == 2
+
+    lines = Lines()
+    test2, history2, weights2 = _network_result(run_finetune(cfg, "churn", lines))
+    assert any("resuming the network's training after epoch 2" in line for line in lines.lines), lines.lines
+    assert not any(line.startswith(("churn epoch 1:", "churn epoch 2:")) for line in lines.lines)
+    assert [h["val_metric"] for h in history2] == [h["val_metric"] for h in history]
+    assert [h["train_loss"] for h in history2] == [h["train_loss"] for h in history]
+    assert test2 == test
+    assert weights2.keys() == weights.keys() and all(torch.equal(weights[k], weights2[k]) for k in weights)
+    assert not state_dir.exists()
+
+
+def test_a_finetune_of_another_foundation_does_not_resume_a_foreign_state(tiny_config: Path) -> None:
+    from basemodel_pipeline.pipeline import run_finetune
+
+    raw = yaml.safe_load(_prepared(tiny_config).read_text())
+    raw["training_params"]["finetune"].update({"epochs": 3, "patience": 10})
+    raw["scenarios"] = [{**s, "candidates": ["neural"]} for s in raw["scenarios"] if s["name"] == "churn"]
+    tiny_config.write_text(yaml.safe_dump(raw))
+    cfg = load_config(tiny_config)
+    run_pretrain(cfg)
+    with pytest.raises(KeyboardInterrupt):
+        run_finetune(cfg, "churn", CrashAtLog("churn epoch 2:"))
+    run_pretrain(cfg.model_copy(deep=True))  # a new foundation version: the saved state is not its own
+    lines = Lines()
+    run_finetune(cfg, "churn", lines)
+    assert not any("resuming the network" in line for line in lines.lines)
+    assert any(line.startswith("churn epoch 1:") for line in lines.lines)

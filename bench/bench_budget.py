@@ -108,6 +108,13 @@ def main() -> None:
         "budget_by": args.by,
     }
     out_path = Path(__file__).parent / "results" / f"budget_{name}{'_cuda' if device == 'cuda' else ''}.json"
+    # scales measured before and not run now keep their keys: a later point joins an earlier curve
+    earlier = json.loads(out_path.read_text()) if out_path.exists() else {}
+    ran = tuple(f"x{s}." for s in args.scales)
+    result = {
+        **{k: v for k, v in earlier.items() if k.startswith("x") and not k.startswith(ran)},
+        **result,
+    }
     runs: dict[int, dict] = {}
     rows = []
     for scale in args.scales:
@@ -149,6 +156,7 @@ def main() -> None:
         k = f"x{scale}"
         result.update(
             {
+                f"{k}.load_1min_at_end": round(psutil.getloadavg()[0], 2),
                 f"{k}.max_examples_per_epoch": fp["max_examples_per_epoch"],
                 f"{k}.split_points_per_entity": fp.get("split_points_per_entity", SPLIT_POINTS),
                 f"{k}.epochs_max": fp.get("epochs", EPOCHS),

@@ -263,6 +263,12 @@ class FinetuneParams(Strict):
         description="frozen: train only the head on the foundation trunk (best on small data); full: fine-tune "
         "all; lora: low-rank adapters on the trunk's linear layers + head.",
     )
+    checkpoint_every_epochs: int = Field(
+        default=1,
+        ge=0,
+        description="Save a resumable state of the scenario network's training every N epochs (0: off): a "
+        "killed fine-tuning restarts at the next epoch.",
+    )
     seed: int = 0
 
 

@@ -36,7 +36,7 @@ from basemodel_pipeline.scenarios import staging
 from basemodel_pipeline.scenarios.candidates import Blend, Candidate, Context, LightGBM
 from basemodel_pipeline.scenarios.examples import Examples, TargetSpec
 from basemodel_pipeline.scenarios.inputs import Rows
-from basemodel_pipeline.scenarios.network import train_network
+from basemodel_pipeline.scenarios.network import clear_resume, train_network
 from basemodel_pipeline.scenarios.refit import refit
 from basemodel_pipeline.scenarios.rerank import NeuralRanking
 from basemodel_pipeline.scenarios.selection import Selection, choose, primary
@@ -404,7 +404,9 @@ def _publish(
         source = function_source(scenario)
         if source is not None:
             extra["target_function.py"] = source
-    return publish_checkpoint(ws.scenario_root(shared.cfg, scenario.name), done.model, meta, extra)
+    published_at = publish_checkpoint(ws.scenario_root(shared.cfg, scenario.name), done.model, meta, extra)
+    clear_resume(shared.cfg, scenario.name)  # the network's resumable states are no longer needed
+    return published_at
 
 
 def _staged_baselines(

@@ -5,20 +5,26 @@ from __future__ import annotations
 
 import copy
 import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from basemodel_pipeline import runtime
-from basemodel_pipeline.config import Scenario
+from basemodel_pipeline import workspace as ws
+from basemodel_pipeline.config import PipelineConfig, Scenario
 from basemodel_pipeline.model.trunk import TrunkWithHead
 from basemodel_pipeline.progress import Progress
 from basemodel_pipeline.scenarios.examples import Examples, TargetSpec
 from basemodel_pipeline.scenarios.lora import add_lora, merge_lora
 from basemodel_pipeline.scenarios.shared import Shared
 from basemodel_pipeline.tasks import Task, task_for
-from basemodel_pipeline.training import loop
+from basemodel_pipeline.training import loop, resume
+
+RESUME = ".resume"  # under the scenario's checkpoint root, beside its versions
 
 
 def train_network(
@@ -62,8 +68,14 @@ def train_network(
     def on_step(loss: float, size: int) -> None:
         progress.advance(bar, 1, loss=loss)
 
-    best, best_state, history, bad = -np.inf, None, [], 0
-    for epoch in range(epochs):
+    run = _Resumable(
+        _resume_dir(shared, scenario, fixed_epochs), _run_key(shared, scenario, spec, ex, fixed_epochs)
+    )
+    run.restore(net, opt, sched, rng, p.checkpoint_every_epochs, progress)
+    progress.advance(bar, run.epoch * -(-n // p.batch_size))
+    for epoch in range(run.epoch, epochs):
+        if run.bad >= p.patience:  # early stopping (a resumed run may have stopped already)
+            break
         started = time.perf_counter()
         try:  # the shared loop (training/loop.py): bf16 autocast on CUDA, fp32 on the CPU
             train_loss = loop.train_epoch(
@@ -73,7 +85,7 @@ def train_network(
             raise FloatingPointError(f"scenario '{scenario.name}': {exc}") from None
         val_logits = runtime.predict(net, inputs[rows["val"]], device)
         val_metric = float(head.primary(val_truth, head.network_outputs(val_logits)))
-        history.append(
+        run.history.append(
             {
                 "epoch": epoch + 1,
                 "train_loss": train_loss,
@@ -85,12 +97,13 @@ def train_network(
             f"{scenario.name} epoch {epoch + 1}: train_loss={train_loss:.4f} val_{primary}={val_metric:.4f}"
         )
         score = sign * val_metric if np.isfinite(val_metric) else -np.inf
-        if best_state is None or score > best or fixed_epochs is not None:
-            best, best_state, bad = score, copy.deepcopy(net.state_dict()), 0
+        if run.best_state is None or score > run.best or fixed_epochs is not None:
+            run.best, run.best_state, run.bad = score, copy.deepcopy(net.state_dict()), 0
         else:
-            bad += 1
-            if bad >= p.patience:
-                break
+            run.bad += 1
+        run.epoch = epoch + 1
+        run.save(net, opt, sched, rng, p.checkpoint_every_epochs)
+    best, best_state, history = run.best, run.best_state, run.history
     assert best_state is not None
     net.load_state_dict(best_state)
     if mode == "lora":
@@ -114,3 +127,75 @@ def _trainable(
     )
     model.to(device)
     return shared.X, model, params
+
+
+# ---- resuming an interrupted fine-tuning ----------------------------------------------------------------
+def _resume_dir(shared: Shared, scenario: Scenario, fixed_epochs: int | None) -> Path:
+    """Where a scenario's network saves its resumable state: one directory for the early-stopped training and
+    one for the refit; both are removed once the scenario's checkpoint is published (clear_resume)."""
+    return ws.scenario_root(shared.cfg, scenario.name) / RESUME / ("refit" if fixed_epochs else "train")
+
+
+def clear_resume(cfg: PipelineConfig, scenario: str) -> None:
+    """Remove a scenario's resumable training states (its checkpoint is published)."""
+    resume.clear_state(ws.scenario_root(cfg, scenario) / RESUME)
+
+
+def _run_key(
+    shared: Shared, scenario: Scenario, spec: TargetSpec, ex: dict[str, Examples], fixed_epochs: int | None
+) -> str:
+    """Everything that shapes the training: another config, cache, foundation or set of examples starts
+    afresh."""
+    return resume.state_key(
+        scenario.model_dump(mode="json"),
+        spec.to_dict(),
+        shared.cfg.training_params.finetune.model_dump(mode="json"),
+        shared.cfg.training_params.foundation.device,
+        shared.fmeta.version,
+        shared.cache.manifest["fingerprint"],
+        shared.cache.manifest["created"],
+        {k: [len(v), int(v.entity.sum()), int(v.time.sum())] for k, v in ex.items()},
+        fixed_epochs,
+    )
+
+
+@dataclass
+class _Resumable:
+    """Where a scenario network's training stands after its last finished epoch, saved with the weights,
+    the optimizer, the schedule and both random generators (training/resume.py: safetensors + JSON, one
+    rename), so that a killed fine-tuning restarts at the next epoch and ends where an uninterrupted one
+    ends."""
+
+    directory: Path
+    key: str
+    epoch: int = 0  # epochs finished
+    history: list[dict] = field(default_factory=list)
+    best: float = -np.inf  # the best validation score (higher is better: the metric times its sign)
+    bad: int = 0  # epochs since it improved
+    best_state: dict[str, torch.Tensor] | None = None
+
+    def restore(
+        self, net: nn.Module, opt: Any, sched: Any, rng: np.random.Generator, every: int, progress: Progress
+    ) -> None:
+        if not every:
+            return
+        found = resume.load_state(self.directory, self.key, net, opt, sched, warn=progress.log)
+        if found is None:
+            return
+        info, self.best_state = found
+        self.epoch, self.history, self.bad = info["epoch"], info["history"], info["bad"]
+        self.best = float(info["best"])
+        rng.bit_generator.state = info["numpy_rng"]
+        progress.log(f"resuming the network's training after epoch {self.epoch} ({self.directory})")
+
+    def save(self, net: nn.Module, opt: Any, sched: Any, rng: np.random.Generator, every: int) -> None:
+        if not every or self.epoch % every:
+            return
+        info = {
+            "epoch": self.epoch,
+            "history": self.history,
+            "best": self.best if np.isfinite(self.best) else -1e300,
+            "bad": self.bad,
+            "numpy_rng": rng.bit_generator.state,
+        }
+        resume.save_state(self.directory, self.key, net, opt, sched, self.best_state, info)
