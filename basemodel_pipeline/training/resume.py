@@ -123,7 +123,7 @@ def save_state(
         ws.atomic_write_text(staging / META, json.dumps(meta))
         ws.publish_dir(staging, directory)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        ws.discard_dir(staging)  # the files and the directory's claim: nothing left beside the state
         raise
 
 
