@@ -285,9 +285,7 @@ def test_every_package_has_an_init_with_a_docstring() -> None:
 # ---- sizes: modules small enough to read at once, training functions that read top to bottom ----------------
 MODULE_LINES = 460  # "no module over ~450 lines"
 FUNCTION_LINES = 85  # "no function over ~80 lines in training/ and scenarios/"
-OVERSIZE: dict[str, str] = {  # modules still over MODULE_LINES, each to split; the list only shrinks
-    "cli": "one typer command per stage; the predict/explain options to move beside their commands",
-}
+OVERSIZE: dict[str, str] = {}  # modules still over MODULE_LINES, each to split; the list only shrinks
 
 
 def _lines(path: Path) -> int:

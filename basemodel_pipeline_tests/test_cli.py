@@ -57,3 +57,14 @@ def test_validate_ok(tiny_dataset: Path) -> None:
 
 def test_finetune_needs_a_scenario(tiny_config: Path) -> None:
     _assert_user_error(["finetune", str(tiny_config)], "--scenario", "--all")
+
+
+def test_help_lists_the_commands_in_pipeline_order() -> None:
+    """The commands register on the one `app` from several modules (cli/stages, scoring, workspace): `--help`
+    lists them in the pipeline's order, whatever module defines them."""
+    import typer.main
+
+    assert list(typer.main.get_command(app).commands) == [  # type: ignore[attr-defined]
+        "validate", "extract", "suggest-config", "data-report", "cache-info", "cache", "pretrain", "finetune",
+        "predict", "embed", "explain", "prune", "verify", "demo",
+    ]  # fmt: skip

@@ -52,6 +52,7 @@ def test_failed_step_surfaces_its_message(tiny_config: Path) -> None:
 def test_cli_demo_reports_a_failed_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`basemodel demo` exits non-zero with the failing step's message (the demo data is made unreadable)."""
     from basemodel_pipeline import cli
+    from basemodel_pipeline.cli import workspace as cli_workspace  # where `demo` reads the config
 
     def broken(config: Path, instance: dg.DagsterInstance, **kwargs: object) -> None:
         raise RunFailed("extract, cache, pretrain: step extracts__transactions failed: boom")
@@ -61,7 +62,7 @@ def test_cli_demo_reports_a_failed_run(tmp_path: Path, monkeypatch: pytest.Monke
         "basemodel_pipeline.demo.prepare_demo",
         lambda ws, full=False, dataset="completejourney": Path(ws) / "config.yaml",
     )
-    monkeypatch.setattr(cli, "load_config", lambda path: None)
+    monkeypatch.setattr(cli_workspace, "load_config", lambda path: None)
     monkeypatch.delenv("DAGSTER_HOME", raising=False)
     result = CliRunner().invoke(cli.app, ["demo", "--workspace", str(tmp_path / "ws")])
     assert result.exit_code == 1

@@ -100,13 +100,13 @@ def test_predict_with_more_workers_than_cores_runs_at_most_the_cap(
 
 def test_the_library_never_starts_its_own_cli_nor_reads_argv() -> None:
     """Scoring with workers used to re-run `basemodel predict` with the caller's sys.argv: below the faces
-    (cli.py, entrypoints/, defs/) no module reads sys.argv or names the CLI module."""
+    (cli/, entrypoints/, defs/) no module reads sys.argv or names the CLI module."""
     import ast
 
     import basemodel_pipeline
 
     root = Path(basemodel_pipeline.__file__).parent
-    faces = {"cli.py", "__main__.py", "entrypoints", "defs", "definitions.py"}
+    faces = {"cli", "__main__.py", "entrypoints", "defs", "definitions.py"}
     offenders = []
     for path in sorted(root.rglob("*.py")):
         if path.relative_to(root).parts[0] in faces:
