@@ -49,7 +49,7 @@ from basemodel_pipeline.inference.state import (
     float32_rows,
     state_serves,
 )
-from basemodel_pipeline.model.checkpoint import META, CheckpointMeta, damaged, load_checkpoint
+from basemodel_pipeline.model.checkpoint import META, CheckpointMeta, damaged, first_error, load_checkpoint
 from basemodel_pipeline.progress import Progress
 from basemodel_pipeline.scenarios.candidates import Candidate, Context
 from basemodel_pipeline.scenarios.inputs import Rows, RowView
@@ -126,8 +126,7 @@ def load_scenario(checkpoint: Path) -> tuple[Any, CheckpointMeta, Task]:
     try:
         target = spec_from_dict(spec)
     except (ValidationError, ValueError) as err:  # a field the task's record lacks, or an unknown task
-        first = err.errors()[0] if isinstance(err, ValidationError) else None
-        reason = f"{'.'.join(map(str, first['loc']))}: {first['msg']}" if first else str(err)
+        reason = first_error(err) if isinstance(err, ValidationError) else str(err)
         raise damaged(checkpoint, f"{META}: unreadable target ({reason})") from None
     return model, meta, task_for(target)
 

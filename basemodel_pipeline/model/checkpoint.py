@@ -165,6 +165,13 @@ def verify(directory: Path) -> None:
         raise damaged(directory, found[0])
 
 
+def first_error(exc: ValidationError) -> str:
+    """The first of a pydantic error's complaints in one line: the field's dotted path and the message."""
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "the document"
+    return f"{where}: {first['msg']}" if first["type"] != "json_invalid" else "not JSON"
+
+
 def read_meta(directory: Path, verified: bool = False) -> CheckpointMeta:
     """model.json of a checkpoint (the checkpoint verified first unless `verified`)."""
     if not verified:
@@ -172,10 +179,7 @@ def read_meta(directory: Path, verified: bool = False) -> CheckpointMeta:
     try:
         return CheckpointMeta.model_validate_json((directory / META).read_bytes())
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "the document"
-        reason = f"{where}: {first['msg']}" if first["type"] != "json_invalid" else "not JSON"
-        raise damaged(directory, f"{META}: unreadable ({reason})") from None
+        raise damaged(directory, f"{META}: unreadable ({first_error(exc)})") from None
     except OSError as exc:
         raise damaged(directory, f"{META}: unreadable ({' '.join(str(exc).split())})") from None
 
