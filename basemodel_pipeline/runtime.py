@@ -57,10 +57,12 @@ def batches(n: int, size: int, rng: np.random.Generator | None = None) -> Iterat
 
 
 def take(X: Array, idx: np.ndarray, device: torch.device) -> torch.Tensor:
-    """Rows idx of a numpy array or a tensor, as a tensor on device."""
+    """Rows idx of a numpy array or a tensor, as a tensor on device; float16 storage (fine-tuning's features)
+    arrives as float32, what the models' parameters are."""
     if isinstance(X, torch.Tensor):
         return X[torch.from_numpy(idx).to(X.device)].to(device)
-    return torch.from_numpy(X[idx]).to(device)
+    rows = torch.from_numpy(X[idx]).to(device)
+    return rows.float() if rows.dtype == torch.float16 else rows
 
 
 @torch.no_grad()

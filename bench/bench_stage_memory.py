@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_stage_memory.py extract --workdir DIR --limits 2GB 1GB
     .venv/bin/python bench/bench_stage_memory.py predict --workdir DIR --scenario churn
+    .venv/bin/python bench/bench_stage_memory.py finetune --workdir DIR --scenario churn [--key finetune]
 
 The scaling curves (bench_scaling.py) run every stage in one process, one after the other, so a stage's peak
 can include what an earlier stage left behind, and the state build and scoring share one sampled stage. Here
@@ -12,7 +13,11 @@ process's own pages, not the page cache of memory-mapped files):
 - extract: the whole extract once per DuckDB memory limit (`cache.duckdb_memory_limit`), so one sees whether
   the peak follows the limit or the data;
 - predict: the per-entity state is removed first, then built (one sampled stage) and every entity scored
-  (another), in a process that has done nothing else.
+  (another), in a process that has done nothing else;
+- finetune: the scenario fine-tuned (featurisation, network, candidates, selection, publishing) on the
+  workspace's foundation; `--key` names the result keys, so that two builds measured on the same workspace
+  sit side by side (the measuring process imports basemodel_pipeline from PYTHONPATH when it is set: a
+  worktree of an earlier commit measures that commit).
 
 Writes bench/results/stage_memory_<name>.json (flat keys) and prints one line per measurement.
 """
@@ -46,6 +51,10 @@ sampler.start()
 if {what!r} == "extract":
     shutil.rmtree(Path(cfg.workspace) / "extracts", ignore_errors=True)
     out = sampler.timed("extract_s", lambda: pipeline.run_extract(cfg))
+elif {what!r} == "finetune":
+    sampler.stage = "finetune"
+    out = sampler.timed("finetune_s", lambda: pipeline.run_finetune(cfg, {scenario!r}))
+    out["rows"] = out.get("train_examples")
 else:
     from basemodel_pipeline import workspace as ws
     from basemodel_pipeline.cache.store import EventCache
@@ -74,12 +83,13 @@ def child(what: str, config: Path, scenario: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("what", choices=["extract", "predict"])
+    parser.add_argument("what", choices=["extract", "predict", "finetune"])
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--limits", nargs="+", default=["2GB", "1GB"], help="extract: DuckDB memory limits")
     parser.add_argument("--scenario", default="churn", help="predict: a fine-tuned scenario of the workspace")
     parser.add_argument("--config", default="config.yaml", help="the config's file name in --workdir")
     parser.add_argument("--name", default=None, help="results name (default: the workdir's name)")
+    parser.add_argument("--key", default="finetune", help="finetune: the prefix of its result keys")
     args = parser.parse_args()
     workdir = Path(args.workdir).resolve()
     name = args.name or workdir.name
@@ -115,6 +125,20 @@ def main() -> None:
             print(f"extract, memory limit {limit}: {got['times']['extract_s']} s, "
                   f"peak anon {got['anon_mb'].get('extract')} MB (load {load:.1f})", flush=True)  # fmt: skip
             config.unlink()
+    elif args.what == "finetune":
+        load = psutil.getloadavg()[0]
+        got = child("finetune", workdir / args.config, args.scenario)
+        result.update(
+            {
+                f"{args.key}.s": got["times"]["finetune_s"],
+                f"{args.key}.anon_mb": got["anon_mb"].get("finetune", 0.0),
+                f"{args.key}.train_examples": got["rows"],
+                f"{args.key}.load_1min_before": round(load, 2),
+                f"{args.key}.command": command,
+            }
+        )
+        print(f"finetune {args.scenario}: {got['times']['finetune_s']} s, peak anon "
+              f"{got['anon_mb'].get('finetune')} MB ({got['rows']} training examples, load {load:.1f})", flush=True)  # fmt: skip
     else:
         load = psutil.getloadavg()[0]
         got = child("predict", workdir / args.config, args.scenario)

@@ -97,7 +97,7 @@ def add_report_explanation(
     if not head.explainable or len(test) == 0:
         return
     pick = sample_entities(len(test), REPORT_POPULATION)
-    X = shared.X[shared.rows(test)[pick]]
+    X = shared.X[shared.rows(test)[pick]].astype(np.float32)
     expl = explain(shared.cache, Model(model, shared.enc, head), test.entity[pick], test.time[pick], X=X)
     extra["report.html"] = with_explanation(extra["report.html"], expl)
     extra["explanation.json"] = json.dumps(expl, indent=2)

@@ -46,7 +46,7 @@ class Shared:
     foundation: Any
     enc: FeatureEncoder
     keys: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.int64))
-    X: np.ndarray | None = None
+    X: np.ndarray | None = None  # float16 [n, D]: features of every distinct (entity, time) pair
     H: np.ndarray | None = None  # frozen trunk outputs of X
     E: np.ndarray | None = None  # frozen trunk embeddings (residual stream) of X
     regime: str = "standard"
@@ -66,12 +66,14 @@ class Shared:
         )
         self.keys = np.unique(pairs, axis=0)
         device = runtime.resolve_device(self.cfg.training_params.foundation.device)  # the GPU featurises too
-        self.X = np.empty((len(self.keys), self.enc.dim), np.float32)  # filled block by block: one copy
+        # float16, as the per-entity state stores features: training sees what scoring will see, in half the
+        # memory of float32 (the largest allocation of fine-tuning); batches reach the models as float32
+        # (runtime.take). Filled block by block: one copy.
+        self.X = np.empty((len(self.keys), self.enc.dim), np.float16)
         for a in range(0, len(self.keys), FEATURISE_BLOCK):
             k = self.keys[a : a + FEATURISE_BLOCK]
             block = self.enc.history_t(self.cache, k[:, 0], k[:, 1], FEATURISE_BLOCK, device)
-            # rounded to float16 as the per-entity state stores features: training sees what scoring will see
-            self.X[a : a + len(k)] = block.half().float().cpu().numpy()
+            self.X[a : a + len(k)] = block.half().cpu().numpy()
         return time.perf_counter() - t0
 
     def trunk_outputs(self, device: torch.device) -> np.ndarray:
