@@ -128,13 +128,27 @@ def test_activity_targets_match_a_direct_count(trained) -> None:
     rng = np.random.default_rng(3)
     e = np.sort(rng.integers(0, cache.n_entities, 40))
     t = int(src.ts.min()) + rng.integers(0, 90, 40) * DAY
-    got = activity_targets(enc, cache, torch.from_numpy(e), torch.from_numpy(t), 28 * DAY).numpy()
-    for q in range(40):
-        ts = np.asarray(src.ts[src.offsets[e[q]] : src.offsets[e[q] + 1]])
-        future = ts[(ts >= t[q]) & (ts < t[q] + 28 * DAY)]
-        want = [float(np.any((ts >= t[q]) & (ts < t[q] + d * DAY))) for d in ACTIVITY_DAYS]
-        want.append(np.log1p(len(np.unique(future // DAY))))
-        np.testing.assert_allclose(got[q], want, rtol=1e-6)
+    curve = (1, 3, 7, 14, 21)  # next_event_days: more points of the time-to-next-event curve
+    for days in (ACTIVITY_DAYS, curve):
+        got = activity_targets(enc, cache, torch.from_numpy(e), torch.from_numpy(t), 28 * DAY, days).numpy()
+        assert got.shape == (40, len(days) + 1)
+        for q in range(40):
+            ts = np.asarray(src.ts[src.offsets[e[q]] : src.offsets[e[q] + 1]])
+            future = ts[(ts >= t[q]) & (ts < t[q] + 28 * DAY)]
+            want = [float(np.any((ts >= t[q]) & (ts < t[q] + d * DAY))) for d in days]
+            want.append(np.log1p(len(np.unique(future // DAY))))
+            np.testing.assert_allclose(got[q], want, rtol=1e-6)
+
+
+def test_next_event_days_add_points_shorter_than_the_horizon() -> None:
+    from basemodel_pipeline.config.params import FoundationParams
+    from basemodel_pipeline.training.pretrain import ACTIVITY_DAYS, activity_days
+
+    assert activity_days(FoundationParams()) == ACTIVITY_DAYS
+    p = FoundationParams(next_event_days=[3, 1, 7, 28, 60], horizon_days=28)
+    assert activity_days(p) == (1, 3, 7, 14)  # 7 once; 28 and 60 are not inside the horizon
+    with pytest.raises(ValueError, match="next_event_days"):
+        FoundationParams(next_event_days=[0])
 
 
 def test_foundation_early_stopping_rule() -> None:

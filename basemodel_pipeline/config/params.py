@@ -6,7 +6,7 @@ import datetime as dt
 import re
 from typing import Annotated, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, PositiveInt, ValidationError, model_validator
 
 from basemodel_pipeline.config.base import Strict
 from basemodel_pipeline.errors import ConfigError
@@ -172,6 +172,12 @@ class FoundationParams(Strict):
         ge=0,
         description="Weight of the activity targets (any event within 7/14/horizon days) against the sketch "
         "cross-entropies: higher keeps more 'whether and when' information in the trunk.",
+    )
+    next_event_days: list[PositiveInt] = Field(
+        default=[],
+        description="More points of the time-to-next-event curve the foundation predicts per source (any event "
+        "within d days, besides 7 and 14 and the horizon; censored at the horizon): a discrete-time survival "
+        "target for churn-like scenarios. Points not shorter than horizon_days are ignored.",
     )
     split_points_per_entity: int = Field(
         default=8, gt=0, description="Random split points per entity per epoch (at most)."

@@ -57,7 +57,14 @@ class TargetLayout:
         return sum(p for _, p, _ in self.blocks)
 
 
-def target_layout(enc: FeatureEncoder) -> TargetLayout:
+def activity_days(p: Any) -> tuple[int, ...]:
+    """The "any event within N days" targets of a foundation's params: ACTIVITY_DAYS and the points of the
+    time-to-next-event curve it asks for (``next_event_days``), each shorter than the horizon."""
+    days = set(ACTIVITY_DAYS) | set(getattr(p, "next_event_days", []))
+    return tuple(sorted(d for d in days if d < p.horizon_days))
+
+
+def target_layout(enc: FeatureEncoder, days: tuple[int, ...] = ACTIVITY_DAYS) -> TargetLayout:
     bce, mse, blocks, off = [], [], [], 0
     for plan in enc.sources:
         bce.append(off)
@@ -71,7 +78,7 @@ def target_layout(enc: FeatureEncoder) -> TargetLayout:
                 blocks.append((base + col.offset, col.partitions, col.buckets))
         off = base + plan.channels
     for _ in enc.sources:  # activity targets (see activity_targets), appended after every source's block
-        n_short = len(ACTIVITY_DAYS)
+        n_short = len(days)
         bce.extend(range(off, off + n_short))
         mse.append(off + n_short)
         off += n_short + 1
@@ -79,16 +86,23 @@ def target_layout(enc: FeatureEncoder) -> TargetLayout:
 
 
 def activity_targets(
-    enc: FeatureEncoder, cache: EventCache, e: torch.Tensor, t: torch.Tensor, horizon_s: int
+    enc: FeatureEncoder,
+    cache: EventCache,
+    e: torch.Tensor,
+    t: torch.Tensor,
+    horizon_s: int,
+    days: tuple[int, ...] = ACTIVITY_DAYS,
 ) -> torch.Tensor:
-    """Per source: any event within each of ACTIVITY_DAYS (BCE) and log1p(distinct active days in the horizon)
-    (MSE). "Whether and how often" the entity comes back: what churn-like scenarios need from the trunk."""
+    """Per source: any event within each of `days` (BCE) and log1p(distinct active days in the horizon)
+    (MSE). "Whether and how often" the entity comes back: what churn-like scenarios need from the trunk. The
+    indicators are points of the time-to-next-event distribution, P(T <= d), censored at the horizon: more
+    points (``next_event_days``) make it a discrete-time survival curve."""
     parts = []
     for plan in enc.sources:
         st = source_tensors(cache.source(plan.name), e.device)
         lo, hi = st.positions(e, t), st.positions(e, t + horizon_s)
-        for days in ACTIVITY_DAYS:
-            parts.append((st.positions(e, t + days * DAY) > lo).float().unsqueeze(1))
+        for d in days:
+            parts.append((st.positions(e, t + d * DAY) > lo).float().unsqueeze(1))
         owner, rows = expand_ranges_t(lo, hi)
         active_days = torch.zeros(len(e), device=e.device).index_add_(0, owner, new_day(st, rows, lo[owner]))
         parts.append(torch.log1p(active_days).unsqueeze(1))
@@ -96,7 +110,12 @@ def activity_targets(
 
 
 def future_targets(
-    enc: FeatureEncoder, cache: EventCache, e: torch.Tensor, t: torch.Tensor, horizon_s: int
+    enc: FeatureEncoder,
+    cache: EventCache,
+    e: torch.Tensor,
+    t: torch.Tensor,
+    horizon_s: int,
+    days: tuple[int, ...] = ACTIVITY_DAYS,
 ) -> torch.Tensor:
     """Targets [n, layout.width]: per source [active, log count, numeric..., channel distributions...]."""
     parts = []
@@ -115,7 +134,7 @@ def future_targets(
         count = w[:, :1]
         sums = torch.sign(w[:, numeric]) * torch.log1p(w[:, numeric].abs())
         parts += [(count > 0).float(), torch.log1p(count), sums, dist]
-    return torch.cat([*parts, activity_targets(enc, cache, e, t, horizon_s)], 1)
+    return torch.cat([*parts, activity_targets(enc, cache, e, t, horizon_s, days)], 1)
 
 
 def make_loss(layout: TargetLayout, activity_weight: float = 1.0):
@@ -162,8 +181,15 @@ def fit_encoder(cache: EventCache, cfg: PipelineConfig) -> FeatureEncoder:
 class PretrainBatches:
     """(entity, split time) queries -> (features, targets) tensors, on the training device."""
 
-    def __init__(self, cache: EventCache, enc: FeatureEncoder, horizon_s: int, device: torch.device) -> None:
-        self.cache, self.enc, self.horizon_s, self.device = cache, enc, horizon_s, device
+    def __init__(
+        self,
+        cache: EventCache,
+        enc: FeatureEncoder,
+        horizon_s: int,
+        device: torch.device,
+        days: tuple[int, ...] = ACTIVITY_DAYS,
+    ) -> None:
+        self.cache, self.enc, self.horizon_s, self.device, self.days = cache, enc, horizon_s, device, days
 
     def with_history(self, e: np.ndarray, t: np.ndarray) -> np.ndarray:
         """Mask of the queries whose entity has at least one event before the split time."""
@@ -178,7 +204,7 @@ class PretrainBatches:
         e, t = e[order], t[order]
         X = self.enc.history_t(self.cache, e, t, chunk=FEATURISE_CHUNK, device=self.device)
         et, tt = (torch.from_numpy(a).to(self.device) for a in (e, t))
-        return X, future_targets(self.enc, self.cache, et, tt, self.horizon_s)
+        return X, future_targets(self.enc, self.cache, et, tt, self.horizon_s, self.days)
 
 
 def _windows(cfg: PipelineConfig) -> tuple[int, int, np.ndarray]:
@@ -254,14 +280,15 @@ def _pretrain(
     """Read top to bottom: encoder and sizes, validation set, model, optimizer, resume, epochs, publish."""
     p = cfg.training_params.foundation
     enc = fit_encoder(cache, cfg)
-    layout = target_layout(enc)
+    days = activity_days(p)
+    layout = target_layout(enc, days)
     sizes = calibrate(p, cache.n_entities, enc.dim, layout.width, device)
     progress.log(
         "training sizes: "
         + ", ".join(f"{k}={v}" for k, v in sizes.to_dict().items())
         + f", world={world.size}"
     )
-    ex = PretrainBatches(cache, enc, p.horizon_days * DAY, device)
+    ex = PretrainBatches(cache, enc, p.horizon_days * DAY, device, days)
     Xv, Yv = _validation_set(cache, ex, val_times, p.validation_entities, p.seed)  # [n_val, in], [n_val, out]
     arch = TrunkConfig(
         in_dim=enc.dim,
