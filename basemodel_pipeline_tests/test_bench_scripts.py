@@ -15,7 +15,13 @@ def test_gpu_script_parses_and_names_its_steps() -> None:
     script = BENCH / "gpu_benchmark.sh"
     subprocess.run(["bash", "-n", str(script)], check=True)
     text = script.read_text()
-    for step in ("bench_foundation.py", "bench_budget.py", "DEVICE=${DEVICE:-cuda}", "BUDGET_S"):
+    for step in (
+        "bench_foundation.py",
+        "bench_budget.py",
+        "bench_scaling.py",
+        "DEVICE=${DEVICE:-cuda}",
+        "STEPS",
+    ):
         assert step in text
 
 
