@@ -75,7 +75,11 @@ print(json.dumps({{"times": sampler.times, "anon_mb": {{k: round(v / 2**20, 1) f
 
 def child(what: str, config: Path, scenario: str) -> dict:
     code = CHILD.format(bench=str(Path(__file__).parent), config=str(config), what=what, scenario=scenario)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    # run in the workspace, not the repository root: `python -c` puts the working directory first on sys.path,
+    # where it would shadow a PYTHONPATH naming another checkout
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd=config.parent
+    )
     if proc.returncode:
         raise SystemExit(f"{what}: the measuring process failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
