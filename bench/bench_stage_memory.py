@@ -52,7 +52,6 @@ if {what!r} == "extract":
     shutil.rmtree(Path(cfg.workspace) / "extracts", ignore_errors=True)
     out = sampler.timed("extract_s", lambda: pipeline.run_extract(cfg))
 elif {what!r} == "finetune":
-    sampler.stage = "finetune"
     out = sampler.timed("finetune_s", lambda: pipeline.run_finetune(cfg, {scenario!r}))
     out["rows"] = out.get("train_examples")
 else:

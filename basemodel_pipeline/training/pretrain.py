@@ -26,6 +26,7 @@ from basemodel_pipeline.cache.store import EventCache, expand_ranges_t
 from basemodel_pipeline.cache.versions import data_version as cache_data_version
 from basemodel_pipeline.cache.windows import windows_metadata
 from basemodel_pipeline.config import PipelineConfig
+from basemodel_pipeline.config.params import FoundationParams
 from basemodel_pipeline.dates import DAY, epoch_seconds
 from basemodel_pipeline.errors import ConfigError
 from basemodel_pipeline.features.kernels import new_day, source_tensors
@@ -57,10 +58,10 @@ class TargetLayout:
         return sum(p for _, p, _ in self.blocks)
 
 
-def activity_days(p: Any) -> tuple[int, ...]:
+def activity_days(p: FoundationParams) -> tuple[int, ...]:
     """The "any event within N days" targets of a foundation's params: ACTIVITY_DAYS and the points of the
     time-to-next-event curve it asks for (``next_event_days``), each shorter than the horizon."""
-    days = set(ACTIVITY_DAYS) | set(getattr(p, "next_event_days", []))
+    days = set(ACTIVITY_DAYS) | set(p.next_event_days)
     return tuple(sorted(d for d in days if d < p.horizon_days))
 
 
