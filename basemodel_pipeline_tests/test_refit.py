@@ -8,13 +8,12 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 import yaml
 
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.evaluation.metrics import auroc
-from basemodel_pipeline.pipeline import run_cache, run_extract, run_predict, run_pretrain
+from basemodel_pipeline.pipeline import run_cache, run_extract, run_pretrain
 from basemodel_pipeline.progress import NullProgress
 from basemodel_pipeline.scenarios.finetune import finetune_many
 
@@ -46,7 +45,7 @@ def refit_world(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.mark.parametrize("publish", PUBLISH)
 def test_refit_on_validation_publishes_the_refit_model(refit_world, publish: str) -> None:
-    from test_scenarios_tasks import _test_examples
+    from test_scenarios_tasks import _test_examples, replayed_test_scores
 
     cfg, results = refit_world
     name = f"grocery_{publish}"
@@ -55,10 +54,7 @@ def test_refit_on_validation_publishes_the_refit_model(refit_world, publish: str
     assert "refit_s" in m["timing_s"]
     assert m["test"]["model"] != m["test"][publish]  # before the refit, the same candidate scored otherwise
     cache, test = _test_examples(cfg, name)
-    scored = run_predict(cfg, name, as_of=cfg.data_params.test_date, precision="fp32", replay=True)
-    table = pq.read_table(scored["path"])
-    scores = dict(zip(table.column("entity_id").to_pylist(), table.column("score").to_pylist(), strict=True))
-    got = auroc(test.labels, np.array([scores[i] for i in cache.entity_ids[test.entity]]))
+    got = auroc(test.labels, replayed_test_scores(cfg, name, cache, test))
     assert got == pytest.approx(m["test"]["model"], abs=1e-9)  # the saved model is the refit one
 
 

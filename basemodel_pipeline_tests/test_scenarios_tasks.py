@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import shutil
 import sys
@@ -289,16 +290,13 @@ def test_a_network_that_cannot_learn_is_not_published_and_predict_scores_what_wa
     val = m["selection"]["validation"]
     assert m["published"] != "neural" and val[m["published"]] > val["neural"]
     assert m["test"]["model"] > m["test"]["neural"]
-    # predict, replayed as of the test split point, reproduces the published test metric
+    # the test windows of several test split points (14-day target: three fit in the tiny data set)
+    assert len(m["test_split_points"]) == 3 and m["test_split_points"][0] == str(cfg.data_params.test_date)
+    # predict, replayed as of each test split point, reproduces the published test metric
     cache, test = _test_examples(cfg, "grocery_weak_network")
-    out = run_predict(
-        cfg, "grocery_weak_network", as_of=cfg.data_params.test_date, precision="fp32", replay=True
-    )
-    scores = _scores(out["path"])
-    ids = cache.entity_ids[test.entity]
-    assert auroc(test.labels, np.array([scores[i] for i in ids])) == pytest.approx(
-        m["test"]["model"], abs=1e-9
-    )
+    assert len(np.unique(test.time)) == 3
+    scores = replayed_test_scores(cfg, "grocery_weak_network", cache, test)
+    assert auroc(test.labels, scores) == pytest.approx(m["test"]["model"], abs=1e-9)
 
 
 def test_a_pinned_candidate_is_published(world) -> None:
@@ -408,6 +406,18 @@ def test_python_target_errors_name_scenario_and_entity(world, name: str, message
     cfg, _ = world
     with pytest.raises(DataError, match=message):
         finetune(cfg, cfg.scenario(f"bad_{name}"), NullProgress())
+
+
+def replayed_test_scores(cfg, name: str, cache, test) -> np.ndarray:
+    """What `predict` scores for each test example, replayed as of the example's split point (the test
+    windows of every test split point: data_params.test_split_points)."""
+    out = np.zeros(len(test.entity))
+    for t in np.unique(test.time):
+        day = dt.datetime.fromtimestamp(int(t), dt.UTC).date()
+        scores = _scores(run_predict(cfg, name, as_of=day, precision="fp32", replay=True)["path"])
+        rows = np.flatnonzero(test.time == t)
+        out[rows] = [scores[i] for i in cache.entity_ids[test.entity[rows]]]
+    return out
 
 
 def _scores(path: str, column: str = "score") -> dict:

@@ -16,6 +16,9 @@ network alone.
 Intervals: the test rows are the same for every seed, so one paired bootstrap over them (1,000 resamples)
 gives a 95% interval for the seed-averaged difference (model - baseline; for RMSE baseline - model, so a
 positive difference is always a win). A win or a loss is an interval that excludes zero; the rest are ties.
+The test rows are the windows of every test split point (data_params.test_split_points: up to 4 weekly points
+from training_end_date whose windows end inside the data), so an entity has several rows: whole entities are
+resampled, all their windows at once.
 Each seed's run is saved under <workspace>/quality/seed<k>.npz so --collect can rebuild the table.
 
 --reference KEY=VALUE[,KEY=VALUE]: each seed also fine-tunes the scenarios again with these scenario settings
@@ -44,7 +47,7 @@ import yaml
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.demo import prepare_demo
 from basemodel_pipeline.evaluation import metrics
-from basemodel_pipeline.evaluation.probe import bootstrap_rounds
+from basemodel_pipeline.evaluation.probe import bootstrap_rounds, cluster_sampler
 from basemodel_pipeline.pipeline import run_cache, run_extract, run_pretrain
 from basemodel_pipeline.progress import NullProgress
 from basemodel_pipeline.scenarios.finetune import finetune_many
@@ -101,8 +104,10 @@ def _take(task: str, truth, idx: np.ndarray):
     return truth[idx]
 
 
-def paired_interval(task: str, truth, model_runs: list, base_runs: list, seed: int = 0):
-    """(mean difference, 2.5%, 97.5%) of the seed-averaged (model - baseline), signed so > 0 is a win."""
+def paired_interval(task: str, truth, model_runs: list, base_runs: list, seed: int = 0, entity=None):
+    """(mean difference, 2.5%, 97.5%) of the seed-averaged (model - baseline), signed so > 0 is a win. With
+    `entity` (the entity of each test row) whole entities are resampled: the test windows of several test
+    split points are not independent rows."""
     sign = 1.0 if task_named(task).higher_is_better() else -1.0
     n = len(model_runs[0]) if task != "recommendation" else len(truth[0]) - 1
 
@@ -131,8 +136,9 @@ def paired_interval(task: str, truth, model_runs: list, base_runs: list, seed: i
         base_runs = [row_metric(task, truth, b) for b in base_runs]
     rng = np.random.default_rng(seed)
     point = diff(np.arange(n))
+    sample = cluster_sampler(np.arange(n), None if entity is None else np.asarray(entity))
     draws = [
-        diff(rng.integers(0, n, n))
+        diff(sample(rng))
         for _ in range(bootstrap_rounds(task_named(task).metric_width(model_runs[0]), ROUNDS, floor=100))
     ]
     draws = [d for d in draws if np.isfinite(d)]
@@ -150,12 +156,17 @@ def _scenario_info(task: str, m: dict) -> dict:
         "candidates_fit_s": m["candidates_fit_s"],
         "examples": m["examples"],
         "lightgbm_rows": m.get("lightgbm_rows", {}),
+        "test_split_points": m.get("test_split_points", [m.get("test_date")]),
     }
 
 
 def _outputs(arrays: dict, name: str, prefix: str, r: dict) -> None:
     for cand, o in r["test_outputs"].items():
         arrays[f"{name}/{prefix}/{cand}"] = np.asarray(o)
+
+
+def names_of(scenarios) -> set[str]:
+    return {s.name for s in scenarios}
 
 
 def run_seed(
@@ -183,8 +194,25 @@ def run_seed(
     arrays, info = {}, {"pretrain_s": pretrain_s, "scenarios": {}}
     ref_results = {}
     if reference:  # the same scenarios with the reference settings, on the same foundation and rows
-        changed = {s.name: s.model_copy(update=reference) for s in scenarios}
-        cfg_ref = cfg.model_copy(update={"scenarios": [changed.get(s.name, s) for s in cfg.scenarios]})
+        cfg_base = cfg
+        dotted = {k: v for k, v in reference.items() if "." in k}  # config paths, e.g. data_params.x
+        if dotted:
+            for key, value in dotted.items():
+                *parents, leaf = key.split(".")
+                node = raw
+                for part in parents:
+                    node = node.setdefault(part, {})
+                node[leaf] = value
+            changed_path = workspace / f"config_seed{seed}_reference.yaml"
+            changed_path.write_text(yaml.safe_dump(raw, sort_keys=False))
+            cfg_base = load_config(changed_path)
+        plain = {k: v for k, v in reference.items() if "." not in k}
+        changed = {
+            s.name: s.model_copy(update=plain) for s in cfg_base.scenarios if s.name in names_of(scenarios)
+        }
+        cfg_ref = cfg_base.model_copy(
+            update={"scenarios": [changed.get(s.name, s) for s in cfg_base.scenarios]}
+        )
         ref_results = finetune_many(cfg_ref, list(changed.values()), Log(), keep_outputs=True)
         info["reference"] = reference
     for name, r in results.items():
@@ -202,6 +230,8 @@ def run_seed(
         else:
             arrays[f"{name}/truth"] = np.asarray(truth)
         _outputs(arrays, name, "out", r)
+        arrays[f"{name}/test_entity"] = np.asarray(r["test_entity"])
+        arrays[f"{name}/test_time"] = np.asarray(r["test_time"])
     out.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(out.with_suffix(".tmp.npz"), **arrays)
     os.replace(out.with_suffix(".tmp.npz"), out)
@@ -230,7 +260,12 @@ def collect(dataset: str, workspace: Path, seeds: list[int], names: list[str] | 
             else z0[f"{name}/truth"]
         )
         model = [z[f"{name}/out/model"] for z, _ in runs]
+        entity = z0.get(f"{name}/test_entity")  # older runs have none: rows are resampled
         flat[f"{name}.task"] = task
+        flat[f"{name}.test_split_points"] = ",".join(first.get("test_split_points", []))
+        flat[f"{name}.test_rows"] = len(model[0]) if task != "recommendation" else len(truth[0]) - 1
+        if entity is not None:
+            flat[f"{name}.test_entities"] = len(np.unique(entity))
         flat[f"{name}.metric"] = task_named(task).primary_metric
         flat[f"{name}.published"] = ",".join(info["scenarios"][name]["published"] for _, info in runs)
         flat[f"{name}.model"] = round(float(np.mean([metric_of(task, truth, m) for m in model])), 4)
@@ -239,7 +274,7 @@ def collect(dataset: str, workspace: Path, seeds: list[int], names: list[str] | 
                 continue
             base = [z[f"{name}/out/{b}"] for z, _ in runs]
             flat[f"{name}.{b}"] = round(float(np.mean([metric_of(task, truth, x) for x in base])), 4)
-            d, lo, hi = paired_interval(task, truth, model, base)
+            d, lo, hi = paired_interval(task, truth, model, base, entity=entity)
             verdict = "win" if lo > 0 else "loss" if hi < 0 else "tie"
             flat[f"{name}.vs_{b}"] = round(d, 4)
             flat[f"{name}.vs_{b}_lo"] = round(lo, 4)
@@ -271,7 +306,7 @@ def collect(dataset: str, workspace: Path, seeds: list[int], names: list[str] | 
                 flat[f"{name}.new_{cand}"] = round(
                     float(np.mean([metric_of(task, truth, x) for x in new])), 4
                 )
-                d, lo, hi = paired_interval(task, truth, new, ref)
+                d, lo, hi = paired_interval(task, truth, new, ref, entity=entity)
                 flat[f"{name}.new_vs_ref_{cand}"] = [round(d, 4), round(lo, 4), round(hi, 4)]
             infos = [info["scenarios"][name] for _, info in runs]
             for side, get in (("new", lambda i: i), ("ref", lambda i: i["reference"])):

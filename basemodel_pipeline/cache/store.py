@@ -225,6 +225,11 @@ class EventCache:
             dt.date.fromisoformat(s["max_date"]) for s in self.manifest["sources"].values() if s["max_date"]
         )
 
+    def source_max_date(self, name: str) -> dt.date | None:
+        """The last event day of one source (None when it has no events)."""
+        day = self.manifest["sources"].get(name, {}).get("max_date")
+        return dt.date.fromisoformat(day) if day else None
+
     @property
     def min_date(self) -> dt.date:
         return min(

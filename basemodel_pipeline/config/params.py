@@ -37,6 +37,14 @@ class DataParams(Strict):
         "auto: the last event day in the cache minus the longest scenario horizon, at each run."
     )
     split_interval_days: int = Field(default=7, gt=0, description="Days between scenario split points.")
+    test_split_points: int = Field(
+        default=4,
+        gt=0,
+        description="Test split points per scenario: training_end_date and the split points after it (every "
+        "split_interval_days) whose target windows end by the last event day (counted as partial, as for "
+        "auto), at most this many. Several test weeks give the test metrics more examples and tighter "
+        "intervals (an entity's windows are resampled together); 1 tests on training_end_date alone.",
+    )
     future_events: Literal["drop", "error", "keep"] = Field(
         default="drop",
         description="Events stamped after tomorrow (UTC) at extract time: drop them with a count in the log "

@@ -111,7 +111,7 @@ def _group_rows(n: int, groups: np.ndarray | None) -> list[np.ndarray]:
     return [np.flatnonzero(groups == g) for g in np.unique(groups)]
 
 
-def _cluster_sampler(rows: np.ndarray, clusters: np.ndarray | None):
+def cluster_sampler(rows: np.ndarray, clusters: np.ndarray | None):
     """A function drawing one bootstrap resample of `rows`: rows with replacement, or with `clusters` whole
     clusters with replacement (every row of a drawn cluster, as often as it is drawn)."""
     if clusters is None:
@@ -166,7 +166,7 @@ def paired_bootstrap(
     rng = np.random.default_rng(seed)
     members = _group_rows(len(Y), groups)
     diff = _mean_metric(metric, Y, a, members) - _mean_metric(metric, Y, b, members)
-    draw = [_cluster_sampler(m, clusters) for m in members]
+    draw = [cluster_sampler(m, clusters) for m in members]
     draws = []
     for _ in range(rounds):
         parts = [sample(rng) for sample in draw]  # each group resampled on its own

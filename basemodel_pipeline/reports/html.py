@@ -262,7 +262,8 @@ td.best{{font-weight:bold;background:#eef6ee}}img{{max-width:100%;display:block;
 code{{background:#f4f4f4;padding:2px 4px}}</style></head><body>
 <h1>Scenario <code>{html.escape(scenario.name)}</code> ({task})</h1>
 <p>Target: <code>{target}</code></p>
-<p>Test split point {result["test_date"]}; fine-tuning mode <b>{result["mode"]}</b>; examples: {examples};
+<p>Test split points {", ".join(result.get("test_split_points", [result["test_date"]]))} (an entity's
+windows count together in the intervals); fine-tuning mode <b>{result["mode"]}</b>; examples: {examples};
 outputs: {result["classes"]}. Primary metric: <b>{result["metric"]}</b>. Timing: {timing}.</p>
 {_selection_table(result)}
 <h2>Test metrics: the published model ("model") vs every candidate and baseline</h2>{_table(result["test_metrics"])}

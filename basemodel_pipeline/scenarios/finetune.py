@@ -28,6 +28,7 @@ from basemodel_pipeline.cache.versions import data_version as cache_data_version
 from basemodel_pipeline.cache.windows import windows_metadata
 from basemodel_pipeline.config import PipelineConfig, Scenario
 from basemodel_pipeline.config.models import PythonTarget
+from basemodel_pipeline.dates import iso_day
 from basemodel_pipeline.metadata import json_dumps
 from basemodel_pipeline.model.checkpoint import CheckpointMeta, publish_checkpoint
 from basemodel_pipeline.model.trunk import TrunkWithHead
@@ -91,9 +92,10 @@ def finetune_many(
     report: ReportFiles | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Fine-tune several scenarios with one featurisation pass; each stops on its own validation metric.
-    ``keep_outputs``: each result also holds "test_outputs" (every candidate's test outputs) and "test_truth"
-    (bench/bench_quality.py computes paired intervals from them). ``report``: the files (report.html, ...)
-    each checkpoint is published with; without it a checkpoint has metrics.json but no report."""
+    ``keep_outputs``: each result also holds "test_outputs" (every candidate's test outputs), "test_truth",
+    "test_entity" and "test_time" (bench/bench_quality.py computes paired intervals from them). ``report``:
+    the files (report.html, ...) each checkpoint is published with; without it a checkpoint has metrics.json
+    but no report."""
     shared = open_shared(cfg, progress)
     prepared = {}
     for sc in scenarios:
@@ -189,6 +191,7 @@ def _finish(
         "timing_s": {k: round(v, 2) for k, v in timing.items()},
         "work": work,  # training/work.py
         "test_date": cfg.data_params.test_date.isoformat(),
+        "test_split_points": [iso_day(int(t)) for t in np.unique(ex["test"].time)],
         "windows": windows_metadata(cfg),
         "foundation_version": shared.fmeta.version,
         "cache_data_version": cache_data_version(shared.cache.manifest),
@@ -206,8 +209,14 @@ def _finish(
         }
     done = Finished(shared, scenario, model, head, ex["test"], result, truth, outputs)
     version, final = _publish(done, spec, selection, published, report, timing)
-    kept = {"test_outputs": outputs, "test_truth": truth} if keep_outputs else {}
+    kept = _kept(outputs, truth, ex["test"]) if keep_outputs else {}
     return {**kept, **_summary(final, version, result, selection, timing, work, fit)}
+
+
+def _kept(outputs: dict[str, Any], truth: Any, test: Examples) -> dict[str, Any]:
+    """What ``keep_outputs`` adds to a result: every candidate's test outputs, and the test rows' labels,
+    entities and split times."""
+    return {"test_outputs": outputs, "test_truth": truth, "test_entity": test.entity, "test_time": test.time}
 
 
 def _summary(

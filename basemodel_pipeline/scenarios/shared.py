@@ -149,7 +149,10 @@ def _check_split(name: str, part: str, ex: Examples, task: str) -> None:
 
 def prepare(shared: Shared, scenario: Scenario) -> tuple[TargetSpec, dict[str, Examples]]:
     times = scenario_split_times(
-        shared.cfg.data_params, scenario.target.horizon_days, f"scenario '{scenario.name}'"
+        shared.cfg.data_params,
+        scenario.target.horizon_days,
+        f"scenario '{scenario.name}'",
+        last_day=shared.cache.source_max_date(scenario.target.source),
     )
     spec = choose_classes(shared.cache, scenario, times["train"])
     ex = {k: build_examples(shared.cache, scenario, spec, v) for k, v in times.items()}

@@ -11,9 +11,12 @@ from basemodel_pipeline.dates import epoch_seconds
 from basemodel_pipeline.errors import ConfigError
 
 
-def scenario_split_times(dp: DataParams, horizon_days: int, field: str) -> dict[str, np.ndarray]:
+def scenario_split_times(
+    dp: DataParams, horizon_days: int, field: str, last_day: dt.date | None = None
+) -> dict[str, np.ndarray]:
     """Weekly split points: train targets end by validation_start_date, validation targets by
-    training_end_date; the test split point is training_end_date."""
+    training_end_date; the test split points are training_end_date and, when the data's last event day
+    `last_day` is known, the points after it whose targets end by that day (``test_points``)."""
     step = dt.timedelta(days=dp.split_interval_days)
     horizon = dt.timedelta(days=horizon_days)
 
@@ -40,5 +43,16 @@ def scenario_split_times(dp: DataParams, horizon_days: int, field: str) -> dict[
     return {
         "train": np.array(train, np.int64),
         "val": np.array(val, np.int64),
-        "test": np.array([epoch_seconds(dp.test_date)], np.int64),
+        "test": np.array([epoch_seconds(t) for t in test_points(dp, horizon_days, last_day)], np.int64),
     }
+
+
+def test_points(dp: DataParams, horizon_days: int, last_day: dt.date | None) -> list[dt.date]:
+    """training_end_date, then every split_interval_days while the target window ends by `last_day` (the last
+    event day, counted as partial like ``training_end_date: auto`` does), at most ``dp.test_split_points``.
+    The first point is always there: the config check (sources/cross_checks.py) makes sure its window fits."""
+    step, horizon = dt.timedelta(days=dp.split_interval_days), dt.timedelta(days=horizon_days)
+    out = [dp.test_date]
+    while last_day is not None and len(out) < dp.test_split_points and out[-1] + step + horizon <= last_day:
+        out.append(out[-1] + step)
+    return out
