@@ -49,7 +49,10 @@ def test_finetune_evaluates_model_and_baselines(trained, scenario: str) -> None:
     assert metrics["metric"] == ("auroc" if scenario == "churn" else "macro_auroc")
     for name in ("model", "lightgbm_aggregates", "popularity"):
         assert 0.0 <= metrics["test"][name] <= 1.0
-    assert metrics["examples"]["train"] > metrics["examples"]["test"] > 0
+    assert metrics["examples"]["train"] > 0 and metrics["examples"]["test"] > 0
+    # tested on training_end_date and the weekly split points after it whose windows fit the tiny data set
+    points = metrics["test_split_points"]
+    assert points[0] == str(cfg.data_params.test_date) and len(points) == (1 if scenario == "churn" else 3)
     info = json.loads((Path(meta["path"]) / "model.json").read_text())
     assert info["foundation_version"] == trained[1]["version"]
     if scenario == "department_propensity":
