@@ -22,6 +22,7 @@ resampled, all their windows at once.
 Each seed's run is saved under <workspace>/quality/seed<k>.npz so --collect can rebuild the table.
 
 --reference KEY=VALUE[,KEY=VALUE]: each seed also fine-tunes the scenarios again with these scenario settings
+(a dotted KEY is a config path instead, e.g. data_params.split_interval_days=1)
 (for example ``lightgbm_max_rows=0``: the multilabel LightGBM on every row, as before the row bound), on the
 same foundation and rows, and the table then compares this run with that reference: the published model and
 each candidate (new - reference, the same paired bootstrap), and the LightGBM fit and network train seconds.
@@ -165,10 +166,6 @@ def _outputs(arrays: dict, name: str, prefix: str, r: dict) -> None:
         arrays[f"{name}/{prefix}/{cand}"] = np.asarray(o)
 
 
-def names_of(scenarios) -> set[str]:
-    return {s.name for s in scenarios}
-
-
 def run_seed(
     dataset: str, workspace: Path, seed: int, names: list[str] | None, reference: dict | None = None
 ) -> Path:
@@ -207,9 +204,8 @@ def run_seed(
             changed_path.write_text(yaml.safe_dump(raw, sort_keys=False))
             cfg_base = load_config(changed_path)
         plain = {k: v for k, v in reference.items() if "." not in k}
-        changed = {
-            s.name: s.model_copy(update=plain) for s in cfg_base.scenarios if s.name in names_of(scenarios)
-        }
+        ran = {s.name for s in scenarios}
+        changed = {s.name: s.model_copy(update=plain) for s in cfg_base.scenarios if s.name in ran}
         cfg_ref = cfg_base.model_copy(
             update={"scenarios": [changed.get(s.name, s) for s in cfg_base.scenarios]}
         )
@@ -393,7 +389,7 @@ def main() -> None:
     ap.add_argument(
         "--reference",
         default=None,
-        help="KEY=VALUE[,KEY=VALUE] scenario settings of a reference run on the same foundation and rows "
+        help="KEY=VALUE[,KEY=VALUE] scenario settings (or dotted config paths) of a reference run on the same foundation and rows "
         "(e.g. lightgbm_max_rows=0); the table compares this run with it",
     )
     ap.add_argument(
