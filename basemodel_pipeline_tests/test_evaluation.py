@@ -334,3 +334,23 @@ def test_the_drift_sample_keeps_rows_not_the_scored_chunks(dtype: type) -> None:
     assert not any(np.shares_memory(part, X) for part in sample.parts for X in chunks)
     assert sum(part.nbytes for part in sample.parts) == rows.nbytes  # the sample, not the chunks
     np.testing.assert_array_equal(rows, np.concatenate(chunks).astype(np.float32)[::400])
+
+
+def test_resampled_auroc_equals_the_auroc_of_the_resampled_rows() -> None:
+    """A bootstrap resample given as row counts scores what the repeated rows would, ties and one-class
+    columns included, without sorting again."""
+    from basemodel_pipeline.evaluation.metrics import ResampledAuroc, per_class_auroc
+
+    rng = np.random.default_rng(3)
+    Y = (rng.random((250, 6)) < [0.03, 0.2, 0.5, 0.8, 0.0, 1.0]).astype(int)
+    S = _ties(rng, (250, 6)) + 0.2 * Y
+    resampled = ResampledAuroc(Y, S)
+    np.testing.assert_allclose(resampled(np.ones(250)), per_class_auroc(Y, S), equal_nan=True)
+    for _ in range(5):
+        idx = rng.integers(0, 250, 250)
+        expected = per_class_auroc(Y[idx], S[idx])
+        got = resampled(np.bincount(idx, minlength=250))
+        np.testing.assert_allclose(got, expected, equal_nan=True)
+    only_two = np.zeros(250)
+    only_two[[0, 1]] = 1  # too few rows for both classes in most columns: NaN there, as for the rows alone
+    np.testing.assert_allclose(resampled(only_two), per_class_auroc(Y[:2], S[:2]), equal_nan=True)

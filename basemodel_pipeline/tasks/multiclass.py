@@ -101,6 +101,11 @@ class Multiclass(Task):
             "macro_auroc_ovr": metrics.macro_auroc(np.eye(score.shape[1])[np.asarray(y)], score),
         }
 
+    @classmethod
+    def primary(cls, y: Any, score: Any) -> float:
+        # the accuracy alone: evaluate's macro AUROC would cost a bootstrap C ranks a resample
+        return metrics.accuracy(y, score)
+
     # ---- baselines -----------------------------------------------------------------------------------
     def class_prior(self, labels: Labels) -> np.ndarray:
         return np.bincount(np.asarray(labels, np.int64), minlength=len(self.spec.classes)) / max(
