@@ -62,44 +62,50 @@ class ResampledAuroc:
     """Per-class AUROC of fixed labels and scores under row weights: a bootstrap resample given as counts
     (``np.bincount(idx)``) scores what ``per_class_auroc(Y[idx], S[idx])`` would. The columns are sorted
     once; a resample then costs one cumulative sum of the negatives' weights per column instead of a rank of
-    every column, which is what makes a bootstrap of a macro-AUROC over hundreds of labels affordable."""
+    every column, which is what makes a bootstrap of a macro-AUROC over thousands of labels affordable.
+    Columns with one class only are NaN in every resample and are not kept."""
 
     def __init__(self, Y: np.ndarray, S: np.ndarray) -> None:
         Y, S = np.asarray(Y) > 0, np.asarray(S, dtype=np.float64)
         if Y.ndim == 1:
             Y, S = Y[:, None], S[:, None]
-        n, C = S.shape
-        self.order = np.argsort(S.T, axis=1, kind="stable").astype(np.int32)  # [C, n] rows by ascending score
-        self.pos = np.take_along_axis(Y.T, self.order, axis=1)  # [C, n] their labels
-        s = np.take_along_axis(S.T, self.order, axis=1)
-        idx = np.broadcast_to(np.arange(n), (C, n))
-        starts = np.ones((C, n), bool)
+        n, self.C = S.shape
+        n_pos = Y.sum(0)
+        self.kept = np.flatnonzero((n_pos > 0) & (n_pos < n))  # columns with both classes
+        Y, S = Y[:, self.kept].T, S[:, self.kept].T  # [K, n]
+        self.order = np.argsort(S, axis=1, kind="stable").astype(np.int32)  # [K, n] rows by ascending score
+        self.neg = ~np.take_along_axis(Y, self.order, axis=1)  # [K, n] their labels, negative = True
+        s = np.take_along_axis(S, self.order, axis=1)
+        idx = np.broadcast_to(np.arange(n, dtype=np.int32), s.shape)
+        starts = np.ones(s.shape, bool)
         starts[:, 1:] = s[:, 1:] != s[:, :-1]  # a tie group starts where the score changes
-        ends = np.ones((C, n), bool)
+        ends = np.ones(s.shape, bool)
         ends[:, :-1] = starts[:, 1:]
-        first = np.maximum.accumulate(np.where(starts, idx, 0), axis=1)  # [C, n] its tie group's first row
+        first = np.maximum.accumulate(np.where(starts, idx, 0), axis=1)  # [K, n] its tie group's first row
         last = np.flip(np.minimum.accumulate(np.flip(np.where(ends, idx, n), 1), axis=1), 1)  # and last
-        # the positives only: where each sits in the flat [C, n] weights and the flat [C, n + 1] cumulative
-        # negatives, the ends of its tie group there, and its column
-        c, j = np.nonzero(self.pos)
+        # the positives only: where each sits in the flat [K, n] weights and the flat [K, n + 1] cumulative
+        # negatives, the ends of its tie group there, and its (kept) column
+        c, j = np.nonzero(~self.neg)
         self.pos_at = c * n + j
         self.below = c * (n + 1) + first[c, j]  # negatives strictly below the group: cum[first]
         self.through = c * (n + 1) + last[c, j] + 1  # negatives up to its end: cum[last + 1]
-        self.pos_class, self.C = c, C
+        self.pos_class = c
 
     def __call__(self, weights: np.ndarray) -> np.ndarray:
-        w = np.asarray(weights, dtype=np.float64)[self.order]  # [C, n]
-        cum = np.zeros((self.C, w.shape[1] + 1))
-        np.cumsum(np.where(self.pos, 0.0, w), axis=1, out=cum[:, 1:])
+        K, n = self.order.shape
+        w = np.asarray(weights, dtype=np.float32)[self.order]  # [K, n]; counts are exact in float32
+        cum = np.zeros((K, n + 1), np.float32)
+        np.cumsum(np.multiply(w, self.neg, out=cum[:, 1:]), axis=1, out=cum[:, 1:])
         flat = cum.ravel()
-        w_pos = w.ravel()[self.pos_at]
+        w_pos = w.ravel()[self.pos_at].astype(np.float64)
         # a positive beats the negatives below it and ties half of those in its own tie group
-        wins = w_pos * 0.5 * (flat[self.below] + flat[self.through])
-        n_pos = np.bincount(self.pos_class, weights=w_pos, minlength=self.C)
-        n_neg = cum[:, -1]
+        wins = w_pos * 0.5 * (flat[self.below].astype(np.float64) + flat[self.through])
+        n_pos = np.bincount(self.pos_class, weights=w_pos, minlength=K)
+        n_neg = cum[:, -1].astype(np.float64)
+        out = np.full(self.C, np.nan)
         with np.errstate(invalid="ignore", divide="ignore"):
-            out = np.bincount(self.pos_class, weights=wins, minlength=self.C) / (n_pos * n_neg)
-        out[(n_pos == 0) | (n_neg == 0)] = np.nan
+            out[self.kept] = np.bincount(self.pos_class, weights=wins, minlength=K) / (n_pos * n_neg)
+        out[self.kept[(n_pos == 0) | (n_neg == 0)]] = np.nan
         return out
 
 
