@@ -22,7 +22,8 @@ from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "requirements-runtime.lock"
-TEST_ONLY = {"chdb"}  # in the connectors extra for the tests' ClickHouse engine; the client is clickhouse-connect
+# in the connectors extra for the tests' ClickHouse engine; the client is clickhouse-connect
+TEST_ONLY = {"chdb"}
 
 
 def norm(name: str) -> str:
