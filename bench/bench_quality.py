@@ -105,11 +105,6 @@ def _take(task: str, truth, idx: np.ndarray):
     return truth[idx]
 
 
-def _macro(per_class: np.ndarray) -> float:
-    defined = per_class[~np.isnan(per_class)]
-    return float(defined.mean()) if defined.size else float("nan")
-
-
 def paired_interval(task: str, truth, model_runs: list, base_runs: list, seed: int = 0, entity=None):
     """(mean difference, 2.5%, 97.5%) of the seed-averaged (model - baseline), signed so > 0 is a win. With
     `entity` (the entity of each test row) whole entities are resampled: the test windows of several test
@@ -148,7 +143,7 @@ def paired_interval(task: str, truth, model_runs: list, base_runs: list, seed: i
 
         def diff(idx):
             w = np.bincount(idx, minlength=n)
-            return float(np.mean([_macro(a(w)) - _macro(b(w)) for a, b in pairs]))
+            return float(np.mean([a.macro(w) - b.macro(w) for a, b in pairs]))
 
     rng = np.random.default_rng(seed)
     point = diff(np.arange(n))

@@ -36,6 +36,18 @@ def _nanmean(v: np.ndarray) -> float:
 
 
 # ---- binary and multilabel -------------------------------------------------------------------------
+
+
+def _two_class_columns(Y: np.ndarray, S: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Labels as booleans and scores as float64, both [n, C], and the columns holding both classes (the
+    only ones whose AUROC is defined)."""
+    Y, S = np.asarray(Y) > 0, np.asarray(S, dtype=np.float64)
+    if Y.ndim == 1:
+        Y, S = Y[:, None], S[:, None]
+    n_pos = Y.sum(0)
+    return Y, S, np.flatnonzero((n_pos > 0) & (n_pos < len(Y)))
+
+
 def auroc(y: np.ndarray, score: np.ndarray) -> float:
     """Binary AUROC; NaN if ``y`` holds one class only."""
     y, score = np.asarray(y).ravel(), np.asarray(score, dtype=np.float64).ravel()
@@ -48,12 +60,8 @@ def per_class_auroc(Y: np.ndarray, S: np.ndarray) -> np.ndarray:
     """AUROC of every column at once (Mann-Whitney with average ranks for ties); NaN for one-class columns.
     Each column with both classes is sorted once and only its positives are ranked in it (searchsorted), so
     thousands of sparse labels cost one sort each, not a rank of every entry."""
-    Y, S = np.asarray(Y) > 0, np.asarray(S, dtype=np.float64)
-    if Y.ndim == 1:
-        Y, S = Y[:, None], S[:, None]
+    Y, S, kept = _two_class_columns(Y, S)
     n = Y.shape[0]
-    n_pos = Y.sum(0)
-    kept = np.flatnonzero((n_pos > 0) & (n_pos < n))
     out = np.full(Y.shape[1], np.nan)
     scores = np.ascontiguousarray(S[:, kept].T)  # [K, n], a row per kept column
     labels = np.ascontiguousarray(Y[:, kept].T)
@@ -64,7 +72,7 @@ def per_class_auroc(Y: np.ndarray, S: np.ndarray) -> np.ndarray:
         below = np.searchsorted(ordered[k], v, "left")
         tied = np.searchsorted(ordered[k], v, "right") - below
         rank_sum[k] = (below + (tied + 1) / 2).sum()  # 1-based average ranks
-    pos = n_pos[kept].astype(np.float64)
+    pos = labels.sum(1).astype(np.float64)
     out[kept] = (rank_sum - pos * (pos + 1) / 2) / (pos * (n - pos))
     return out
 
@@ -77,12 +85,8 @@ class ResampledAuroc:
     Columns with one class only are NaN in every resample and are not kept."""
 
     def __init__(self, Y: np.ndarray, S: np.ndarray) -> None:
-        Y, S = np.asarray(Y) > 0, np.asarray(S, dtype=np.float64)
-        if Y.ndim == 1:
-            Y, S = Y[:, None], S[:, None]
+        Y, S, self.kept = _two_class_columns(Y, S)
         n, self.C = S.shape
-        n_pos = Y.sum(0)
-        self.kept = np.flatnonzero((n_pos > 0) & (n_pos < n))  # columns with both classes
         Y, S = Y[:, self.kept].T, S[:, self.kept].T  # [K, n]
         self.order = np.argsort(S, axis=1, kind="stable").astype(np.int32)  # [K, n] rows by ascending score
         self.neg = ~np.take_along_axis(Y, self.order, axis=1)  # [K, n] their labels, negative = True
@@ -118,6 +122,10 @@ class ResampledAuroc:
             out[self.kept] = np.bincount(self.pos_class, weights=wins, minlength=K) / (n_pos * n_neg)
         out[self.kept[(n_pos == 0) | (n_neg == 0)]] = np.nan
         return out
+
+    def macro(self, weights: np.ndarray) -> float:
+        """macro_auroc of the resample: the mean over the classes with both in it."""
+        return _nanmean(self(weights))
 
 
 def per_class_average_precision(Y: np.ndarray, S: np.ndarray) -> np.ndarray:
