@@ -96,15 +96,6 @@ def metric_of(task: str, truth, out) -> float:
     return float(np.nanmean(rows)) if rows is not None else float(task_named(task).primary(truth, out))
 
 
-def _take(task: str, truth, idx: np.ndarray):
-    if task == "recommendation":
-        indptr, indices, n = truth
-        lo, hi = indptr[idx], indptr[idx + 1]
-        parts = [indices[a:b] for a, b in zip(lo, hi, strict=True)]
-        return np.r_[0, np.cumsum(hi - lo)], np.concatenate(parts) if parts else indices[:0], n
-    return truth[idx]
-
-
 def paired_interval(task: str, truth, model_runs: list, base_runs: list, seed: int = 0, entity=None):
     """(mean difference, 2.5%, 97.5%) of the seed-averaged (model - baseline), signed so > 0 is a win. With
     `entity` (the entity of each test row) whole entities are resampled: the test windows of several test
@@ -112,38 +103,30 @@ def paired_interval(task: str, truth, model_runs: list, base_runs: list, seed: i
     sign = 1.0 if task_named(task).higher_is_better() else -1.0
     n = len(model_runs[0]) if task != "recommendation" else len(truth[0]) - 1
 
-    def diff(idx):
-        if task == "recommendation":
-            return float(
-                np.mean(
-                    [
-                        np.nanmean(a[idx]) - np.nanmean(b[idx])
-                        for a, b in zip(model_runs, base_runs, strict=True)
-                    ]
-                )
-            )
-        t = _take(task, truth, idx)
-        return float(
-            np.mean(
-                [
-                    task_named(task).primary(t, a[idx]) - task_named(task).primary(t, b[idx])
-                    for a, b in zip(model_runs, base_runs, strict=True)
-                ]
-            )
-        )
-
     if task == "recommendation":  # per-row NDCG: resample rows of the per-row values
         model_runs = [row_metric(task, truth, m) for m in model_runs]
         base_runs = [row_metric(task, truth, b) for b in base_runs]
-    if task_named(task).primary_metric in ("auroc", "macro_auroc"):  # sort once, then weigh each resample
-        pairs = [
+
+        def diff(idx):
+            pairs = zip(model_runs, base_runs, strict=True)
+            return float(np.mean([np.nanmean(a[idx]) - np.nanmean(b[idx]) for a, b in pairs]))
+
+    elif task_named(task).primary_metric in ("auroc", "macro_auroc"):  # sort once, then weigh each resample
+        sorted_pairs = [
             (metrics.ResampledAuroc(truth, a), metrics.ResampledAuroc(truth, b))
             for a, b in zip(model_runs, base_runs, strict=True)
         ]
 
         def diff(idx):
             w = np.bincount(idx, minlength=n)
-            return float(np.mean([a.macro(w) - b.macro(w) for a, b in pairs]))
+            return float(np.mean([a.macro(w) - b.macro(w) for a, b in sorted_pairs]))
+
+    else:
+
+        def diff(idx):
+            t, primary = truth[idx], task_named(task).primary
+            pairs = zip(model_runs, base_runs, strict=True)
+            return float(np.mean([primary(t, a[idx]) - primary(t, b[idx]) for a, b in pairs]))
 
     rng = np.random.default_rng(seed)
     point = diff(np.arange(n))
