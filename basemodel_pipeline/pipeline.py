@@ -142,6 +142,32 @@ def run_embed(
     return export_embeddings(resolve_windows(cfg), as_of, progress or NullProgress(), **options)
 
 
+def checkpoint_root(cfg: PipelineConfig, scenario: str | None) -> Path:
+    """A scenario's checkpoint root, or the foundation's when `scenario` is None."""
+    return ws.scenario_root(cfg, cfg.scenario(scenario).name) if scenario else ws.foundation_root(cfg)
+
+
+@guarded
+def run_promote(
+    cfg: PipelineConfig, scenario: str | None, version: str | None = None, force: bool = False
+) -> dict[str, Any]:
+    """Serve `version` (default: the newest) of a scenario (or the foundation, `scenario` None): its gates run
+    again and must pass unless `force`; promoting an earlier version is a rollback. Returns its verdict."""
+    from basemodel_pipeline.training import promotion
+
+    root = checkpoint_root(cfg, scenario)
+    verdict = promotion.promote(cfg, root, version, force)
+    return {"version": verdict.version, "previous": verdict.previous, **promotion.summary(verdict)}
+
+
+def list_versions(cfg: PipelineConfig, scenario: str | None) -> list[dict[str, str]]:
+    """Every checkpoint version of a scenario (or the foundation), newest first: served, promoted earlier,
+    rejected (with the failed gates) or a candidate."""
+    from basemodel_pipeline.training import promotion
+
+    return [vars(v) for v in promotion.listing(checkpoint_root(cfg, scenario))]
+
+
 @guarded
 def write_summary(cfg: PipelineConfig) -> dict[str, Any]:
     """Collect each scenario's test metrics into workspace/reports/summary.json."""

@@ -9,7 +9,9 @@ The `retention` section of the config (config/retention.py) keeps the newest N o
 
 Beyond those counts, whatever is still in use is always kept:
 
-* the version LATEST points to, and every version newer than it (a run that is publishing right now);
+* the version LATEST points to, and every version newer than it (a run that is publishing right now), except
+  versions their quality gates rejected: those stay while they are among the newest N, for inspection, and
+  do not count towards the N versions kept for a rollback;
 * the scenario checkpoint each kept prediction was made from (its provenance.json; predictions written
   before provenance existed: the newest checkpoint older than the prediction's files);
 * the foundation version each kept scenario checkpoint was fine-tuned from (its model.json), and the one
@@ -153,21 +155,36 @@ def _dated_outputs(parent: Path, keep: int | None) -> list[tuple[Path, bool, str
     return [(d, d.name in newest, why if d.name in newest else f"older than the newest {keep}") for d in dirs]
 
 
+def _rejected(root: Path, version: str) -> bool:
+    """Whether the version's promotion verdict rejected it (it was never served)."""
+    return (ws.read_verdict(root, version) or {}).get("status") == "rejected"
+
+
 def _checkpoints(root: Path, keep: int | None, used_by: dict[str, str]) -> list[tuple[Path, bool, str]]:
-    """(directory, keep, reason) for the versions under one checkpoint root; `used_by`: version -> user."""
+    """(directory, keep, reason) for the versions under one checkpoint root; `used_by`: version -> user.
+    Versions their quality gates rejected do not count towards the newest N that stay for a rollback; they
+    are kept for inspection while they are among the newest N of all."""
     versions = _children(root, VERSION)
     pointer = _pointer(root)
     if pointer is None or pointer not in {v.name for v in versions}:
         return [(v, True, "no valid LATEST under its root: left alone") for v in versions]
-    newest = _newest(versions, keep)
+    rejected = {v.name for v in versions if _rejected(root, v.name)}
+    newest = _newest([v for v in versions if v.name not in rejected], keep)
+    newest_of_all = _newest(versions, keep)
     out = []
     for v in versions:
         if v.name == pointer:
             out.append((v, True, "LATEST"))
-        elif v.name > pointer:
-            out.append((v, True, NEWER_THAN_LATEST))
         elif v.name in used_by:
             out.append((v, True, f"used by {used_by[v.name]}"))
+        elif v.name in rejected:
+            if v.name in newest_of_all:
+                kept = "retention keeps all" if keep is None else f"one of the newest {keep}"
+                out.append((v, True, f"rejected by its quality gates, {kept}"))
+            else:
+                out.append((v, False, f"rejected by its quality gates, older than the newest {keep}"))
+        elif v.name > pointer:
+            out.append((v, True, NEWER_THAN_LATEST))
         elif v.name in newest:
             out.append((v, True, "retention keeps all" if keep is None else f"one of the newest {keep}"))
         else:
@@ -258,6 +275,8 @@ def prune(cfg: PipelineConfig, dry_run: bool = False) -> Plan:
         for entry in plan.delete:
             try:
                 remove_dir(entry.path)
+                if entry.kind in ("foundation", "scenario"):  # its promotion verdict goes with it
+                    ws.verdict_path(entry.path.parent, entry.name).unlink(missing_ok=True)
             except OSError as err:
                 raise UserError(f"prune: cannot delete {entry.path}: {err.strerror or err}") from None
     return plan

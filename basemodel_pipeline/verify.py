@@ -74,7 +74,11 @@ def verify_root(kind: str, name: str, root: Path, make: str) -> list[Finding]:
         findings.append(Finding(kind, f"{name} LATEST", "FAILED", str(exc)))
         current = None
     for version in versions:
-        mark = " (LATEST)" if version == current else ""
+        verdict = ws.read_verdict(root, version) or {}
+        rejected = (
+            " (rejected by its quality gates: never served)" if verdict.get("status") == "rejected" else ""
+        )
+        mark = " (LATEST)" if version == current else rejected
         findings.append(verify_checkpoint(kind, f"{name} {version}{mark}", root / version))
     return findings
 

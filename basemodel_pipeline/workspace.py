@@ -2,8 +2,9 @@
 
 <workspace>/extracts/<source>/<yyyy-mm-dd>.parquet | table.parquet
 <workspace>/cache/<fingerprint>/
-<workspace>/checkpoints/foundation/<version>/        LATEST names the newest version
-<workspace>/checkpoints/scenarios/<name>/<version>/  LATEST likewise
+<workspace>/checkpoints/foundation/<version>/        LATEST names the version served (promoted)
+<workspace>/checkpoints/foundation/verdicts/<version>.json   why a version was promoted or rejected
+<workspace>/checkpoints/scenarios/<name>/<version>/  LATEST and verdicts/ likewise
 <workspace>/predictions/<scenario>/<as_of>/predictions.parquet   + provenance.json
 <workspace>/embeddings/<as_of>/embeddings.parquet                 + provenance.json
 <workspace>/reports/summary.json
@@ -98,7 +99,7 @@ def latest(parent: Path, what: str) -> Path:
     new_version() writes) of a directory inside `parent`: never a path leading elsewhere."""
     pointer = parent / "LATEST"
     if not pointer.exists():
-        raise UserError(f"no {what} found under {parent}; run the stage that produces it first")
+        raise UserError(f"no {what} found under {parent}; {_nothing_promoted(parent)}")
     name = pointer.read_text().strip()
     if not VERSION_NAME.match(name):
         raise _bad_pointer(
@@ -111,6 +112,41 @@ def latest(parent: Path, what: str) -> Path:
     if not path.resolve().is_relative_to(parent.resolve()):
         raise _bad_pointer(pointer, f"version {name} is a link to {path.resolve()}, outside {parent}")
     return path
+
+
+def _nothing_promoted(parent: Path) -> str:
+    """What to do when a root has no LATEST: run the stage, or look at why its versions were rejected."""
+    found = versions(parent) if parent.is_dir() else []
+    verdict = read_verdict(parent, found[0]) if found else None
+    if verdict is None or verdict.get("status") != "rejected":
+        return "run the stage that produces it first"
+    failed = [g for g in verdict.get("gates", []) if g.get("blocking", True) and not g.get("passed")]
+    why = "; ".join(f"{g.get('name')}: {g.get('detail')}" for g in failed) or "a gate failed"
+    return (
+        f"its newest version {found[0]} was rejected by its quality gates ({why}); see "
+        f"`basemodel promote CONFIG --list`"
+    )
+
+
+VERDICTS = "verdicts"
+
+
+def verdict_path(parent: Path, version: str) -> Path:
+    """Where the promotion verdict of a checkpoint version lives (training/promotion.py)."""
+    return parent / VERDICTS / f"{version}.json"
+
+
+def read_verdict(parent: Path, version: str) -> dict[str, Any] | None:
+    """The verdict record of a version as written (None when it has none, or it is unreadable)."""
+    try:
+        record = json.loads(verdict_path(parent, version).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def write_verdict(parent: Path, version: str, record: dict[str, Any]) -> None:
+    atomic_write_text(verdict_path(parent, version), json.dumps(record, indent=2) + "\n")
 
 
 def latest_foundation_dir(cfg: PipelineConfig) -> Path:

@@ -214,8 +214,12 @@ def test_resources_per_environment(env: str, monkeypatch: pytest.MonkeyPatch) ->
     if env == "ci":
         assert resources["launcher"].env["CUDA_VISIBLE_DEVICES"] == ""
         assert resources["quality_gates"].metric_floor == 0.0
-    else:
-        assert resources["quality_gates"].metric_floor == 0.55
+        assert resources["quality_gates"].args() == [
+            "--gates",
+            '{"metric_floor": 0.0, "popularity_margin": -1.0}',
+        ]
+    else:  # the config's quality_gates section decides
+        assert resources["quality_gates"].metric_floor is None and resources["quality_gates"].args() == []
     if env == "prod":  # read at run time, not frozen into the definitions
         assert isinstance(resources["basemodel_config"].config_path, dg.EnvVar)
     else:

@@ -45,12 +45,11 @@ def remount_read_only(path: Path) -> None:
 def fill(path: Path, leave: int = 0) -> None:
     """Fill the volume of `path`, then free `leave` bytes."""
     filler = path / "filler.bin"
-    with open(filler, "wb") as fh:
+    with open(filler, "wb", buffering=0) as fh:  # unbuffered: a partial last block is not flushed at close
         block = b"\0" * (1 << 16)
         while True:
             try:
                 fh.write(block)
-                fh.flush()
             except OSError as exc:
                 assert exc.errno == errno.ENOSPC
                 break
@@ -179,8 +178,8 @@ def test_a_checkpoint_that_cannot_fit_fails_before_writing(tmp_path: Path) -> No
         root.mkdir(parents=True)
         fill(vol, leave=needed // 2)
         with pytest.raises(UserError, match=r"for checkpoint foundation/\S+: it needs about [\d,]+ bytes"):
-            publish_checkpoint(root, model, meta)
+            publish_checkpoint(root, model, meta, promote=True)
         assert list(root.iterdir()) == []  # no staging directory, no version, no LATEST
         (vol / "filler.bin").unlink()
-        version, final = publish_checkpoint(root, model, meta)
+        version, final = publish_checkpoint(root, model, meta, promote=True)
         assert (final / "model.safetensors").stat().st_size > needed

@@ -101,6 +101,7 @@ def _write(d: Path) -> tuple[Path, np.ndarray]:
             {"name": "spend", "task": "regression",
              "target": {"kind": "regression", **window, "column": "amount", "log1p": True}},
         ],
+        "quality_gates": {"metric_floor": 0.0, "popularity_margin": None},  # explained whatever they score
     }  # fmt: skip
     (d / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     return d / "config.yaml", caller

@@ -43,7 +43,9 @@ def with_retention(config: Path, **keep: Any) -> PipelineConfig:
 def foundation(cfg: PipelineConfig, latest: bool = True) -> str:
     root = ws.foundation_root(cfg)
     pointer = (root / "LATEST").read_text() if (root / "LATEST").exists() else None
-    version, _ = publish_checkpoint(root, build_model(ARCH), CheckpointMeta(kind="foundation", arch=ARCH))
+    version, _ = publish_checkpoint(
+        root, build_model(ARCH), CheckpointMeta(kind="foundation", arch=ARCH), promote=True
+    )
     if not latest and pointer is not None:  # published but LATEST not moved yet: a run in progress
         ws.set_latest(root, pointer.strip())
     return version
@@ -51,7 +53,7 @@ def foundation(cfg: PipelineConfig, latest: bool = True) -> str:
 
 def scenario(cfg: PipelineConfig, name: str, foundation_version: str) -> str:
     meta = CheckpointMeta(kind="scenario", arch=ARCH, foundation_version=foundation_version)
-    version, _ = publish_checkpoint(ws.scenario_root(cfg, name), build_model(ARCH), meta)
+    version, _ = publish_checkpoint(ws.scenario_root(cfg, name), build_model(ARCH), meta, promote=True)
     return version
 
 
@@ -68,7 +70,8 @@ def listing(root: Path) -> set[str]:
 
 
 def names(parent: Path) -> set[str]:
-    return {p.name for p in parent.iterdir() if p.is_dir()}
+    """The version (or as-of) directories under `parent`: not a checkpoint root's verdicts/."""
+    return {p.name for p in parent.iterdir() if p.is_dir() and p.name != ws.VERDICTS}
 
 
 @pytest.fixture

@@ -38,4 +38,4 @@ def test_resources_from_an_environment_with_every_setting_empty(monkeypatch: pyt
     assert launcher.image == "basemodel-trainer:latest" and launcher.forward_env == []
     assert launcher.k8s_namespace == "default"
     gates = quality_gates_from_env("prod")
-    assert gates.metric_floor == 0.55 and gates.popularity_margin == 0.0
+    assert gates.metric_floor is None and gates.popularity_margin is None  # the config's quality_gates decide

@@ -124,7 +124,7 @@ def head_only_scenario(cfg, name: str) -> dict:  # noqa: ANN001
         encoder=fmeta.encoder,
         note="bench/bench_inference.py --head-only: untrained head, for throughput only",
     )
-    version, path = publish_checkpoint(ws.scenario_root(cfg, name), model, meta)
+    version, path = publish_checkpoint(ws.scenario_root(cfg, name), model, meta, promote=True)
     return {"version": version, "path": str(path)}
 
 

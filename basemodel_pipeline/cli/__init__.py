@@ -7,6 +7,7 @@
     basemodel extract|cache|pretrain CONFIG  run one stage
     basemodel extract CONFIG --from D1 --to D2   re-extract event days [D1, D2) only
     basemodel finetune CONFIG --scenario NAME
+    basemodel promote CONFIG [--scenario NAME] [--version V] [--force] [--list]   serve a version, roll back
     basemodel predict CONFIG --scenario NAME [--as-of YYYY-MM-DD]
     basemodel embed CONFIG [--as-of YYYY-MM-DD]   float16 foundation embeddings per entity
     basemodel explain CONFIG --scenario NAME [--entity ID] [--population N] [--class LABEL]
@@ -18,7 +19,7 @@ A mistake the user can fix prints one red line `error: ...` on stderr and exits 
 
 The package: common.py holds the one Typer `app`, the consoles, exit codes, option types and shared helpers;
 the commands register on that `app` from stages.py (validate, extract, suggest-config, data-report, cache-info,
-cache, pretrain, finetune), scoring.py (predict, embed, explain) and workspace.py (prune, verify, demo), imported
+cache, pretrain, finetune, promote), scoring.py (predict, embed, explain) and workspace.py (prune, verify, demo), imported
 here in that order (the order `basemodel --help` lists them). `python -m basemodel_pipeline.cli` runs __main__.py.
 """
 

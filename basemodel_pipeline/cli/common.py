@@ -85,13 +85,17 @@ def metadata_table(title: str, meta: Mapping[str, Any]) -> Table:
     return table
 
 
-def run_stage(title: str, config: Path, fn: Callable[[PipelineConfig, Progress], Mapping[str, Any]]) -> None:
+def run_stage(
+    title: str, config: Path, fn: Callable[[PipelineConfig, Progress], Mapping[str, Any]]
+) -> Mapping[str, Any]:
+    """Run a stage with progress bars, print its metadata as a table and return it."""
     with user_errors():
         cfg = load_config(config)
         start = time.perf_counter()
         with rich_progress() as progress:
             meta = fn(cfg, progress)
         out.print(metadata_table(f"{title} ({time.perf_counter() - start:.1f} s)", meta))
+    return meta
 
 
 def scenario_name(cfg: PipelineConfig, name: str) -> str:

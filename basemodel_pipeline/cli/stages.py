@@ -14,8 +14,10 @@ from rich.table import Table
 
 from basemodel_pipeline import pipeline
 from basemodel_pipeline.cli.common import (
+    RUN_FAILED,
     ConfigArg,
     app,
+    err,
     fail,
     metadata_table,
     out,
@@ -148,10 +150,27 @@ def cache(config: ConfigArg) -> None:
     run_stage("cache", config, lambda cfg, p: pipeline.run_cache(cfg, progress=p))
 
 
+def _fail_rejected(verdicts: Mapping[str, Mapping[str, Any]], config: Path) -> None:
+    """Exit 1 with one line per version its quality gates rejected (what still serves, how to override)."""
+    rejected = {name: m for name, m in verdicts.items() if m.get("promoted") is False}
+    for name, m in rejected.items():
+        flag = f" --scenario {name}" if name != "foundation" else ""
+        err.print(
+            f"[bold red]rejected:[/bold red] {escape(name)} version {m.get('version')} failed its quality gates "
+            f"({escape(str(m.get('rejected_by')))}); still serving {m.get('serving_version') or 'nothing'}. "
+            f"`basemodel promote {escape(str(config))}{flag} --version {m.get('version')} --force` serves it anyway",
+            soft_wrap=True,
+            highlight=False,
+        )
+    if rejected:
+        raise typer.Exit(RUN_FAILED)
+
+
 @app.command()
 def pretrain(config: ConfigArg) -> None:
-    """Train the foundation model on the cache."""
-    run_stage("pretrain", config, lambda cfg, p: pipeline.run_pretrain(cfg, progress=p))
+    """Train the foundation model on the cache; it is served once its checksums and losses pass their gates."""
+    meta = run_stage("pretrain", config, lambda cfg, p: pipeline.run_pretrain(cfg, progress=p))
+    _fail_rejected({"foundation": meta}, config)
 
 
 @app.command()
@@ -165,13 +184,52 @@ def finetune(
 ) -> None:
     """Fine-tune scenarios from the foundation checkpoint and evaluate them against the baselines.
 
-    Several scenarios (`-s a -s b` or `--all`) share one featurisation pass; each stops on its own metric."""
+    Several scenarios (`-s a -s b` or `--all`) share one featurisation pass; each stops on its own metric.
+    A new version is served only when it passes the config's quality_gates; a rejected one stays on disk and
+    the command exits with code 1."""
     with user_errors():
         names = [s.name for s in load_config(config).scenarios] if all_scenarios else list(scenario or [])
         if not names:
             raise UserError("name a scenario with --scenario NAME (repeatable) or use --all")
-    run_stage(
+    meta = run_stage(
         f"finetune {', '.join(names)}",
         config,
         lambda cfg, p: pipeline.run_finetune_many(cfg, [scenario_name(cfg, n) for n in names], progress=p),
     )
+    _fail_rejected({names[0]: meta} if len(names) == 1 else meta, config)
+
+
+@app.command()
+def promote(
+    config: ConfigArg,
+    scenario: Annotated[
+        str | None, typer.Option("--scenario", "-s", help="Scenario name (default: the foundation).")
+    ] = None,
+    version: Annotated[
+        str | None, typer.Option("--version", help="Version to serve (default: the newest).")
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Serve it even though a quality gate fails (recorded).")
+    ] = False,
+    list_only: Annotated[
+        bool,
+        typer.Option("--list", help="Only list the versions: served, promoted earlier, rejected and why."),
+    ] = False,
+) -> None:
+    """Serve a checkpoint version by hand, or roll back to an earlier one, after its quality gates run again.
+
+    `--list` shows every version with its status and, for a rejected one, the gates it failed."""
+    what = f"scenario {scenario}" if scenario else "foundation"
+    with user_errors():
+        cfg = load_config(config)
+        if list_only:
+            table = Table(title=f"{what} versions", title_justify="left")
+            for col in ("version", "status", "detail"):
+                table.add_column(col, overflow="fold")
+            for row in pipeline.list_versions(cfg, scenario):
+                table.add_row(row["version"], row["status"], escape(row["detail"]))
+            out.print(table)
+            return
+        meta = pipeline.run_promote(cfg, scenario, version, force)
+    out.print(metadata_table(f"promote {what}", meta))
+    out.print(f"{what}: now serving {meta['version']} (before: {meta['previous'] or 'nothing'})")

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from basemodel_pipeline.config.base import IDENTIFIER, Strict
+from basemodel_pipeline.config.gates import QualityGatesParams
 from basemodel_pipeline.config.outputs import OutputsConfig
 from basemodel_pipeline.config.params import (
     CacheParams,
@@ -53,6 +54,7 @@ __all__ = [
     "MultilabelTarget",
     "PipelineConfig",
     "PythonTarget",
+    "QualityGatesParams",
     "RecommendationTarget",
     "RegressionTarget",
     "RetentionParams",
@@ -74,6 +76,7 @@ class PipelineConfig(Strict):
     scenarios: list[Scenario] = Field(default_factory=list)
     outputs: OutputsConfig = Field(default_factory=OutputsConfig)
     retention: RetentionParams = Field(default_factory=RetentionParams)
+    quality_gates: QualityGatesParams = Field(default_factory=QualityGatesParams)
 
     @property
     def longest_horizon_days(self) -> int:

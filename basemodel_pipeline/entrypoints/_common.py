@@ -112,7 +112,14 @@ class _PipesSession:
 
 
 def parse_args(
-    stage: str, argv: list[str] | None, *, scenario: bool, as_of: bool, source: bool, scoring: bool = False
+    stage: str,
+    argv: list[str] | None,
+    *,
+    scenario: bool,
+    as_of: bool,
+    source: bool,
+    scoring: bool = False,
+    gates: bool = False,
 ) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog=f"python -m basemodel_pipeline.entrypoints.{stage}", description=__doc__
@@ -130,6 +137,11 @@ def parse_args(
         parser.add_argument("--workers", type=int, default=1, help="local processes, one shard each")
         parser.add_argument("--shard", help="I/K: score only the I-th of K slices into a part file")
         parser.add_argument("--merge-shards", dest="merge_shards", type=int, help="K: merge K part files")
+    if gates:
+        parser.add_argument(
+            "--gates",
+            help="JSON overrides of the config's quality_gates (metric_floor, popularity_margin...)",
+        )
     return parser.parse_args(argv)
 
 
@@ -146,6 +158,13 @@ def _entrypoint_args(ns: argparse.Namespace, session: Any, needs_scenario: bool)
             raise UserError(f"--as-of: '{raw}' is not a date; write YYYY-MM-DD") from None
     keys = ("precision", "destination", "workers", "shard", "merge_shards")
     options = {k: getattr(ns, k) for k in keys if getattr(ns, k, None) is not None}
+    if getattr(ns, "gates", None):
+        try:
+            options["gates"] = dict(json.loads(ns.gates))
+        except (ValueError, TypeError):
+            raise UserError(
+                f"--gates: {ns.gates!r} is not a JSON object of quality_gates overrides"
+            ) from None
     return EntrypointArgs(ns.config, scenario, as_of, getattr(ns, "source", None), options)
 
 
@@ -185,13 +204,14 @@ def main(
     as_of: bool = False,
     source: bool = False,
     scoring: bool = False,
+    gates: bool = False,
 ) -> None:
     """Run one stage as a Pipes entrypoint (or standalone); exits 2 with one line on stderr on a UserError.
 
     A crash in native code (a segmentation fault in a library) prints every thread's Python stack on stderr
     first (faulthandler): the launcher retries such a step once and points at that stack."""
     faulthandler.enable()
-    ns = parse_args(stage, argv, scenario=scenario, as_of=as_of, source=source, scoring=scoring)
+    ns = parse_args(stage, argv, scenario=scenario, as_of=as_of, source=source, scoring=scoring, gates=gates)
     try:
         if rank() != 0:  # under torchrun only rank 0 speaks Pipes (one session, one materialization)
             _run(_QuietSession(), ns, fn, stage, needs_scenario)

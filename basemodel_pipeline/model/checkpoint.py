@@ -98,9 +98,12 @@ def publish_checkpoint(
     model: TrunkWithHead,
     meta: CheckpointMeta,
     extra_files: dict[str, str] | dict[str, str | bytes] | None = None,
+    *,
+    promote: bool,
 ) -> tuple[str, Path]:
-    """Write a new version under `root` atomically and point LATEST at it. Returns (version, path).
-    `extra_files`: relative path -> text or bytes (subdirectories are created)."""
+    """Write a new version under `root` atomically. Returns (version, path). `extra_files`: relative path ->
+    text or bytes (subdirectories are created). With `promote` LATEST names it at once; the training stages
+    write candidates (promote=False) that their quality gates promote (training/promotion.py)."""
     version = ws.new_version()
     ws.clean_stale_tmp(root)
     weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
@@ -122,7 +125,8 @@ def publish_checkpoint(
         ws.discard_dir(tmp)
         raise
     ws.publish_dir(tmp, final)
-    ws.set_latest(root, version)
+    if promote:
+        ws.set_latest(root, version)
     return version, final
 
 

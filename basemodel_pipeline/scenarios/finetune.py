@@ -50,6 +50,7 @@ from basemodel_pipeline.scenarios.shared import (
 )
 from basemodel_pipeline.tasks import Task
 from basemodel_pipeline.tasks.recommendation import REPEAT_WEIGHTS, Recommendation
+from basemodel_pipeline.training import promotion
 from basemodel_pipeline.training.work import WorkCounter
 
 REPEAT_TUNE_EXAMPLES = 3000  # recommendation: validation examples used to weigh the own purchase history
@@ -208,9 +209,10 @@ def _finish(
             "test_metrics": "of the model before this refit (the refitted model has seen the test window)",
         }
     done = Finished(shared, scenario, model, head, ex["test"], result, truth, outputs)
-    version, final = _publish(done, spec, selection, published, report, timing)
+    version, final, verdict = _publish(done, spec, selection, published, report, timing, progress)
     kept = _kept(outputs, truth, ex["test"]) if keep_outputs else {}
-    return {**kept, **_summary(final, version, result, selection, timing, work, fit)}
+    summary = _summary(final, version, result, selection, timing, work, fit)
+    return {**kept, **summary, **promotion.summary(verdict)}
 
 
 def _kept(outputs: dict[str, Any], truth: Any, test: Examples) -> dict[str, Any]:
@@ -377,9 +379,11 @@ def _publish(
     published: Candidate,
     report: ReportFiles | None,
     timing: dict,
-) -> tuple[str, Path]:
-    """Publish the checkpoint: weights, model.json, metrics.json, the published candidate's files, the
-    target's large parts, a Python target's source and the report's files."""
+    progress: Progress,
+) -> tuple[str, Path, promotion.Verdict]:
+    """Publish the checkpoint as a candidate version: weights, model.json, metrics.json, the published
+    candidate's files, the target's large parts, a Python target's source and the report's files; then run its
+    quality gates, which make it LATEST (served) or leave it rejected (training/promotion.py)."""
     shared, scenario, result = done.shared, done.scenario, done.result
     stored = spec.to_dict()
     big = {
@@ -413,9 +417,16 @@ def _publish(
         source = function_source(scenario)
         if source is not None:
             extra["target_function.py"] = source
-    published_at = publish_checkpoint(ws.scenario_root(shared.cfg, scenario.name), done.model, meta, extra)
+    root = ws.scenario_root(shared.cfg, scenario.name)
+    version, final = publish_checkpoint(root, done.model, meta, extra, promote=False)
     clear_resume(shared.cfg, scenario.name)  # the network's resumable states are no longer needed
-    return published_at
+    verdict = promotion.judge(shared.cfg, root, version, by="finetune")
+    if verdict.status == "rejected":
+        progress.log(
+            f"{scenario.name}: version {version} rejected by its quality gates ({verdict.reason}); "
+            f"still serving {verdict.previous or 'nothing'}"
+        )
+    return version, final, verdict
 
 
 def _staged_baselines(

@@ -33,7 +33,7 @@ from basemodel_pipeline.features.kernels import new_day, source_tensors
 from basemodel_pipeline.features.sketch import FeatureEncoder
 from basemodel_pipeline.model.checkpoint import CheckpointMeta, TrunkConfig, build_model, publish_checkpoint
 from basemodel_pipeline.progress import NullProgress, Progress
-from basemodel_pipeline.training import loop, resume
+from basemodel_pipeline.training import loop, promotion, resume
 from basemodel_pipeline.training.calibrate import Sizes, calibrate
 from basemodel_pipeline.training.distributed import World, init_world, shutdown
 from basemodel_pipeline.training.epochs import EpochRunner
@@ -345,10 +345,12 @@ def _pretrain(
         training_sizes=sizes.to_dict(),
         world_size=world.size,
     )
-    version, final = publish_checkpoint(ws.foundation_root(cfg), model, meta)
+    version, final = publish_checkpoint(ws.foundation_root(cfg), model, meta, promote=False)
+    verdict = promotion.judge(cfg, ws.foundation_root(cfg), version, by="pretrain")
     saver.clear()
     world.barrier()
-    return _summary(cfg, cache, final, version, run, enc, sizes, wall, epochs, saver.resumed, world, lo, hi)
+    out = _summary(cfg, cache, final, version, run, enc, sizes, wall, epochs, saver.resumed, world, lo, hi)
+    return {**out, **promotion.summary(verdict)}
 
 
 def _saver(

@@ -14,7 +14,7 @@ from basemodel_pipeline.defs.shared.conditions import (
 from basemodel_pipeline.defs.shared.execution import run_entrypoint
 from basemodel_pipeline.defs.shared.launcher import Launcher
 from basemodel_pipeline.defs.shared.partitions import scenarios_partitions
-from basemodel_pipeline.defs.shared.resources import BasemodelConfigResource
+from basemodel_pipeline.defs.shared.resources import BasemodelConfigResource, QualityGates
 from basemodel_pipeline.defs.shared.versions import code_version
 
 GPU_POOL = "gpu"
@@ -38,7 +38,8 @@ def foundation_model(
 ) -> dg.MaterializeResult:
     """Self-supervised foundation model: from an entity's past, predict its future behaviour.
 
-    Checkpoint (safetensors + JSON) under <workspace>/checkpoints/foundation/<version>/.
+    Checkpoint (safetensors + JSON) under <workspace>/checkpoints/foundation/<version>/, served (LATEST) only
+    when its checksums verify and its losses are finite (metadata `promoted`, `gates.*`).
     Runs `python -m basemodel_pipeline.entrypoints.pretrain` through Dagster Pipes (launcher backend).
     Automation: trained once when missing, then weekly after the cache changed.
     """
@@ -80,14 +81,18 @@ def scenario_baselines(
     op_tags=TRAIN_TAGS,
 )
 def scenario_model(
-    context: dg.AssetExecutionContext, basemodel_config: BasemodelConfigResource, launcher: Launcher
+    context: dg.AssetExecutionContext,
+    basemodel_config: BasemodelConfigResource,
+    launcher: Launcher,
+    quality_gates: QualityGates,
 ) -> dg.MaterializeResult:
     """One scenario (partition = scenario name) fine-tuned from the foundation checkpoint.
 
     Evaluated with the popularity and aggregates + LightGBM baselines on the test window (read from
     scenario_baselines' stage when it matches, `baselines_reused`); checkpoint and metrics.json under
-    <workspace>/checkpoints/scenarios/<name>/<version>/.
+    <workspace>/checkpoints/scenarios/<name>/<version>/. The version is served (LATEST) only when its quality
+    gates pass (metadata `promoted`, `serving_version`, `gates.*`); a rejected one stays on disk.
     Runs `python -m basemodel_pipeline.entrypoints.finetune` through Dagster Pipes (scenario = partition key).
     Automation: a new scenario trains once; a new foundation or cache retrains every scenario once.
     """
-    return run_entrypoint(context, launcher, "finetune", basemodel_config.config_path)
+    return run_entrypoint(context, launcher, "finetune", basemodel_config.config_path, quality_gates.args())

@@ -1,11 +1,12 @@
 """Model checks: each checkpoint matches its recorded checksums (the library's `verify`, as `basemodel
 verify` runs it); the foundation's loss is finite and improving; a scenario beats its floor and popularity.
 
-The scenario checks are partitioned like the scenario (one result per scenario) and blocking: when one
-fails, the run stops before the scenario's predictions are written and published.
+The training steps run the same quality gates themselves (training/promotion.py) and promote a version
+(LATEST) only when every blocking gate passed; these checks show those verdicts in the UI. The scenario checks
+are partitioned like the scenario (one result per scenario) and blocking: when one fails, the run stops before
+the scenario's predictions are written and published, and the rejected version was never made current.
 """
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,6 @@ import dagster as dg
 from basemodel_pipeline.defs.models.assets import foundation_model, scenario_model
 from basemodel_pipeline.defs.shared.execution import latest_metadata
 from basemodel_pipeline.defs.shared.partitions import scenarios_partitions
-from basemodel_pipeline.defs.shared.resources import QualityGates
 from basemodel_pipeline.errors import UserError
 
 # the library's verification (torch, DuckDB) is imported when a check runs, not when definitions load
@@ -66,35 +66,6 @@ def scenario_checkpoint_sha256(context: dg.AssetCheckExecutionContext) -> dg.Ass
     return finding_result(verify_checkpoint("scenario", scenario, Path(meta["path"])), meta["path"])
 
 
-def loss_verdict(history: list[dict[str, Any]]) -> tuple[bool, dg.AssetCheckSeverity, str]:
-    """(passed, severity, why) for a training history [{epoch, train_loss, val_loss}, ...]."""
-    if not history:
-        return False, dg.AssetCheckSeverity.ERROR, "the checkpoint records no training history"
-    bad = [
-        f"epoch {h.get('epoch')}: {k}={h[k]}"
-        for h in history
-        for k in ("train_loss", "val_loss")
-        if k in h and not math.isfinite(float(h[k]))
-    ]
-    if bad:
-        return False, dg.AssetCheckSeverity.ERROR, "non-finite loss: " + ", ".join(bad[:3])
-    val = [float(h["val_loss"]) for h in history if "val_loss" in h]
-    train = [float(h["train_loss"]) for h in history if "train_loss" in h]
-    if len(val) >= 2 and not min(val[1:]) < val[0]:
-        return False, dg.AssetCheckSeverity.WARN, f"validation loss never improved on epoch 1 ({val[0]:.4f})"
-    if len(train) >= 2 and not train[-1] < train[0]:
-        return (
-            False,
-            dg.AssetCheckSeverity.WARN,
-            f"training loss did not fall ({train[0]:.4f} -> {train[-1]:.4f})",
-        )
-    return (
-        True,
-        dg.AssetCheckSeverity.ERROR,
-        f"losses finite; best validation loss {min(val or [math.nan]):.4f}",
-    )
-
-
 @dg.asset_check(
     asset=foundation_model,
     blocking=True,
@@ -110,51 +81,41 @@ def loss_finite_and_improving(context: dg.AssetCheckExecutionContext) -> dg.Asse
         info = ckpt.read_meta(Path(meta["path"]))  # verified against its manifest first
     except UserError as exc:
         return dg.AssetCheckResult(passed=False, description=str(exc))
+    from basemodel_pipeline.evaluation.gates import loss_gates
+
     history = info.history
-    passed, severity, why = loss_verdict(history)
+    gates = loss_gates(history)
+    failed = [g for g in gates if not g.passed]
+    first = failed[0] if failed else gates[0]
     return dg.AssetCheckResult(
-        passed=passed,
-        severity=severity,
-        description=why,
+        passed=not failed,
+        severity=dg.AssetCheckSeverity.ERROR if first.blocking else dg.AssetCheckSeverity.WARN,
+        description=first.detail,
         metadata={"epochs": len(history), "history": dg.MetadataValue.json(history)},
     )
 
 
-def _higher_is_better(metric: str) -> bool:
-    from basemodel_pipeline.evaluation.metrics import higher_is_better
-
-    return higher_is_better(metric)
-
-
-def floor_verdict(meta: dict[str, Any], bound: float | None) -> tuple[bool, str, dict[str, Any]]:
-    """The test metric against its bound: a minimum (AUROC, accuracy...) or a maximum (rmse...)."""
-    metric, value = str(meta.get("metric")), float(meta["test_model"])
-    if bound is None:
-        return (
-            math.isfinite(value),
-            f"test {metric} {value:.4f}; no bound configured for it",
-            {"value": value},
-        )
-    higher = _higher_is_better(metric)
-    ok = value >= bound if higher else value <= bound
-    why = f"test {metric} {value:.4f} vs {'floor' if higher else 'ceiling'} {bound:.4f}"
-    return math.isfinite(value) and ok, why, {"value": value, "bound": bound}
-
-
-def popularity_verdict(meta: dict[str, Any], margin: float) -> tuple[bool, str, dict[str, Any]]:
-    metric = str(meta.get("metric"))
-    model, popularity = float(meta["test_model"]), float(meta["test_popularity"])
-    lift = model - popularity if _higher_is_better(metric) else popularity - model
-    why = f"test {metric}: model {model:.4f}, popularity {popularity:.4f} (better by {lift:.4f}, > {margin:g} needed)"
-    return (
-        math.isfinite(model) and lift > margin,
-        why,
-        {"model": model, "popularity": popularity, "lift": lift},
+def verdict_result(meta: dict[str, Any] | None, gate: str, what: str) -> dg.AssetCheckResult:
+    """A check result from the verdict the training step recorded for one of its gates (metadata
+    `gates.<name>.ok` / `.detail`, written by training/promotion.py before it promoted or rejected)."""
+    if not meta or f"gates.{gate}.ok" not in meta:
+        return dg.AssetCheckResult(passed=False, description=f"{what} has no verdict for {gate}: re-run it")
+    promoted = bool(meta.get("promoted"))
+    return dg.AssetCheckResult(
+        passed=bool(meta[f"gates.{gate}.ok"]),
+        severity=dg.AssetCheckSeverity.ERROR,
+        description=str(meta.get(f"gates.{gate}.detail", "")),
+        metadata={
+            "version": str(meta.get("version", "")),
+            "promoted": promoted,
+            "serving_version": str(meta.get("serving_version") or ""),
+        },
     )
 
 
-def scenario_check(name: str, description: str, verdict: Any) -> dg.AssetChecksDefinition:
-    """A blocking check per scenario partition on the metrics its materialization recorded."""
+def scenario_check(name: str, description: str) -> dg.AssetChecksDefinition:
+    """A blocking check per scenario partition: the verdict of one of its quality gates (evaluation/gates.py),
+    decided by the fine-tuning step before it promoted or rejected the version."""
 
     @dg.asset_check(
         asset=scenario_model,
@@ -163,40 +124,23 @@ def scenario_check(name: str, description: str, verdict: Any) -> dg.AssetChecksD
         blocking=True,
         description=description,
     )
-    def _check(context: dg.AssetCheckExecutionContext, quality_gates: QualityGates) -> dg.AssetCheckResult:
+    def _check(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
         scenario = context.partition_key
         meta = latest_metadata(context.instance, scenario_model.key, scenario)
-        if not meta or "test_model" not in meta or "test_popularity" not in meta:
-            return dg.AssetCheckResult(
-                passed=False, description=f"scenario_model[{scenario}] has no test metrics"
-            )
-        metric = str(meta.get("metric"))
-        threshold = (
-            quality_gates.bound(scenario, metric)
-            if verdict is floor_verdict
-            else quality_gates.popularity_margin
-        )
-        passed, why, values = verdict(meta, threshold)
-        return dg.AssetCheckResult(
-            passed=passed,
-            severity=dg.AssetCheckSeverity.ERROR,
-            description=why,
-            metadata={"metric": metric, **values},
-        )
+        return verdict_result(meta, name, f"scenario_model[{scenario}]")
 
     return _check
 
 
 test_metric_above_floor = scenario_check(
     "test_metric_above_floor",
-    "The scenario's test metric is within its configured bound (QualityGates.metric_floor for AUROC, "
-    "metric_floors per scenario).",
-    floor_verdict,
+    "The scenario's test metric is within its bound (quality_gates.metric_floor for AUROC-type metrics, "
+    "metric_floors per scenario); a version that fails it is not promoted (LATEST stays).",
 )
 beats_popularity = scenario_check(
     "beats_popularity",
-    "The scenario's test metric beats the popularity baseline on the same split (+ popularity_margin).",
-    popularity_verdict,
+    "The scenario's test metric beats the popularity baseline on the same split (+ "
+    "quality_gates.popularity_margin); a version that fails it is not promoted (LATEST stays).",
 )
 
 model_checks = [

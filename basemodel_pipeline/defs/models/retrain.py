@@ -3,7 +3,7 @@
 Every tick compares, per scenario, the versions its latest model was trained on (recorded in the
 scenario_model materialization as `foundation_version` and `cache_data_version`) with the current ones:
 
-    a new foundation   always retrain
+    a new foundation   always retrain (a promoted one: a version its gates rejected is never served)
     a new cache        as the scenario's `retrain` policy says:
         every_cache    retrain now
         weekly         retrain once the latest model is `min_days` old
@@ -87,6 +87,15 @@ def _record(
     return records[0] if records else None
 
 
+def _promoted(instance: dg.DagsterInstance, key: dg.AssetKey) -> dg.EventLogRecord | None:
+    """The newest materialization whose version its quality gates promoted (metadata `promoted` not false):
+    a rejected foundation is never what scenarios are compared with."""
+    for record in instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key), limit=20).records:
+        if _value(record, "promoted") is not False:
+            return record
+    return None
+
+
 def _value(record: dg.EventLogRecord | None, name: str) -> object:
     mat = record.asset_materialization if record else None
     entry = mat.metadata.get(name) if mat else None
@@ -111,7 +120,7 @@ def latest_state(instance: dg.DagsterInstance, scenario: str) -> Latest:
         drift=float(drift) if isinstance(drift, int | float) else None,
         scored_at=scored.timestamp if scored else 0.0,
         foundation_used=str(used) if used else None,
-        foundation_now=_version(_record(instance, FOUNDATION, None)),
+        foundation_now=_version(_promoted(instance, FOUNDATION)),
     )
 
 

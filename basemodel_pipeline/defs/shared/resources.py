@@ -3,8 +3,8 @@
     local  config path from BASEMODEL_CONFIG (default demo_workspace/config.yaml, resolved when loaded);
            the only environment whose graph falls back to the demo config's shape (shape.py).
     ci     BASEMODEL_CONFIG required; steps see no GPU and a fixed hash seed (reproducible CPU runs), and
-           the scenario quality gates only record (floor 0, popularity margin -1): CI's tiny synthetic data
-           cannot produce a useful model.
+           the scenario quality gates let every finite metric through (floor 0, popularity margin -1): CI's
+           tiny synthetic data cannot produce a useful model.
     prod   BASEMODEL_CONFIG required, and read again at run time (dg.EnvVar).
 
 BASEMODEL_ENV unset means local, except in a Dagster+ deployment (DAGSTER_CLOUD_DEPLOYMENT_NAME set): prod.
@@ -48,20 +48,23 @@ class BasemodelConfigResource(dg.ConfigurableResource):
 
 
 class QualityGates(dg.ConfigurableResource):
-    """Thresholds of the asset checks (set them in the launchpad's resources section or in code)."""
+    """Thresholds of the asset checks (set them in the launchpad's resources section or in code).
 
-    metric_floor: float = Field(
-        default=0.55,
-        description="Floor of AUROC-type test metrics (auroc, macro_auroc, micro_auroc) for every scenario.",
+    The scenario gates live in the config's `quality_gates` section; the fields here override them for this
+    deployment (None: the config's value), and reach the fine-tuning step, which judges and promotes."""
+
+    metric_floor: float | None = Field(
+        default=None,
+        description="Overrides quality_gates.metric_floor: the floor of AUROC-type test metrics.",
     )
     metric_floors: dict[str, float] = Field(
         default_factory=dict,
-        description="Per-scenario bound of its own metric: a minimum when higher is better (accuracy, ndcg@10), "
-        "a maximum when lower is better (rmse).",
+        description="Merged over quality_gates.metric_floors: per-scenario bound of its own metric (a minimum "
+        "when higher is better, a maximum when lower is better).",
     )
-    popularity_margin: float = Field(
-        default=0.0,
-        description="The model must beat the popularity baseline by more than this (in the metric's direction).",
+    popularity_margin: float | None = Field(
+        default=None,
+        description="Overrides quality_gates.popularity_margin: the model must beat popularity by more than this.",
     )
     min_day_ratio: float = Field(default=0.2, description="A day's rows vs the trailing median: lower bound.")
     max_day_ratio: float = Field(default=5.0, description="A day's rows vs the trailing median: upper bound.")
@@ -70,11 +73,23 @@ class QualityGates(dg.ConfigurableResource):
         default=0.5, description="An attribute table may lose at most this share of rows between extracts."
     )
 
-    def bound(self, scenario: str, metric: str) -> float | None:
-        """The configured bound of `scenario`'s test metric, or None when none applies."""
-        if scenario in self.metric_floors:
-            return self.metric_floors[scenario]
-        return self.metric_floor if metric.endswith("auroc") else None
+    def overrides(self) -> dict[str, Any]:
+        """The scenario-gate overrides this deployment sets (what the fine-tuning step receives)."""
+        out: dict[str, Any] = {}
+        if self.metric_floor is not None:
+            out["metric_floor"] = self.metric_floor
+        if self.popularity_margin is not None:
+            out["popularity_margin"] = self.popularity_margin
+        if self.metric_floors:
+            out["metric_floors"] = dict(self.metric_floors)
+        return out
+
+    def args(self) -> list[str]:
+        """The overrides as the finetune entrypoint's `--gates JSON` argument (none when nothing is set)."""
+        import json
+
+        overrides = self.overrides()
+        return ["--gates", json.dumps(overrides, sort_keys=True)] if overrides else []
 
 
 class ArtifactPublisher(dg.ConfigurableResource):
@@ -139,11 +154,14 @@ def launcher_from_env(env: str) -> Launcher:
 
 
 def quality_gates_from_env(env: str) -> QualityGates:
-    """Gates from BASEMODEL_METRIC_FLOOR / BASEMODEL_POPULARITY_MARGIN; ci records without blocking."""
-    floor, margin = ("0", "-1") if env == "ci" else ("0.55", "0")
+    """Overrides of the config's scenario gates from BASEMODEL_METRIC_FLOOR / BASEMODEL_POPULARITY_MARGIN
+    (unset: the config's); ci lets every finite metric through (floor 0, margin -1): CI's tiny synthetic
+    data cannot produce a useful model."""
+    floor, margin = ("0", "-1") if env == "ci" else ("", "")
+    floor, margin = setting("BASEMODEL_METRIC_FLOOR", floor), setting("BASEMODEL_POPULARITY_MARGIN", margin)
     return QualityGates(
-        metric_floor=float(setting("BASEMODEL_METRIC_FLOOR", floor)),
-        popularity_margin=float(setting("BASEMODEL_POPULARITY_MARGIN", margin)),
+        metric_floor=float(floor) if floor else None,
+        popularity_margin=float(margin) if margin else None,
     )
 
 

@@ -26,7 +26,10 @@ _SCENARIOS = ("scenarios", "tasks")  # a scenario's code and the classes of its 
 DEPENDS_ON: dict[str, tuple[str, ...]] = {
     "extract": (*_GROUND, "sources"),
     "event_cache": (*_GROUND, "sources", "cache"),
-    "foundation_model": (*_NET, "sources", "cache", "features", "model", "training"),
+    "foundation_model": (
+        *(*_NET, "sources", "cache", "features", "model", "training"),
+        *("evaluation/gates.py", "evaluation/metrics.py"),  # its quality gates (training/promotion.py)
+    ),
     "scenario_baselines": (*_LATER, "training", "evaluation", *_SCENARIOS),
     "scenario_model": (*_LATER, "outputs", "training", "evaluation", *_SCENARIOS, "inference", "reports"),
     "predictions": (*_LATER, "outputs", "evaluation", *_SCENARIOS, "inference"),
