@@ -1,7 +1,9 @@
 """A tiny, deterministic retail dataset shaped like The Complete Journey, with planted signals, for tests.
 
 Signals: some households churn (stop buying) partway through, every household prefers a few departments,
-and visits follow a weekly pattern (more on weekends). Generation is vectorised numpy; files are Parquet.
+and visits follow a weekly pattern (more on weekends). With ``fast_items`` most purchases are instead of
+short-lived items: each product launches on a day of its own and its share of purchases halves every
+FAST_HALF_LIFE_DAYS after it (what a recommender must follow when items come and go within days). Generation is vectorised numpy; files are Parquet.
 The config is the demo config (basemodel_pipeline.demo.DEMO_CONFIG) with dates fitted to the generated range
 and small training parameters, so tests exercise exactly what users run.
 """
@@ -23,6 +25,8 @@ AGES = ("19-24", "25-34", "35-44", "45-54", "55-64", "65+")
 INCOMES = ("Under 15K", "15-24K", "25-34K", "35-49K", "50-74K", "75-99K", "100-124K", "125K+")
 WEEKDAY_WEIGHT = np.array([0.8, 0.7, 0.8, 0.9, 1.2, 1.6, 1.4])  # Monday..Sunday
 N_PRODUCTS, N_STORES, N_MANUFACTURERS = 120, 8, 15
+FAST_HALF_LIFE_DAYS = 3.0  # fast_items: a product's popularity halves this often after its launch
+FAST_SHARE = 0.8  # fast_items: share of purchased items drawn by their launch-and-fade popularity
 
 
 def _products(rng: np.random.Generator) -> pa.Table:
@@ -39,8 +43,19 @@ def _products(rng: np.random.Generator) -> pa.Table:
     )
 
 
+def _fast_items(rng: np.random.Generator, item_day: np.ndarray, days: int) -> np.ndarray:
+    """Product indices of purchases on `item_day`, each drawn by the launch-and-fade popularity of that day:
+    product p launches on a day of its own and its weight halves every FAST_HALF_LIFE_DAYS after it."""
+    launch = np.sort(rng.integers(0, days, N_PRODUCTS))
+    age = np.arange(days)[:, None] - launch[None, :]
+    weight = np.where(age >= 0, 0.5 ** (np.maximum(age, 0) / FAST_HALF_LIFE_DAYS), 0.0) + 1e-3
+    cum = np.cumsum(weight, axis=1)
+    u = rng.random(len(item_day)) * cum[item_day, -1]
+    return np.minimum((cum[item_day] < u[:, None]).sum(axis=1), N_PRODUCTS - 1)
+
+
 def _transactions(
-    rng: np.random.Generator, products: pa.Table, n: int, days: int, start: dt.date
+    rng: np.random.Generator, products: pa.Table, n: int, days: int, start: dt.date, fast_items: bool = False
 ) -> pa.Table:
     # visits: household rate x weekday pattern, zero after a churner's last day
     rate = rng.uniform(0.08, 0.4, n)
@@ -61,6 +76,9 @@ def _transactions(
     count = np.bincount(prod_dept, minlength=len(DEPARTMENTS))
     dept = np.where(count[dept] > 0, dept, prod_dept[rng.integers(0, N_PRODUCTS, len(dept))])
     product_idx = first[dept] + (rng.random(len(dept)) * count[dept]).astype(np.int64)
+    if fast_items:  # most items follow their launch-and-fade popularity instead of the household's taste
+        fast = rng.random(len(basket)) < FAST_SHARE
+        product_idx[fast] = _fast_items(rng, vday[basket][fast], days)
     # amounts, stores, times
     price = np.round(rng.lognormal(1.0, 0.6, N_PRODUCTS), 2)
     quantity = np.where(rng.random(len(basket)) < 0.01, 0, 1 + rng.poisson(0.4, len(basket)))
@@ -137,17 +155,18 @@ def write_tiny_dataset(
     days: int = 120,
     seed: int = 0,
     start: dt.date = dt.date(2023, 1, 1),
+    fast_items: bool = False,
 ) -> Path:
     """Write data/{transactions,products,demographics}.parquet and config.yaml into `directory`.
 
-    Deterministic for a given (n_entities, days, seed, start). Returns the config path.
+    Deterministic for a given (n_entities, days, seed, start, fast_items). Returns the config path.
     """
     directory = Path(directory)
     config_text = tiny_config_text(start, days)
     rng = np.random.default_rng(seed)
     products = _products(rng)
     tables = {
-        "transactions": _transactions(rng, products, n_entities, days, start),
+        "transactions": _transactions(rng, products, n_entities, days, start, fast_items),
         "products": products,
         "demographics": _demographics(rng, n_entities),
     }

@@ -3,6 +3,7 @@ saved is what was measured on the test window."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import shutil
 from pathlib import Path
@@ -32,6 +33,7 @@ def refit_world(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFactory):
     shutil.copytree(tiny_dataset.parent / "data", d / "data")
     raw = yaml.safe_load(tiny_dataset.read_text())
     raw["training_params"]["finetune"]["refit_on_validation"] = True
+    raw["training_params"]["finetune"]["refit_on_all"] = False  # the published model is the measured one
     raw["scenarios"] = [
         {"name": f"grocery_{p}", "task": "binary", "target": GROCERY, "publish": p} for p in PUBLISH
     ]
@@ -66,6 +68,7 @@ def test_refit_on_all_learns_the_test_window_after_measuring_it(tiny_dataset: Pa
     shutil.copytree(tiny_dataset.parent / "data", tmp_path / "data")
     raw = yaml.safe_load(tiny_dataset.read_text())
     raw["scenarios"] = [{"name": "grocery", "task": "binary", "target": GROCERY, "publish": "neural"}]
+    raw["training_params"]["finetune"]["refit_on_all"] = False
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(raw, sort_keys=False))
     cfg = load_config(config)
@@ -73,9 +76,11 @@ def test_refit_on_all_learns_the_test_window_after_measuring_it(tiny_dataset: Pa
     run_cache(cfg)
     run_pretrain(cfg)
     plain = finetune_many(cfg, cfg.scenarios, NullProgress())["grocery"]
+    windows = json.loads((Path(plain["path"]) / "metrics.json").read_text())["fit_windows"]
+    assert windows["published"] == windows["evaluated"]  # switched off: published as evaluated
     # the library publishes no report of its own: pipeline.py composes it (reports.scenario.report_files)
     assert plain["report_path"] is None and not (Path(plain["path"]) / "report.html").exists()
-    raw["training_params"]["finetune"]["refit_on_all"] = True
+    del raw["training_params"]["finetune"]["refit_on_all"]  # the default
     config.write_text(yaml.safe_dump(raw, sort_keys=False))
     cfg = load_config(config)
     refit = finetune_many(cfg, cfg.scenarios, NullProgress())["grocery"]
@@ -87,3 +92,40 @@ def test_refit_on_all_learns_the_test_window_after_measuring_it(tiny_dataset: Pa
     before = load_file(str(Path(plain["path"]) / "model.safetensors"))
     after = load_file(str(Path(refit["path"]) / "model.safetensors"))
     assert any(not np.array_equal(before[k], after[k]) for k in before)  # then trained on more windows
+
+
+@pytest.mark.parametrize("test_split_points", [1, 4])
+def test_the_default_refit_learns_up_to_the_data_end(
+    tiny_dataset: Path, tmp_path: Path, test_split_points: int
+) -> None:
+    """By default the published model learns every window whose label is complete by the data's last event
+    day, beyond the test points too; the evaluation is the model's before it, which never saw the test
+    windows; a scenario can switch it off."""
+    shutil.copytree(tiny_dataset.parent / "data", tmp_path / "data")
+    raw = yaml.safe_load(tiny_dataset.read_text())
+    raw["data_params"]["test_split_points"] = test_split_points
+    raw["scenarios"] = [
+        {"name": "grocery", "task": "binary", "target": GROCERY},
+        {"name": "as_evaluated", "task": "binary", "target": GROCERY, "refit_on_all": False},
+    ]
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(raw, sort_keys=False))
+    cfg = load_config(config)
+    run_extract(cfg)
+    cache = run_cache(cfg)
+    run_pretrain(cfg)
+    results = finetune_many(cfg, cfg.scenarios, NullProgress())
+    m = json.loads((Path(results["grocery"]["path"]) / "metrics.json").read_text())
+    windows, step = m["fit_windows"], dt.timedelta(days=raw["data_params"]["split_interval_days"])
+    data_end = dt.date.fromisoformat(windows["data_end"])
+    manifest = json.loads((Path(cache["path"]) / "manifest.json").read_text())
+    assert data_end == dt.date.fromisoformat(manifest["sources"]["transactions"]["max_date"])
+    newest = dt.date.fromisoformat(windows["published"]["newest_label_end"])
+    assert newest <= data_end < newest + step  # no complete window left unlearned
+    assert dt.date.fromisoformat(windows["evaluated"]["newest_label_end"]) <= cfg.data_params.validation_start
+    assert max(m["test_split_points"]) < windows["published"]["last_split"] or test_split_points > 1
+    assert m["refit"]["windows"].startswith("training + validation + test")
+    assert ("newer complete windows" in m["refit"]["windows"]) == (test_split_points == 1)
+    off = json.loads((Path(results["as_evaluated"]["path"]) / "metrics.json").read_text())
+    assert "refit" not in off and off["fit_windows"]["published"] == off["fit_windows"]["evaluated"]
+    assert off["test"] == pytest.approx(m["test"], nan_ok=True)  # the same evaluation either way

@@ -289,7 +289,10 @@ def test_a_killed_finetune_resumes_at_the_next_epoch_and_ends_like_an_uninterrup
     from basemodel_pipeline.pipeline import run_finetune
 
     raw = yaml.safe_load(_prepared(tiny_config).read_text())
-    raw["training_params"]["finetune"].update({"mode": mode, "epochs": 4, "patience": 10})
+    # without the production refit, whose own training would log its epochs again
+    raw["training_params"]["finetune"].update(
+        {"mode": mode, "epochs": 4, "patience": 10, "refit_on_all": False}
+    )
     raw["scenarios"] = [{**s, "candidates": ["neural"]} for s in raw["scenarios"] if s["name"] == "churn"]
     tiny_config.write_text(yaml.safe_dump(raw))
     cfg = load_config(tiny_config)

@@ -105,3 +105,25 @@ def test_validate_resolves_rolling_windows_against_the_sources(tmp_path: Path) -
     config.write_text(yaml.safe_dump(text))
     with pytest.raises(ConfigError, match=r"data_params.*last event day 2023-04-30.*validation_start_date"):
         check_config_against_data(load_config(config), config)
+
+
+def test_validate_refuses_a_horizon_that_cannot_fit_its_rolling_validation_window(tmp_path: Path) -> None:
+    """`auto` with a validation period shorter than a scenario's horizon passed `validate` and failed in
+    `finetune` after a whole pretraining: now validate names the dates and the smallest start that works."""
+    from basemodel_pipeline.sources.data_checks import check_config_against_data
+
+    config = write_tiny_dataset(tmp_path, n_entities=20, days=120, start=START)
+    text = yaml.safe_load(config.read_text())
+    text["data_params"].update(training_end_date="auto", validation_start_date="-3w")  # churn: 28 days
+    config.write_text(yaml.safe_dump(text))
+    with pytest.raises(
+        ConfigError,
+        match=r"data_params.validation_start_date: scenario 'churn' \(scenarios\[0\]\): a 28-day target window "
+        r"does not fit between validation_start_date \(2023-03-12\) and training_end_date \(2023-04-02\).*"
+        r"last event day 2023-04-30.*-4w or earlier",
+    ):
+        check_config_against_data(load_config(config), config)
+    text["data_params"]["validation_start_date"] = "-20d"
+    config.write_text(yaml.safe_dump(text))
+    with pytest.raises(ConfigError, match=r"-28d or earlier"):
+        check_config_against_data(load_config(config), config)

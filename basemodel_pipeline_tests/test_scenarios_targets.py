@@ -16,7 +16,7 @@ from basemodel_pipeline.config.models import Scenario
 from basemodel_pipeline.dates import DAY
 from basemodel_pipeline.errors import ConfigError
 from basemodel_pipeline.scenarios.events import SourceEvents
-from basemodel_pipeline.scenarios.examples import SparseLabels, TargetSpec, label_columns
+from basemodel_pipeline.scenarios.examples import SparseLabels, TargetSpec, candidate_pairs, label_columns
 from basemodel_pipeline.scenarios.lora import LoRALinear, add_lora, merge_lora
 from basemodel_pipeline.scenarios.targets import build_examples, choose_classes
 from basemodel_pipeline.tasks import task_for
@@ -82,6 +82,28 @@ def test_binary_any_none_and_filters(cache, target, expected) -> None:
 def test_binary_population_active_in_last_days(cache) -> None:
     ex = examples(cache, scenario("binary", active_in_last_days=30))
     assert ex.entity.tolist() == [0]
+
+
+@pytest.mark.parametrize(
+    ("task", "target"),
+    [
+        ("binary", {}),
+        ("multilabel", {"column": "item", "min_positive_entities": 0}),
+        ("multiclass", {"column": "item"}),
+        ("regression", {"column": "amt"}),
+        ("recommendation", {"column": "item"}),
+    ],
+)
+def test_every_task_type_takes_a_population_of_recently_active_entities(cache, task, target) -> None:
+    """Entity 0's last event before the split is 3 days old, entity 1's 40 days: 30 days keeps entity 0, two
+    days nobody (a population for propensity among "users active in the last 30 days")."""
+    times = np.array([T])
+    assert candidate_pairs(cache, scenario(task, **target), times)[0].tolist() == [0, 1]
+    recent = scenario(task, active_in_last_days=30, **target)
+    assert candidate_pairs(cache, recent, times)[0].tolist() == [0]
+    assert candidate_pairs(cache, scenario(task, active_in_last_days=2, **target), times)[0].tolist() == []
+    if task != "multiclass":  # (one entity with a future: fewer than the 2 classes multiclass needs)
+        assert examples(cache, recent).entity.tolist() == [0]
 
 
 def test_multilabel_all_values_and_top_k(cache) -> None:

@@ -205,6 +205,9 @@ def world(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFactory):
     sys.path.insert(0, str(d))
     raw = yaml.safe_load(tiny_dataset.read_text())
     raw["scenarios"] = SCENARIOS + list(BAD.values())
+    # no production refit: the published model is the evaluated one, so replaying predict reproduces the test
+    # metric (test_refit.py covers the refit)
+    raw["training_params"]["finetune"]["refit_on_all"] = False
     (d / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     cfg = load_config(d / "config.yaml")
     run_extract(cfg)
@@ -266,6 +269,27 @@ def test_multiclass_and_regression_outputs(world) -> None:
     assert {"rmse", "mae", "spearman", "rmse_raw", "mae_raw", "gini", "top_decile_lift"} <= set(
         r["test_metrics"]["model"]
     )
+
+
+def test_a_log1p_amount_is_published_in_money(world) -> None:
+    """Spend is learned on log1p but published as the expected amount: on the test windows the mean prediction
+    lies within the 95% interval of the mean amount, where expm1 of the log-scale output falls far short."""
+    cfg, results = world
+    r = json.loads((Path(results["spend"]["path"]) / "metrics.json").read_text())
+    amounts = r["amounts"]
+    lo, hi = amounts["mean_actual_95"]
+    assert lo <= amounts["mean_actual"] <= hi and amounts["mean_within_interval"]
+    assert lo <= amounts["mean_predicted"] <= hi
+    for name, m in r["test_metrics"].items():  # every candidate's amounts are in money too
+        assert m["mean_actual"] == pytest.approx(amounts["mean_actual"]), name
+    cache, test = _test_examples(cfg, "spend")
+    logs = replayed_test_scores(cfg, "spend", cache, test, column="value_log1p")
+    assert np.sqrt(np.mean((logs - test.labels) ** 2)) == pytest.approx(r["test"]["model"], rel=1e-6)
+    spec = json.loads((Path(results["spend"]["path"]) / "model.json").read_text())["target"]
+    table = pq.read_table(run_predict(cfg, "spend")["path"])
+    value, log_value = table.column("value").to_numpy(), table.column("value_log1p").to_numpy()
+    np.testing.assert_allclose(value, np.interp(log_value, spec["money_x"], spec["money_y"]), rtol=1e-6)
+    assert np.all(np.diff(value[np.argsort(log_value)]) >= -1e-9)  # the ranking is kept
 
 
 def _test_examples(cfg, name: str):
@@ -352,7 +376,7 @@ def test_lora_is_merged_into_plain_trunk_weights(world) -> None:
     [
         ("grocery_buyer", {"entity_id", "as_of", "score"}),
         ("top_department", {"entity_id", "as_of", "label", "score"}),
-        ("spend", {"entity_id", "as_of", "value"}),
+        ("spend", {"entity_id", "as_of", "value", "value_log1p"}),
         ("next_products_sketch", {"entity_id", "as_of", "rank", "item", "score"}),
     ],
 )
@@ -408,13 +432,13 @@ def test_python_target_errors_name_scenario_and_entity(world, name: str, message
         finetune(cfg, cfg.scenario(f"bad_{name}"), NullProgress())
 
 
-def replayed_test_scores(cfg, name: str, cache, test) -> np.ndarray:
+def replayed_test_scores(cfg, name: str, cache, test, column: str = "score") -> np.ndarray:
     """What `predict` scores for each test example, replayed as of the example's split point (the test
     windows of every test split point: data_params.test_split_points)."""
     out = np.zeros(len(test.entity))
     for t in np.unique(test.time):
         day = dt.datetime.fromtimestamp(int(t), dt.UTC).date()
-        scores = _scores(run_predict(cfg, name, as_of=day, precision="fp32", replay=True)["path"])
+        scores = _scores(run_predict(cfg, name, as_of=day, precision="fp32", replay=True)["path"], column)
         rows = np.flatnonzero(test.time == t)
         out[rows] = [scores[i] for i in cache.entity_ids[test.entity[rows]]]
     return out

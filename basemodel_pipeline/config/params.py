@@ -241,11 +241,13 @@ class FinetuneParams(Strict):
         "not; the report says so.",
     )
     refit_on_all: bool = Field(
-        default=False,
-        description="After the choice and the test measurement, train the published candidate again on every "
-        "labelled window (training, validation and test), so the published model learns from the newest weeks "
-        "(production retrains with rolling windows). The reported test metrics are those of the model before "
-        "this refit, which has seen the test window; the report says so.",
+        default=True,
+        description="The production refit: after the choice and the test measurement, train the published "
+        "candidate (a blend keeps its weights) again on every window whose label is complete by the data's last "
+        "event day (training, validation, test and any later complete window), so what `predict` serves has "
+        "learned the newest labelled weeks, as a data scientist's own refitted LightGBM would. The reported "
+        "test metrics are those of the model before this refit; metrics.json's `fit_windows` says which "
+        "windows each fit learned from. A scenario's own `refit_on_all` overrides it.",
     )
     max_train_examples: int = Field(
         default=500_000,

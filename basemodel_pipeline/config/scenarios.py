@@ -22,6 +22,7 @@ CandidateName = Literal[
     "lightgbm_hybrid",
     "lightgbm_aggregates",
     "popularity",
+    "recent_popularity",
     "reranker",
     "repeat_purchases",
 ]
@@ -48,6 +49,12 @@ class _Windowed(Strict):
     source: str
     horizon_days: int = Field(gt=0, description="Target window: [split time, split time + horizon_days).")
     filter: list[Condition] = Field(default_factory=list, description="Only events matching all of these.")
+    active_in_last_days: int | None = Field(
+        default=None,
+        gt=0,
+        description="Population: only entities with an event in the source in this many days before the split "
+        "(default: every entity with history in it).",
+    )
 
     def columns(self) -> list[tuple[str, str]]:
         """(YAML field, column name) of every column the target reads from its source."""
@@ -59,11 +66,6 @@ class BinaryTarget(_Windowed):
 
     kind: Literal["binary"] = "binary"
     event: Literal["any", "none"] = "any"
-    active_in_last_days: int | None = Field(
-        default=None,
-        gt=0,
-        description="Population: only entities with an event in this many days before the split.",
-    )
 
 
 class MultilabelTarget(_Windowed):
@@ -103,7 +105,6 @@ class RegressionTarget(_Windowed):
     aggregation: Literal["sum", "count"] = "sum"
     column: str | None = Field(default=None, description="Numeric column to sum (aggregation: sum).")
     log1p: bool = Field(default=False, description="Train and evaluate on log(1 + value).")
-    active_in_last_days: int | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _column_for_sum(self) -> RegressionTarget:
@@ -202,6 +203,11 @@ class Scenario(Strict):
     retrain: RetrainPolicy = Field(default_factory=RetrainPolicy, description="When new data retrains it.")
     learning_rate: float | None = Field(default=None, gt=0, description="Overrides training_params.finetune.")
     epochs: int | None = Field(default=None, gt=0, description="Overrides training_params.finetune.")
+    refit_on_all: bool | None = Field(
+        default=None,
+        description="Overrides training_params.finetune.refit_on_all for this scenario (false: publish the "
+        "model as evaluated, without the production refit on the newest labelled windows).",
+    )
     lightgbm_top_labels: int = Field(
         default=30,
         ge=0,
@@ -228,7 +234,7 @@ class Scenario(Strict):
 
     @model_validator(mode="after")
     def _task_matches_target(self) -> Scenario:
-        ranking = {"reranker", "repeat_purchases"}
+        ranking = {"reranker", "repeat_purchases", "recent_popularity"}
         tabular = {"lightgbm_hybrid", "lightgbm_aggregates"}
         wrong = ranking if self.task != "recommendation" else tabular | {"blend"}
         for field, names in (

@@ -309,5 +309,36 @@ def regression_metrics(y: np.ndarray, pred: np.ndarray, log1p: bool = False) -> 
     return out
 
 
+def amount_metrics(amount: np.ndarray, predicted: np.ndarray) -> dict[str, float]:
+    """Metrics of predicted amounts in the amount's own units (money): RMSE, MAE, Gini, top-decile lift, and
+    the mean prediction beside the mean amount (a revenue forecast sums them)."""
+    amount, predicted = np.asarray(amount, np.float64), np.asarray(predicted, np.float64)
+    return {
+        "rmse_raw": rmse(amount, predicted),
+        "mae_raw": mae(amount, predicted),
+        "gini": gini(amount, predicted),
+        "top_decile_lift": top_decile_lift(amount, predicted),
+        "mean_predicted": float(predicted.mean()) if predicted.size else float("nan"),
+        "mean_actual": float(amount.mean()) if amount.size else float("nan"),
+    }
+
+
+def mean_interval(
+    values: np.ndarray, groups: np.ndarray, rounds: int = 400, seed: int = 0
+) -> tuple[float, float]:
+    """95% interval of the mean of `values`, resampling whole groups (an entity's several test weeks
+    together)."""
+    values = np.asarray(values, np.float64)
+    _, g = np.unique(groups, return_inverse=True)
+    sums, counts = np.bincount(g, values), np.bincount(g).astype(np.float64)
+    rng, n = np.random.default_rng(seed), len(sums)
+    means = np.empty(rounds)
+    for r in range(rounds):
+        w = np.bincount(rng.integers(0, n, n), minlength=n)
+        means[r] = (w @ sums) / max(float(w @ counts), 1.0)
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
 def higher_is_better(name: str) -> bool:
     return name not in LOWER_IS_BETTER

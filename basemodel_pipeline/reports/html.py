@@ -186,7 +186,7 @@ def _table(all_metrics: dict[str, dict[str, float]]) -> str:
     return f"<table><tr><th>metric</th>{head}</tr>{''.join(rows)}</table>"
 
 
-BASELINES = {"popularity", "lightgbm_aggregates", "repeat_purchases"}
+BASELINES = {"popularity", "recent_popularity", "lightgbm_aggregates", "repeat_purchases"}
 
 
 def _selection_table(result: dict[str, Any]) -> str:
@@ -213,6 +213,17 @@ def _selection_table(result: dict[str, Any]) -> str:
         else ""
     )
     how = "pinned in the config" if sel.get("pinned") else "chosen on the validation windows (select rows)"
+    worse = result.get("test_worse_than") or []
+    warning = (
+        f"<p style='color:#b00'><b>Warning:</b> on the test window the published model is worse than "
+        f"{html.escape(', '.join(worse))}: the choice made on validation did not hold there.</p>"
+        if worse
+        else ""
+    )
+    na = "".join(
+        f"<p>{html.escape(name)}: not applicable ({html.escape(why)}).</p>"
+        for name, why in (result.get("not_applicable") or {}).items()
+    )
     regime = (
         f" Data regime: <b>{html.escape(str(result.get('regime', '')))}</b>." if result.get("regime") else ""
     )
@@ -221,7 +232,7 @@ def _selection_table(result: dict[str, Any]) -> str:
         f"<p>Why: {html.escape(sel['reason'])}{html.escape(weights)}.{regime} The test column was computed "
         "once, after the choice; it played no part in it.</p>"
         f"<table><tr><th>candidate</th><th>kind</th><th>validation {html.escape(metric)}</th>"
-        f"<th>test {html.escape(metric)}</th><th></th></tr>{''.join(rows)}</table>"
+        f"<th>test {html.escape(metric)}</th><th></th></tr>{''.join(rows)}</table>{warning}{na}"
     )
 
 

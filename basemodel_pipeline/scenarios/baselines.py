@@ -16,6 +16,7 @@ from basemodel_pipeline.config import PipelineConfig, Scenario
 from basemodel_pipeline.progress import Progress
 from basemodel_pipeline.scenarios import staging
 from basemodel_pipeline.scenarios.candidates import Context
+from basemodel_pipeline.scenarios.selection import BASELINES
 from basemodel_pipeline.scenarios.shared import candidate_models, open_shared, prepare, split_parts
 from basemodel_pipeline.tasks import task_for
 
@@ -40,15 +41,14 @@ def run_baselines(cfg: PipelineConfig, scenario: Scenario, progress: Progress) -
     timing: dict[str, float] = {}
     t0 = time.perf_counter()
     spec, ex = prepare(shared, scenario)
+    ex.pop("newest", None)  # the production refit's windows: the baselines are staged for evaluation only
     timing["targets_s"] = time.perf_counter() - t0
     progress.log(f"{scenario.name}: {', '.join(f'{k}={len(v)}' for k, v in ex.items())} examples")
     timing["featurise_s"] = shared.featurise(list(ex.values()))
     parts = split_parts(ex)
     rows = {k: shared.plain_rows(v) for k, v in {**parts, "test": ex["test"]}.items()}
     ctx = Context(scenario, spec, task_for(spec), cfg.training_params.finetune.seed, progress)
-    candidates = {
-        k: v for k, v in candidate_models(ctx, scenario.candidates).items() if k in staging.BASELINES
-    }
+    candidates = {k: v for k, v in candidate_models(ctx, scenario.candidates).items() if k in BASELINES}
     t0 = time.perf_counter()
     stage = staging.fit_baselines(key, candidates, rows, progress, scenario.name)
     timing["fit_s"] = time.perf_counter() - t0

@@ -180,7 +180,5 @@ def candidate_pairs(
     """(entity, split time) of every candidate example: entities with history in the target's source before
     each split time (and active in the last days, when the target says so)."""
     e, t = _grid(cache, times)
-    keep = population(
-        cache, scenario.target.source, e, t, getattr(scenario.target, "active_in_last_days", None)
-    )
+    keep = population(cache, scenario.target.source, e, t, scenario.target.active_in_last_days)
     return e[keep], t[keep]

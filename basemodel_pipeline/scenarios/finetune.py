@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,37 +34,26 @@ from basemodel_pipeline.model.checkpoint import CheckpointMeta, publish_checkpoi
 from basemodel_pipeline.model.trunk import TrunkWithHead
 from basemodel_pipeline.progress import Progress
 from basemodel_pipeline.scenarios import staging
-from basemodel_pipeline.scenarios.candidates import Blend, Candidate, Context, LightGBM
+from basemodel_pipeline.scenarios.calibration import amounts_summary, calibrate_outputs
+from basemodel_pipeline.scenarios.candidates import Candidate, Context, LightGBM, fitted_blend
 from basemodel_pipeline.scenarios.examples import Examples, TargetSpec
 from basemodel_pipeline.scenarios.inputs import Rows
 from basemodel_pipeline.scenarios.network import clear_resume, train_network
-from basemodel_pipeline.scenarios.refit import refit
-from basemodel_pipeline.scenarios.rerank import NeuralRanking
-from basemodel_pipeline.scenarios.selection import Selection, choose, primary
+from basemodel_pipeline.scenarios.refit import fit_windows, production_refit, refit
+from basemodel_pipeline.scenarios.rerank import NeuralRanking, tune_repeat_weight
+from basemodel_pipeline.scenarios.selection import NOT_APPLICABLE, Selection, choose, primary, worse_on_test
 from basemodel_pipeline.scenarios.shared import (
     Shared,
     candidate_models,
     open_shared,
     prepare,
+    refits,
     split_parts,
 )
 from basemodel_pipeline.tasks import Task
-from basemodel_pipeline.tasks.recommendation import REPEAT_WEIGHTS, Recommendation
+from basemodel_pipeline.tasks.recommendation import Recommendation
 from basemodel_pipeline.training import promotion
 from basemodel_pipeline.training.work import WorkCounter
-
-REPEAT_TUNE_EXAMPLES = 3000  # recommendation: validation examples used to weigh the own purchase history
-
-
-def _tune_repeat_weight(ctx: Context, rows: Rows) -> float:
-    """The weight of the entity's own history in the network's recommendation scores that maximises NDCG@10
-    on (a sample of) the early-stopping rows."""
-    rng = np.random.default_rng(0)
-    part = rows.subset(np.sort(rng.choice(len(rows), min(len(rows), REPEAT_TUNE_EXAMPLES), replace=False)))
-    score = {
-        w: primary(Recommendation, part.labels, NeuralRanking(ctx, w).predict(part)) for w in REPEAT_WEIGHTS
-    }
-    return max(score, key=lambda w: (score[w], -w))
 
 
 @dataclass(frozen=True)
@@ -197,17 +186,18 @@ def _finish(
         "foundation_version": shared.fmeta.version,
         "cache_data_version": cache_data_version(shared.cache.manifest),
     }
-    if cfg.training_params.finetune.refit_on_all:  # after the test measurement: the newest weeks too
-        t0 = time.perf_counter()
-        everything = {**parts, "test": ex["test"]}
-        model, _ = refit(shared, scenario, spec, everything, ex["test"], model, history, published, progress)
-        result["timing_s"]["refit_all_s"] = round(time.perf_counter() - t0, 2)
-        result["refit"] = {
-            **result.get("refit", {}),
-            "refit_on_all": True,
-            "windows": "training + validation + test",
-            "test_metrics": "of the model before this refit (the refitted model has seen the test window)",
-        }
+    learned = [parts["train"], *((parts["stop"], parts["select"]) if refit_info else ())]
+    result["fit_windows"] = {
+        "data_end": str(shared.cache.source_max_date(scenario.target.source)),
+        "evaluated": fit_windows(learned, scenario),
+    }
+    if refits(cfg, scenario):  # after the test measurement: every complete window, the newest weeks too
+        everything = {**parts, **{k: ex[k] for k in ("test", "newest") if k in ex}}
+        model = production_refit(
+            shared, scenario, spec, everything, model, history, published, progress, result
+        )
+        learned = list(everything.values())
+    result["fit_windows"]["published"] = fit_windows(learned, scenario)
     done = Finished(shared, scenario, model, head, ex["test"], result, truth, outputs)
     version, final, verdict = _publish(done, spec, selection, published, report, timing, progress)
     kept = _kept(outputs, truth, ex["test"]) if keep_outputs else {}
@@ -250,6 +240,8 @@ def _summary(
         "foundation_version": result["foundation_version"],
         "cache_data_version": result["cache_data_version"],
         "baselines_reused": fit.stage_info["reused"],
+        "fit_windows": result["fit_windows"],  # what the evaluated and the published model learned from
+        "test_worse_than": ",".join(result["test_worse_than"]),  # baselines better on the test window
     }
 
 
@@ -263,6 +255,7 @@ class _Fit:
     stage: staging.Stage | None  # the staged baselines' validation and test outputs, when they were staged
     stage_info: dict[str, Any]
     fit_s: dict[str, float]  # seconds per candidate fitted here
+    calibrations: dict[str, Any] = field(default_factory=dict)  # per output, from validation (Task.calibrate)
 
 
 def _fit_candidates(
@@ -282,11 +275,11 @@ def _fit_candidates(
     rows = {k: shared.rows_of(v, model, mode) for k, v in parts.items()}
     candidates = candidate_models(ctx, scenario.candidates)
     if isinstance(ctx.task, Recommendation):
-        weight = _tune_repeat_weight(ctx, rows["stop"])
+        weight = tune_repeat_weight(ctx, rows["stop"])
         ctx.task.d.repeat_weight = weight
         candidates["neural"] = NeuralRanking(ctx, weight)
         progress.log(f"{scenario.name}: weight of the own purchase history {weight}")
-    stage, stage_info = _staged_baselines(shared, scenario, rows, progress)
+    stage, stage_info = staging.staged_for(shared.cfg, scenario, shared.stage_key(scenario), rows, progress)
     if stage is not None:  # fitted by the scenario's CPU step (run_baselines): read, not fitted again
         candidates.update({k: v for k, v in stage.candidates(ctx).items() if k in candidates})
     staged = stage.select if stage is not None else {}
@@ -319,7 +312,14 @@ def _choose(fit: _Fit, select_examples: Examples, scenario: Scenario) -> tuple[S
         scores = {n: primary(task, y_select, val_out[n]) for n in gbm}
         fitted = ["neural", max(gbm, key=lambda n: scores[n] if np.isfinite(scores[n]) else -np.inf)]
     members = [] if task.ranked else fitted
-    return choose(fit.ctx, candidates, val_out, y_select, select.entity, members, scenario.publish)
+    selection, published = choose(
+        fit.ctx, candidates, val_out, y_select, select.entity, members, scenario.publish
+    )
+    if task.calibrated:
+        fit.calibrations = calibrate_outputs(
+            fit.ctx, fit.candidates, selection, published, val_out, select, y_select
+        )
+    return selection, published
 
 
 def _score_test(fit: _Fit, selection: Selection, published: Candidate) -> dict[str, Any]:
@@ -332,7 +332,11 @@ def _score_test(fit: _Fit, selection: Selection, published: Candidate) -> dict[s
         for name, cand in fit.candidates.items()
     }
     if "blend" in selection.validation:
-        blend = published if selection.published == "blend" else _blend_of(fit.ctx, fit.candidates, selection)
+        blend = (
+            published
+            if selection.published == "blend"
+            else fitted_blend(fit.ctx, fit.candidates, selection.blend)
+        )
         outputs["blend"] = blend.predict(test)
     return {"model": outputs[selection.published], **outputs}
 
@@ -343,15 +347,25 @@ def _evaluation(
     """The test metrics of every candidate and what was chosen: the heart of metrics.json."""
     task = fit.ctx.task
     log1p = bool(getattr(spec.details, "log1p", False))
-    all_metrics = {name: task.evaluate(truth, o, scenario.k, log1p) for name, o in outputs.items()}
+    all_metrics = {
+        name: {
+            **task.evaluate(truth, o, scenario.k, log1p),
+            **task.calibrated_metrics(truth, o, fit.calibrations.get(name)),
+        }
+        for name, o in outputs.items()
+    }
     for name in ("popularity",):  # popularity scores rank but are not probabilities: no log-loss
         if name in all_metrics:
             all_metrics[name] = {
                 k: (float("nan") if "log_loss" in k else v) for k, v in all_metrics[name].items()
             }
     test = {name: m[task.primary_metric] for name, m in all_metrics.items()}
+    amounts = (
+        amounts_summary(all_metrics["model"], truth, fit.rows["test"].entity) if task.calibrated else None
+    )
     if task.ranked:
         test.setdefault("lightgbm_aggregates", None)  # no LightGBM on aggregates for ranking the catalogue
+        test.setdefault("repeat_purchases", None)  # items: new: not applicable (not_applicable says why)
     return {
         "metric": task.primary_metric,
         "task": task.name,
@@ -369,6 +383,9 @@ def _evaluation(
             if task.per_label and isinstance(cand, LightGBM) and cand.gbm is not None
         },
         "baselines": fit.stage_info,
+        **({"amounts": amounts} if amounts else {}),
+        "test_worse_than": worse_on_test(task, test),
+        **({"not_applicable": NOT_APPLICABLE} if task.ranked and "repeat_purchases" not in outputs else {}),
     }
 
 
@@ -421,32 +438,14 @@ def _publish(
     version, final = publish_checkpoint(root, done.model, meta, extra, promote=False)
     clear_resume(shared.cfg, scenario.name)  # the network's resumable states are no longer needed
     verdict = promotion.judge(shared.cfg, root, version, by="finetune")
+    if result["test_worse_than"]:
+        progress.log(
+            f"{scenario.name}: warning: the published {selection.published} is worse on the test window than "
+            f"{', '.join(result['test_worse_than'])} (chosen on validation; see the report)"
+        )
     if verdict.status == "rejected":
         progress.log(
             f"{scenario.name}: version {version} rejected by its quality gates ({verdict.reason}); "
             f"still serving {verdict.previous or 'nothing'}"
         )
     return version, final, verdict
-
-
-def _staged_baselines(
-    shared: Shared, scenario: Scenario, rows: dict[str, Rows], progress: Progress
-) -> tuple[staging.Stage | None, dict[str, Any]]:
-    """The scenario's staged baselines for exactly these inputs and rows, or None (then fitted inline)."""
-    key = shared.stage_key(scenario)
-    path = staging.stage_path(shared.cfg, scenario.name, key)
-    stage = staging.read(path, staging.rows_digest(rows))
-    if stage is None:
-        progress.log(f"{scenario.name}: no staged baselines for key {key}: fitting them here")
-        return None, {"reused": False, "key": key}
-    progress.log(f"{scenario.name}: baselines {', '.join(stage.saved)} read from {path}")
-    return stage, {"reused": True, "key": key, "fit_s": stage.fit_s}  # no path: checkpoints stay movable
-
-
-def _blend_of(ctx: Context, candidates: dict[str, Candidate], selection: Selection) -> Blend:
-    """The blend the selection fitted (for the report when another candidate is published)."""
-    info = selection.blend
-    blend = Blend(ctx, [candidates[m] for m in info["members"]])
-    blend.weights = np.asarray(info["weights"], np.float64)
-    blend.scale, blend.intercept = float(info.get("scale", 1.0)), float(info["intercept"])
-    return blend

@@ -10,7 +10,6 @@ import numpy as np
 
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.dates import DAY
-from basemodel_pipeline.evaluation.baselines import item_popularity
 
 
 # ---- the entity's own items ------------------------------------------------------------------------
@@ -82,23 +81,84 @@ def item_history(
 
 
 # ---- popularity per split time ---------------------------------------------------------------------
+WINDOWS = (1, 3, 7, 14, 28)  # days of the popularity windows: short-lived items are popular for days
+
+
+@dataclass
+class ItemPopularity:
+    """What everyone did with each item before one split time: events in each window, and the item's age."""
+
+    counts: dict[int, np.ndarray]  # window days (WINDOWS) -> events per item in [t - days, t)
+    age: np.ndarray  # [n_items] days since the item's first event before t (inf: not seen yet)
+    order: np.ndarray  # items by 28-day count, ties by the last week: the popular list
+    rank: np.ndarray  # [n_items] position of each item in `order`
+
+    def top(self, k: int, days: int = 28) -> np.ndarray:
+        """The k items with the most events in the last `days` (ties by the 28-day count)."""
+        if days == 28:
+            return self.order[:k]
+        return np.lexsort((self.rank, -self.counts[days]))[:k]
+
+    def rising(self, k: int) -> np.ndarray:
+        """The k items whose last 3 days are busiest relative to their 28 days (at least 2 events in them)."""
+        score = np.where(self.counts[3] >= 2, self.trend(3, 28), -np.inf)
+        top = np.argsort(-score, kind="stable")[:k]
+        return top[np.isfinite(score[top])]
+
+    def newest(self, k: int) -> np.ndarray:
+        """The k youngest items with an event in the last week (launches)."""
+        age = np.where(self.counts[7] > 0, self.age, np.inf)
+        top = np.argsort(age, kind="stable")[:k]
+        return top[np.isfinite(age[top])]
+
+    def trend(self, short: int, long: int) -> np.ndarray:
+        """Events per day in the short window over those in the long one (smoothed): > 1 rising, < 1 fading."""
+        return (self.counts[short] * (long / short) + 1.0) / (self.counts[long] + 1.0)
+
+
 class PopularityTable:
-    """Item popularity (events in the 7 and 28 days before a time) and the popular list, per distinct time."""
+    """Item popularity in the WINDOWS before a time, the item's age and the popular list, per distinct time."""
 
     def __init__(self, cache: EventCache, source: str, column: str) -> None:
         self.cache, self.source, self.column = cache, source, column
-        self._by_time: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._by_time: dict[int, ItemPopularity] = {}
+        self._first_seen: np.ndarray | None = None
+
+    def first_seen(self) -> np.ndarray:
+        """[n_items] Unix seconds of each item's first event in the source (inf: never)."""
+        if self._first_seen is None:
+            src = self.cache.source(self.source)
+            codes = np.asarray(src.columns[self.column]).astype(np.int64)
+            first = np.full(src.info[self.column].vocab_size + 1, np.inf)
+            np.minimum.at(first, codes, np.asarray(src.ts, np.float64))
+            self._first_seen = first[1:]
+        return self._first_seen
+
+    def snapshot(self, t: int) -> ItemPopularity:
+        if t not in self._by_time:
+            src = self.cache.source(self.source)
+            n_items = src.info[self.column].vocab_size
+            entity = np.arange(self.cache.n_entities, dtype=np.int64)
+            start = np.full(len(entity), t - max(WINDOWS) * DAY)
+            _, rows = src.window_rows(entity, start, np.full(len(entity), t))
+            codes = np.asarray(src.columns[self.column])[rows].astype(np.int64)
+            ts = np.asarray(src.ts)[rows]
+            counts = {
+                w: np.bincount(codes[ts >= t - w * DAY], minlength=n_items + 1)[1:].astype(np.float64)
+                for w in WINDOWS
+            }
+            order = np.lexsort((-counts[7], -counts[28]))  # 28-day count, ties by the last week
+            rank = np.empty(len(order), np.float64)
+            rank[order] = np.arange(len(order))
+            first = self.first_seen()
+            age = np.where(first < t, (t - first) / DAY, np.inf)
+            self._by_time[t] = ItemPopularity(counts, age, order, rank)
+        return self._by_time[t]
 
     def at(self, t: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(pop7 [n_items], pop28 [n_items], order best first [n_items], rank of each item [n_items])."""
-        if t not in self._by_time:
-            p7 = item_popularity(self.cache, self.source, self.column, t, 7)
-            p28 = item_popularity(self.cache, self.source, self.column, t, 28)
-            order = np.lexsort((-p7, -p28))  # 28-day count, ties by the last week
-            rank = np.empty(len(order), np.float64)
-            rank[order] = np.arange(len(order))
-            self._by_time[t] = (p7, p28, order, rank)
-        return self._by_time[t]
+        p = self.snapshot(t)
+        return p.counts[7], p.counts[28], p.order, p.rank
 
-    def top(self, t: int, k: int) -> np.ndarray:
-        return self.at(t)[2][:k]
+    def top(self, t: int, k: int, days: int = 28) -> np.ndarray:
+        return self.snapshot(t).top(k, days)

@@ -39,6 +39,6 @@ def load_candidate(meta: dict[str, Any], files: dict[str, bytes], ctx: Context) 
         b.weights, b.intercept = np.asarray(meta["weights"], np.float64), float(meta["intercept"])
         b.scale = float(meta.get("scale", 1.0))
         return b
-    if kind in ("reranker", "repeat", "recommend_popularity", "neural_ranking"):
+    if kind in ("reranker", "repeat", "recommend_popularity", "recent_popularity", "neural_ranking"):
         return load_ranking_candidate(meta, files, ctx)
     raise ValueError(f"unknown candidate kind '{kind}' in the checkpoint")

@@ -1,14 +1,18 @@
 """Refitting a scenario's published candidate on more windows once it is chosen and measured
-(finetune.refit_on_validation: training + validation; finetune.refit_on_all: the test window too)."""
+(finetune.refit_on_validation: training + validation; finetune.refit_on_all, the production refit: every
+window whose label is complete by the data's end), and the windows each fit learned from."""
 
 from __future__ import annotations
 
+import datetime as dt
+import time
 from typing import Any
 
 import numpy as np
 
 from basemodel_pipeline import runtime
 from basemodel_pipeline.config import Scenario
+from basemodel_pipeline.dates import iso_day
 from basemodel_pipeline.model.trunk import TrunkWithHead
 from basemodel_pipeline.progress import Progress
 from basemodel_pipeline.scenarios.candidates import Blend, Candidate, Neural
@@ -37,10 +41,11 @@ def refit(
     progress: Progress,
 ) -> tuple[TrunkWithHead, Any]:
     """The published candidate trained again on the training and validation windows together (and the test
-    window when `parts` holds "test": finetune.refit_on_all), for the epochs / rounds early stopping chose
+    window and any later complete window when `parts` holds "test" and "newest": finetune.refit_on_all), for the epochs / rounds early stopping chose
     (finetune.refit_on_validation). Returns (network, its test outputs)."""
     mode = scenario.mode or shared.cfg.training_params.finetune.mode
-    labelled = [parts["train"], parts["stop"], parts["select"], *([parts["test"]] if "test" in parts else [])]
+    later = [parts[k] for k in ("test", "newest") if k in parts]  # refit_on_all: the newest complete windows
+    labelled = [parts["train"], parts["stop"], parts["select"], *later]
     everything = concat_examples(labelled)
     task = task_named(scenario.task)
     if uses_network(published):
@@ -60,3 +65,44 @@ def refit(
     published.refit(shared.rows_of(windows, model, mode))
     rows = shared.rows_of(test, model, mode)
     return model, (published.rank(rows)[0] if task.ranked else published.predict(rows))
+
+
+def production_refit(
+    shared: Shared,
+    scenario: Scenario,
+    spec: TargetSpec,
+    everything: dict[str, Examples],
+    model: TrunkWithHead,
+    history: list[dict],
+    published: Candidate,
+    progress: Progress,
+    result: dict[str, Any],
+) -> TrunkWithHead:
+    """The published candidate trained again on every complete window (finetune.refit_on_all); `result`
+    (metrics.json) records it. Returns the refitted network."""
+    t0 = time.perf_counter()
+    test = everything["test"]
+    model, _ = refit(shared, scenario, spec, everything, test, model, history, published, progress)
+    result["timing_s"]["refit_all_s"] = round(time.perf_counter() - t0, 2)
+    newer = " + newer complete windows" if "newest" in everything else ""
+    result["refit"] = {
+        **result.get("refit", {}),
+        "refit_on_all": True,
+        "windows": "training + validation + test" + newer,
+        "test_metrics": "of the model before this refit (the refitted model has seen the test window)",
+    }
+    return model
+
+
+def fit_windows(parts: list[Examples], scenario: Scenario) -> dict[str, Any]:
+    """The label windows a fit learned from: its first and last split points, the end of its newest label
+    window (last split point + horizon, exclusive) and how many examples."""
+    times = np.concatenate([p.time for p in parts if len(p)])
+    last = iso_day(int(times.max()))
+    end = dt.date.fromisoformat(last) + dt.timedelta(days=scenario.target.horizon_days)
+    return {
+        "first_split": iso_day(int(times.min())),
+        "last_split": last,
+        "newest_label_end": end.isoformat(),
+        "examples": int(times.size),
+    }

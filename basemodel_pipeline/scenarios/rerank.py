@@ -4,15 +4,20 @@ scenarios/candidates.py. Their outputs are ranked item lists ``(items [n, K], sc
     neural             the network's scores of the whole catalogue (+ the entity's own history, weighted on
                        the early-stopping rows: scenarios/finetune.py)
     repeat_purchases   baseline: the entity's own past items by time-decayed count, popular items after them
+                       (not for ``items: new``: it could only repeat popularity)
     popularity         baseline: the items most bought by everyone in the 28 days before the split
+    recent_popularity  baseline: the same in the best of the 1, 3, 7, 14 and 28-day windows (chosen on the
+                       early-stopping rows): what wins when items launch and fade within days
     reranker           a candidate pool per entity, re-ranked by LightGBM LambdaRank:
 
 Pool: the entity's own past items (most recent and frequent first), the items most popular in the last 28
-days, and the network's top items. Features of each (entity, item) pair: how often, how recently and how
-regularly the entity had the item (count, decayed counts at 7 and 30 days, days since the last time, mean
-interval between the days it had it, "overdue" = days since / interval, share of the entity's active days),
-the entity's own activity (active days, recency, distinct items), the item's popularity now (7 and 28 days)
-and its trend, and the network's score. The ranker trains on the validation (stop) examples whose pool holds a
+days and in each shorter window (1, 3, 7, 14 days), the items rising fastest (3 days against 28) and the
+newest items with events last week, and the network's top items. Features of each (entity, item) pair: how
+often, how recently and how regularly the entity had the item (count, decayed counts at 7 and 30 days, days
+since the last time, mean interval between the days it had it, "overdue" = days since / interval, share of
+the entity's active days), the entity's own activity (active days, recency, distinct items), the item's
+popularity now (1, 3, 7, 14 and 28 days), its trends (1 vs 7, 3 vs 14, 7 vs 28 days) and its age (days since
+its first event), and the network's score. The ranker trains on the validation (stop) examples whose pool holds a
 relevant item, 4/5 of their entities, and early-stops on the other 1/5's NDCG@10 (Reranker.fit says why not
 on the training examples).
 
@@ -33,12 +38,15 @@ from basemodel_pipeline.evaluation.probe import entity_folds
 from basemodel_pipeline.scenarios.candidates import Context
 from basemodel_pipeline.scenarios.examples import SparseLabels
 from basemodel_pipeline.scenarios.inputs import Rows
-from basemodel_pipeline.scenarios.item_stats import History, PopularityTable, item_history
-from basemodel_pipeline.tasks.recommendation import RANKED_ITEMS, Recommendation
+from basemodel_pipeline.scenarios.item_stats import WINDOWS, History, PopularityTable, item_history
+from basemodel_pipeline.scenarios.selection import primary
+from basemodel_pipeline.tasks.recommendation import RANKED_ITEMS, REPEAT_WEIGHTS, Recommendation
 
 POOL_HISTORY = 50  # pool: the entity's own items (by decayed count)
 POOL_POPULAR = 50  # pool: popular items of the last 28 days
 POOL_MODEL = 50  # pool: the network's top items
+POOL_WINDOW = 20  # pool: the top items of each shorter popularity window (1, 3, 7, 14 days)
+POOL_FRESH = 20  # pool: the items rising fastest and the newest items with recent events
 MAX_TRAIN_QUERIES = 20_000  # ranker training examples (sampled)
 MAX_STOP_QUERIES = 5_000  # ranker early-stopping examples (sampled)
 CHUNK = 256  # rows per pass over the catalogue
@@ -61,6 +69,12 @@ FEATURES = (
     "item_pop_rank",
     "model_score",
     "model_score_gap",
+    "item_pop_1d",
+    "item_pop_3d",
+    "item_pop_14d",
+    "item_trend_1d_7d",
+    "item_trend_3d_14d",
+    "item_age_days",
 )
 
 
@@ -127,7 +141,11 @@ def build_pool(ctx: Context, rows: Rows, hist: History, pops: PopularityTable) -
             parts.append((np.arange(a, b)[:, None] * n_items + top).ravel())
             for t in np.unique(rows.time[a:b]):
                 r = np.flatnonzero(rows.time[a:b] == t) + a
-                parts.append((r[:, None] * n_items + pops.top(int(t), POOL_POPULAR)[None, :]).ravel())
+                p = pops.snapshot(int(t))
+                popular = [p.top(POOL_POPULAR), *(p.top(POOL_WINDOW, w) for w in (1, 3, 7, 14))]
+                popular += [p.rising(POOL_FRESH), p.newest(POOL_FRESH)]
+                items = np.unique(np.concatenate(popular))
+                parts.append((r[:, None] * n_items + items[None, :]).ravel())
         keys = np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
         row, item = keys // n_items, keys % n_items
         if rule == "new":  # the popular list and the model's list must not bring back own items
@@ -169,12 +187,19 @@ def _features(ctx, rows, hist, pops, row, item, keys, h_keys, ha, S, a) -> np.nd
     t = rows.time[row]
     for tv in np.unique(t):
         sel = t == tv
-        p7, p28, _, rank = pops.at(int(tv))
+        p = pops.snapshot(int(tv))
         it = item[sel]
-        F[sel, 12] = np.log1p(p7[it])
-        F[sel, 13] = np.log1p(p28[it])
-        F[sel, 14] = (4.0 * p7[it] + 1.0) / (p28[it] + 1.0)
-        F[sel, 15] = np.log1p(rank[it])
+        F[sel, 12] = np.log1p(p.counts[7][it])
+        F[sel, 13] = np.log1p(p.counts[28][it])
+        F[sel, 14] = p.trend(7, 28)[it]
+        F[sel, 15] = np.log1p(p.rank[it])
+        F[sel, 18] = np.log1p(p.counts[1][it])
+        F[sel, 19] = np.log1p(p.counts[3][it])
+        F[sel, 20] = np.log1p(p.counts[14][it])
+        F[sel, 21] = p.trend(1, 7)[it]
+        F[sel, 22] = p.trend(3, 14)[it]
+        age = p.age[it]
+        F[sel, 23] = np.where(np.isfinite(age), np.log1p(age), np.nan)
     score = S[torch.from_numpy(row - a), torch.from_numpy(item)].numpy().astype(np.float32)
     score[~np.isfinite(score)] = np.nan
     F[:, 16] = score
@@ -354,6 +379,32 @@ class RepeatPurchases(_Untrained):
         return ranked(pool, score, len(rows), k, pops, rows.time)
 
 
+def _popular(
+    ctx: Context, rows: Rows, k: int, days: int, pops: PopularityTable, hist: History
+) -> tuple[np.ndarray, np.ndarray]:
+    """The items with the most events of everyone in the `days` before each row's split (without the entity's
+    own items for ``items: new`` targets), ties by the 28-day count."""
+    n_items, rule = ranking(ctx).d.n_items, item_filter(ctx)
+    h_keys = hist.row * n_items + hist.item
+    parts_r, parts_i, parts_s = [], [], []
+    for t in np.unique(rows.time):
+        r = np.flatnonzero(rows.time == t)
+        p = pops.snapshot(int(t))
+        extra = int(hist.entity_items[r].max(initial=0)) if rule == "new" else 0
+        top = p.top(min(k + extra, n_items), days)
+        parts_r.append(np.repeat(r, len(top)))
+        parts_i.append(np.tile(top, len(r)))
+        # the window's count, then the 28-day rank as a tie-break below one event
+        parts_s.append(np.tile(p.counts[days][top] - p.rank[top] / (len(p.rank) + 1.0), len(r)))
+    row, item, s = (np.concatenate(p) for p in (parts_r, parts_i, parts_s))
+    if rule == "new":
+        seen, _ = _lookup(row * n_items + item, h_keys)
+        row, item, s = row[~seen], item[~seen], s[~seen]
+    pool = Pool(row, item, np.zeros((len(row), 0), np.float32))
+    exclude = hist if rule == "new" else None
+    return ranked(pool, s.astype(np.float64), len(rows), k, pops, rows.time, exclude)
+
+
 class RecommendPopularity(_Untrained):
     """Baseline: the items most bought by everyone in the 28 days before the split (without the entity's own
     items for ``items: new`` targets)."""
@@ -361,26 +412,36 @@ class RecommendPopularity(_Untrained):
     name, kind = "popularity", "recommend_popularity"
 
     def rank(self, rows: Rows, k: int = RANKED_ITEMS) -> tuple[np.ndarray, np.ndarray]:
-        pops, hist = self.tables(rows)
-        n_items = ranking(self.ctx).d.n_items
-        rule = item_filter(self.ctx)
-        h_keys = hist.row * n_items + hist.item
-        parts_r, parts_i, parts_s = [], [], []
-        for t in np.unique(rows.time):
-            r = np.flatnonzero(rows.time == t)
-            _, p28, order, _ = pops.at(int(t))
-            extra = int(hist.entity_items[r].max(initial=0)) if rule == "new" else 0
-            top = order[: min(k + extra, n_items)]
-            parts_r.append(np.repeat(r, len(top)))
-            parts_i.append(np.tile(top, len(r)))
-            parts_s.append(np.tile(p28[top], len(r)))
-        row, item, s = (np.concatenate(p) for p in (parts_r, parts_i, parts_s))
-        if rule == "new":
-            seen, _ = _lookup(row * n_items + item, h_keys)
-            row, item, s = row[~seen], item[~seen], s[~seen]
-        pool = Pool(row, item, np.zeros((len(row), 0), np.float32))
-        exclude = hist if rule == "new" else None
-        return ranked(pool, s.astype(np.float64), len(rows), k, pops, rows.time, exclude)
+        return _popular(self.ctx, rows, k, 28, *self.tables(rows))
+
+
+class RecentPopularity(_Untrained):
+    """Baseline: the items most bought by everyone in the best of the popularity windows (1, 3, 7, 14 or 28
+    days before the split), the window chosen on the early-stopping rows by the task's metric: items that
+    launch and fade within days are found by a short window, steady ones by a long one."""
+
+    name, kind = "recent_popularity", "recent_popularity"
+
+    def __init__(self, ctx: Context, window: int = 7) -> None:
+        super().__init__(ctx)
+        self.window = window
+        self.scores: dict[int, float] = {}
+
+    def fit(self, train: Rows, stop: Rows) -> None:
+        task, tables = ranking(self.ctx), self.tables(stop)
+        self.scores = {
+            w: primary(task, stop.labels, _popular(self.ctx, stop, RANKED_ITEMS, w, *tables)[0])
+            for w in WINDOWS
+        }
+        finite = {w: v for w, v in self.scores.items() if np.isfinite(v)}
+        if finite:  # the best window; a tie goes to the longer one (steadier)
+            self.window = max(finite, key=lambda w: (finite[w], w))
+
+    def rank(self, rows: Rows, k: int = RANKED_ITEMS) -> tuple[np.ndarray, np.ndarray]:
+        return _popular(self.ctx, rows, k, self.window, *self.tables(rows))
+
+    def save(self) -> tuple[dict[str, Any], dict[str, bytes]]:
+        return {"kind": self.kind, "window": self.window, "window_scores": self.scores}, {}
 
 
 class NeuralRanking:  # the network's refit lives in scenarios/finetune.py
@@ -425,4 +486,20 @@ def load_ranking_candidate(meta: dict[str, Any], files: dict[str, bytes], ctx: C
         return RepeatPurchases(ctx)
     if kind == "recommend_popularity":
         return RecommendPopularity(ctx)
+    if kind == "recent_popularity":
+        return RecentPopularity(ctx, int(meta.get("window", 7)))
     return NeuralRanking(ctx, float(meta.get("weight", 0.0)))
+
+
+REPEAT_TUNE_EXAMPLES = 3000  # recommendation: validation examples used to weigh the own purchase history
+
+
+def tune_repeat_weight(ctx: Context, rows: Rows) -> float:
+    """The weight of the entity's own history in the network's recommendation scores that maximises NDCG@10
+    on (a sample of) the early-stopping rows."""
+    rng = np.random.default_rng(0)
+    part = rows.subset(np.sort(rng.choice(len(rows), min(len(rows), REPEAT_TUNE_EXAMPLES), replace=False)))
+    score = {
+        w: primary(Recommendation, part.labels, NeuralRanking(ctx, w).predict(part)) for w in REPEAT_WEIGHTS
+    }
+    return max(score, key=lambda w: (score[w], -w))

@@ -28,6 +28,7 @@ from basemodel_pipeline.tasks import Task
 
 PREFERENCE = (
     "popularity",
+    "recent_popularity",
     "repeat_purchases",
     "lightgbm_aggregates",
     "neural",
@@ -35,6 +36,7 @@ PREFERENCE = (
     "reranker",
     "blend",
 )  # simplest first: a tie goes to the earlier name
+BASELINES = ("lightgbm_aggregates", "popularity", "recent_popularity", "repeat_purchases")  # need no network
 BOOTSTRAP_ROUNDS = 200  # select rows resampled to tell the best single candidate from the blend
 
 
@@ -181,3 +183,19 @@ def _gain_lower_bound(
     _, lo, hi = paired_bootstrap(task.primary, y, best, blend, rounds=rounds, groups=fold, clusters=entity)
     bound = lo if task.higher_is_better() else -hi
     return bound if np.isfinite(bound) else float("-inf")  # unmeasurable noise: no proven gain
+
+
+NOT_APPLICABLE = {"repeat_purchases": "items: new ranks only items the entity never had: nothing to repeat"}
+
+
+def worse_on_test(task: Task, test: dict[str, Any]) -> list[str]:
+    """The baselines the published model ("model") scored better than on the test window: the choice made on
+    validation did not hold there (a warning in the log, the report and the Dagster metadata)."""
+    model, sign = test.get("model"), 1.0 if task.higher_is_better() else -1.0
+    if model is None or not np.isfinite(model):
+        return []
+    return [
+        name
+        for name in BASELINES
+        if isinstance(test.get(name), float) and np.isfinite(test[name]) and sign * (test[name] - model) > 0
+    ]

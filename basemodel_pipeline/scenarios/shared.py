@@ -25,8 +25,15 @@ from basemodel_pipeline.scenarios import staging
 from basemodel_pipeline.scenarios.candidates import Candidate, Context, LightGBM, Neural, Popularity
 from basemodel_pipeline.scenarios.examples import Examples, TargetSpec
 from basemodel_pipeline.scenarios.inputs import Rows, RowView, _Embed
-from basemodel_pipeline.scenarios.rerank import NeuralRanking, RecommendPopularity, RepeatPurchases, Reranker
-from basemodel_pipeline.scenarios.selection import split_validation
+from basemodel_pipeline.scenarios.rerank import (
+    NeuralRanking,
+    RecentPopularity,
+    RecommendPopularity,
+    RepeatPurchases,
+    Reranker,
+    item_filter,
+)
+from basemodel_pipeline.scenarios.selection import BASELINES, split_validation
 from basemodel_pipeline.scenarios.targets import build_examples, choose_classes
 from basemodel_pipeline.tasks import task_named
 from basemodel_pipeline.training.splits import scenario_split_times
@@ -147,19 +154,29 @@ def _check_split(name: str, part: str, ex: Examples, task: str) -> None:
         )
 
 
+def refits(cfg: PipelineConfig, scenario: Scenario) -> bool:
+    """Whether the scenario's published candidate gets the production refit on every complete window."""
+    own = scenario.refit_on_all
+    return cfg.training_params.finetune.refit_on_all if own is None else own
+
+
 def prepare(shared: Shared, scenario: Scenario) -> tuple[TargetSpec, dict[str, Examples]]:
+    """The scenario's target spec and examples: train, val, test and, for the production refit, "newest"
+    (complete windows after the test points, when there are any)."""
     times = scenario_split_times(
         shared.cfg.data_params,
         scenario.target.horizon_days,
         f"scenario '{scenario.name}'",
         last_day=shared.cache.source_max_date(scenario.target.source),
+        newest=refits(shared.cfg, scenario),
     )
     spec = choose_classes(shared.cache, scenario, times["train"])
     ex = {k: build_examples(shared.cache, scenario, spec, v) for k, v in times.items()}
     shared.available[scenario.name] = {k: len(v) for k, v in ex.items()}
     ex = cap_examples(ex, shared.cfg.training_params.finetune)
     for k, v in ex.items():
-        _check_split(scenario.name, k, v, scenario.task)
+        if k != "newest":  # learned from by the refit only, alongside every other window
+            _check_split(scenario.name, k, v, scenario.task)
     spec.details = task_named(scenario.task).fit_details(spec.details, ex["train"].labels)
     return spec, ex
 
@@ -167,7 +184,12 @@ def prepare(shared: Shared, scenario: Scenario) -> tuple[TargetSpec, dict[str, E
 def cap_examples(ex: dict[str, Examples], p: FinetuneParams) -> dict[str, Examples]:
     """Each split at most its cap of examples (finetune.max_*_examples), drawn uniformly without replacement
     from (seed, split), in their original order; splits under their cap are returned as they are."""
-    caps = {"train": p.max_train_examples, "val": p.max_validation_examples, "test": p.max_test_examples}
+    caps = {
+        "train": p.max_train_examples,
+        "val": p.max_validation_examples,
+        "test": p.max_test_examples,
+        "newest": p.max_validation_examples,
+    }
     out = {}
     for i, (k, v) in enumerate(ex.items()):
         cap = caps.get(k, len(v))
@@ -198,8 +220,11 @@ def candidate_models(ctx: Context, names: list[str] | None) -> dict[str, Candida
             "neural": NeuralRanking(ctx),
             "repeat_purchases": RepeatPurchases(ctx),
             "popularity": RecommendPopularity(ctx),
+            "recent_popularity": RecentPopularity(ctx),
             "reranker": Reranker(ctx),
         }
+        if item_filter(ctx) == "new":  # only items never had: repeating their own items does not apply
+            del pool["repeat_purchases"]
     else:
         pool = {
             "neural": Neural(ctx),
@@ -207,7 +232,7 @@ def candidate_models(ctx: Context, names: list[str] | None) -> dict[str, Candida
             "lightgbm_aggregates": LightGBM(ctx, "aggregates"),
             "popularity": Popularity(ctx),
         }
-    baseline = set(staging.BASELINES)
+    baseline = set(BASELINES)
     if names is None and ctx.task.per_class:
         # a LightGBM per label (or a softmax over 20 classes) twice doubles or triples the scenario's time, and
         # on aggregates + embedding it tied LightGBM on aggregates (nycflights13 destinations: 0.8487 both;

@@ -36,7 +36,6 @@ from basemodel_pipeline.scenarios.candidates import Candidate, Context
 from basemodel_pipeline.scenarios.inputs import Rows
 from basemodel_pipeline.scenarios.loading import load_candidate
 
-BASELINES = ("lightgbm_aggregates", "popularity", "repeat_purchases")  # fitted without the network
 KEEP_STAGES = 2  # stages kept per scenario (the newest keys)
 FORMAT = 1
 # library code the staged candidates' content depends on (packages or modules of basemodel_pipeline)
@@ -180,3 +179,17 @@ def read(path: Path, digest: str | None = None) -> Stage | None:
         stage.select[name] = np.load(path / "select" / f"{name}.npy", allow_pickle=False)
         stage.test[name] = np.load(path / "test" / f"{name}.npy", allow_pickle=False)
     return stage
+
+
+def staged_for(
+    cfg: PipelineConfig, scenario: Scenario, key: str, rows: dict[str, Rows], progress: Progress
+) -> tuple[Stage | None, dict[str, Any]]:
+    """The scenario's staged baselines for exactly these inputs (`key`) and rows, or None (then fitted inline),
+    with what the metrics record of them."""
+    path = stage_path(cfg, scenario.name, key)
+    stage = read(path, rows_digest(rows))
+    if stage is None:
+        progress.log(f"{scenario.name}: no staged baselines for key {key}: fitting them here")
+        return None, {"reused": False, "key": key}
+    progress.log(f"{scenario.name}: baselines {', '.join(stage.saved)} read from {path}")
+    return stage, {"reused": True, "key": key, "fit_s": stage.fit_s}  # no path: checkpoints stay movable

@@ -125,16 +125,19 @@ class CrossChecks(CheckContext):
         """Every scenario's test window [training_end_date, + horizon) must end inside the data: otherwise
         fine-tuning fails after a whole pretraining, on an empty or one-class test window. Rolling windows are
         resolved against the newest event day of the sources, as a run would against the cache."""
-        dp = self.cfg.data_params
+        dp = raw = self.cfg.data_params
+        resolved_at = None
         if dp.rolling:
             events = [s for s in self.cfg.data_sources if s.type == "event"]
             days = [d for s in events if (d := self.last_day(s)) is not None]
             if not days:
                 return
+            resolved_at = max(days)
             try:
-                dp = dp.resolved(max(days), self.cfg.longest_horizon_days)
+                dp = dp.resolved(resolved_at, self.cfg.longest_horizon_days)
             except ConfigError as err:
                 self.fail("data_params", str(err).removeprefix("data_params: "))
+        self.check_windows_fit(raw, dp, resolved_at)
         test = dp.test_date
         for i, sc in enumerate(self.cfg.scenarios):
             last = self.last_day(self.cfg.source(sc.target.source))
@@ -150,3 +153,39 @@ class CrossChecks(CheckContext):
                     "Scoring as of the end of the data does not need it: `basemodel predict` scores as of the "
                     "day after the last event",
                 )
+
+    def check_windows_fit(self, raw: Any, dp: Any, resolved_at: dt.date | None) -> None:
+        """Every scenario's horizon fits a training window (training_start_date .. validation_start_date) and a
+        validation window (validation_start_date .. training_end_date), as fine-tuning needs; otherwise it
+        would fail after a whole pretraining. Names the dates and the latest start that works (for a relative
+        start, the smallest offset in its own unit)."""
+        against = (
+            f" (rolling windows resolved against the last event day {resolved_at})" if resolved_at else ""
+        )
+        for i, sc in enumerate(self.cfg.scenarios):
+            horizon = dt.timedelta(days=sc.target.horizon_days)
+            spans = [
+                ("validation_start_date", dp.validation_start, "training_end_date", dp.test_date),
+                ("training_start_date", dp.first_split, "validation_start_date", dp.validation_start),
+            ]
+            for start_name, start, end_name, end in spans:
+                if start + horizon <= end:
+                    continue
+                given = getattr(raw, start_name)
+                latest = end - horizon
+                works = (
+                    _offset(raw, given, (dp.test_date - latest).days) if isinstance(given, str) else latest
+                )
+                self.fail(
+                    f"data_params.{start_name}",
+                    f"scenario '{sc.name}' (scenarios[{i}]): a {sc.target.horizon_days}-day target window does "
+                    f"not fit between {start_name} ({start}) and {end_name} ({end}){against}; set {start_name} "
+                    f"to {works} or earlier, or shorten the horizon",
+                )
+
+
+def _offset(dp: Any, given: str, days: int) -> str:
+    """The smallest relative date in the unit of `given` ("-8w", "-56d", "-8splits") that reaches back `days`."""
+    unit = "splits" if given.endswith("splits") else given[-1]
+    size = {"d": 1, "w": 7, "splits": dp.split_interval_days}[unit]
+    return f"-{-(-days // size)}{unit}"

@@ -8,7 +8,8 @@ A ``Task`` is built from the scenario's ``TargetSpec`` (what the checkpoint stor
     details             the typed record of what the head needs beyond its classes (``details``,
                         ``fit_details``: regression's mean and range, recommendation's catalogue)
     decoding            logits -> metric-ready outputs (``scores``), kept inside the labels' range
-                        (``finish``), and the link scale blends average on (``link`` / ``unlink``)
+                        (``finish``), and the link scale blends average on (``link`` / ``unlink``); what
+                        turns outputs into the published quantity (``calibrate``: log1p amounts -> money)
     metrics             every metric of the task (``evaluate``) and the one it is judged by
                         (``primary_metric``, ``primary``); class-level, so no spec is needed
     baselines           what the ``popularity`` candidate predicts without training
@@ -117,6 +118,23 @@ class Task(ABC):
     def unlink(self, z: np.ndarray) -> np.ndarray:
         """The inverse of ``link``: a blended link value as an output."""
         return self.finish(z)
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether outputs go through ``calibrate`` before they are published."""
+        return False
+
+    def calibrate(self, val_out: Any, val_truth: Any) -> Any:
+        """Fit what turns outputs into the published quantity on held-out (validation) outputs and labels;
+        None when the outputs are published as they are (regression of log1p amounts: a map to money)."""
+        return None
+
+    def calibrated_metrics(self, truth: Any, out: Any, calibration: Any) -> dict[str, float]:
+        """Metrics of the published quantity (``calibrate``'s), beside ``evaluate``'s; none by default."""
+        return {}
+
+    def publish_calibration(self, calibration: Any) -> None:  # noqa: B027 - nothing to keep by default
+        """Keep the published candidate's calibration in the spec's details (model.json), for ``output_table``."""
 
     @classmethod
     def indicators(cls, truth: Any, n_classes: int) -> np.ndarray:

@@ -12,11 +12,13 @@ from basemodel_pipeline.errors import ConfigError
 
 
 def scenario_split_times(
-    dp: DataParams, horizon_days: int, field: str, last_day: dt.date | None = None
+    dp: DataParams, horizon_days: int, field: str, last_day: dt.date | None = None, newest: bool = False
 ) -> dict[str, np.ndarray]:
     """Weekly split points: train targets end by validation_start_date, validation targets by
     training_end_date; the test split points are training_end_date and, when the data's last event day
-    `last_day` is known, the points after it whose targets end by that day (``test_points``)."""
+    `last_day` is known, the points after it whose targets end by that day (``test_points``). With `newest`,
+    "newest" holds the points after the test points whose targets also end by that day (beyond
+    test_split_points: only the production refit learns from them); it is left out when there are none."""
     step = dt.timedelta(days=dp.split_interval_days)
     horizon = dt.timedelta(days=horizon_days)
 
@@ -40,11 +42,17 @@ def scenario_split_times(
             f"{field}: a {horizon_days}-day target window does not fit between validation_start_date "
             f"({dp.validation_start}) and training_end_date ({dp.test_date})"
         )
-    return {
+    tested = test_points(dp, horizon_days, last_day)
+    out = {
         "train": np.array(train, np.int64),
         "val": np.array(val, np.int64),
-        "test": np.array([epoch_seconds(t) for t in test_points(dp, horizon_days, last_day)], np.int64),
+        "test": np.array([epoch_seconds(t) for t in tested], np.int64),
     }
+    if newest and last_day is not None:
+        later = points(tested[-1] + step, last_day)
+        if later:
+            out["newest"] = np.array(later, np.int64)
+    return out
 
 
 def test_points(dp: DataParams, horizon_days: int, last_day: dt.date | None) -> list[dt.date]:
