@@ -60,6 +60,10 @@ def test_deploy_instance_config_on_postgres(
         assert isinstance(instance.run_launcher, DockerRunLauncher)
         assert isinstance(instance.run_coordinator, dg.QueuedRunCoordinator)
         assert instance.run_monitoring_enabled and instance.run_monitoring_max_resume_run_attempts == 2
+        # a terminated run gives its pool slots (the single gpu slot) back: the daemon's monitoring frees them
+        # this long after the run ended, and a CANCELING run is CANCELED after the trainers' stop timeout
+        assert instance.run_monitoring_settings["free_slots_after_run_end_seconds"] == 10
+        assert 120 < instance.run_monitoring_settings["cancel_timeout_seconds"] <= 150
         assert instance.get_concurrency_config().pool_config.default_pool_limit == 1
         assert "/srv/basemodel:/srv/basemodel" in instance.run_launcher.container_kwargs["volumes"]
         assert instance.run_launcher.networks == ["basemodel_network"]

@@ -115,3 +115,17 @@ def test_worse_on_test_names_the_baselines_that_beat_the_published_model() -> No
         "popularity"
     ]
     assert worse_on_test(task, {"model": float("nan"), "popularity": 0.2}) == []
+
+
+def test_a_reranker_trained_on_other_features_is_refused_in_one_line() -> None:
+    from types import SimpleNamespace
+
+    from basemodel_pipeline.errors import UserError
+    from basemodel_pipeline.scenarios.loading import load_ranking_candidate
+
+    ctx = SimpleNamespace(scenario=SimpleNamespace(name="next_items"))
+    older = {"kind": "reranker", "features": list(FEATURES[:18])}
+    with pytest.raises(
+        UserError, match=r"re-ranker was trained on other features .*basemodel finetune CONFIG -s next_items"
+    ):
+        load_ranking_candidate(older, {}, ctx)

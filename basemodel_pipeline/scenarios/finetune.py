@@ -39,8 +39,8 @@ from basemodel_pipeline.scenarios.candidates import Candidate, Context, LightGBM
 from basemodel_pipeline.scenarios.examples import Examples, TargetSpec
 from basemodel_pipeline.scenarios.inputs import Rows
 from basemodel_pipeline.scenarios.network import clear_resume, train_network
+from basemodel_pipeline.scenarios.ranking_baselines import NeuralRanking, tune_repeat_weight
 from basemodel_pipeline.scenarios.refit import fit_windows, production_refit, refit
-from basemodel_pipeline.scenarios.rerank import NeuralRanking, tune_repeat_weight
 from basemodel_pipeline.scenarios.selection import NOT_APPLICABLE, Selection, choose, primary, worse_on_test
 from basemodel_pipeline.scenarios.shared import (
     Shared,

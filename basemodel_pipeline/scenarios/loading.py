@@ -1,6 +1,7 @@
 """A published candidate back from its saved meta and files (the scoring side: inference/predict.py, and the
 staged baselines: scenarios/staging.py). The classifiers' candidates are scenarios/candidates.py's, the
-ranking ones scenarios/rerank.py's; this module imports both, so neither imports the other back."""
+ranking ones scenarios/rerank.py's and scenarios/ranking_baselines.py's; this module imports them all, so none
+imports another back."""
 
 from __future__ import annotations
 
@@ -8,9 +9,16 @@ from typing import Any
 
 import numpy as np
 
+from basemodel_pipeline.errors import UserError
 from basemodel_pipeline.evaluation.gbm import GBM
 from basemodel_pipeline.scenarios.candidates import Blend, Candidate, Context, LightGBM, Neural, Popularity
-from basemodel_pipeline.scenarios.rerank import load_ranking_candidate
+from basemodel_pipeline.scenarios.ranking_baselines import (
+    NeuralRanking,
+    RecentPopularity,
+    RecommendPopularity,
+    RepeatPurchases,
+)
+from basemodel_pipeline.scenarios.rerank import FEATURES, Reranker
 
 
 def load_candidate(meta: dict[str, Any], files: dict[str, bytes], ctx: Context) -> Candidate:
@@ -42,3 +50,25 @@ def load_candidate(meta: dict[str, Any], files: dict[str, bytes], ctx: Context) 
     if kind in ("reranker", "repeat", "recommend_popularity", "recent_popularity", "neural_ranking"):
         return load_ranking_candidate(meta, files, ctx)
     raise ValueError(f"unknown candidate kind '{kind}' in the checkpoint")
+
+
+def load_ranking_candidate(meta: dict[str, Any], files: dict[str, bytes], ctx: Context):
+    kind = meta["kind"]
+    if kind == "reranker":
+        if list(meta.get("features", FEATURES)) != list(FEATURES):
+            raise UserError(
+                f"scenario '{ctx.scenario.name}': its re-ranker was trained on other features than this version "
+                f"computes ({len(meta.get('features', []))} vs {len(FEATURES)}); re-run `basemodel finetune "
+                f"CONFIG -s {ctx.scenario.name}`"
+            )
+        c = Reranker(ctx)
+        if "reranker.txt" in files:
+            c.model = files["reranker.txt"].decode()
+        return c
+    if kind == "repeat":
+        return RepeatPurchases(ctx)
+    if kind == "recommend_popularity":
+        return RecommendPopularity(ctx)
+    if kind == "recent_popularity":
+        return RecentPopularity(ctx, int(meta.get("window", 7)))
+    return NeuralRanking(ctx, float(meta.get("weight", 0.0)))

@@ -1,5 +1,6 @@
-"""Recommendation candidates: the network, the two baselines and a learned re-ranker, behind the protocol of
-scenarios/candidates.py. Their outputs are ranked item lists ``(items [n, K], scores [n, K])``.
+"""Recommendation candidates, behind the protocol of scenarios/candidates.py; their outputs are ranked item
+lists ``(items [n, K], scores [n, K])``. This module holds the learned re-ranker and the pool and ranking
+primitives; the others live in scenarios/ranking_baselines.py.
 
     neural             the network's scores of the whole catalogue (+ the entity's own history, weighted on
                        the early-stopping rows: scenarios/finetune.py)
@@ -38,9 +39,8 @@ from basemodel_pipeline.evaluation.probe import entity_folds
 from basemodel_pipeline.scenarios.candidates import Context
 from basemodel_pipeline.scenarios.examples import SparseLabels
 from basemodel_pipeline.scenarios.inputs import Rows
-from basemodel_pipeline.scenarios.item_stats import WINDOWS, History, PopularityTable, item_history
-from basemodel_pipeline.scenarios.selection import primary
-from basemodel_pipeline.tasks.recommendation import RANKED_ITEMS, REPEAT_WEIGHTS, Recommendation
+from basemodel_pipeline.scenarios.item_stats import History, PopularityTable, item_history
+from basemodel_pipeline.tasks.recommendation import RANKED_ITEMS, Recommendation
 
 POOL_HISTORY = 50  # pool: the entity's own items (by decayed count)
 POOL_POPULAR = 50  # pool: popular items of the last 28 days
@@ -91,7 +91,7 @@ class Pool:
         return np.bincount(self.row, minlength=n)
 
 
-def _lookup(keys: np.ndarray, sorted_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def lookup(keys: np.ndarray, sorted_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(found [m] bool, index into sorted_keys [m])."""
     idx = np.searchsorted(sorted_keys, keys)
     idx_c = np.minimum(idx, max(len(sorted_keys) - 1, 0))
@@ -149,7 +149,7 @@ def build_pool(ctx: Context, rows: Rows, hist: History, pops: PopularityTable) -
         keys = np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
         row, item = keys // n_items, keys % n_items
         if rule == "new":  # the popular list and the model's list must not bring back own items
-            seen, _ = _lookup(keys, h_keys)
+            seen, _ = lookup(keys, h_keys)
             keys, row, item = keys[~seen], row[~seen], item[~seen]
         out_rows.append(row)
         out_items.append(item)
@@ -162,7 +162,7 @@ def build_pool(ctx: Context, rows: Rows, hist: History, pops: PopularityTable) -
 def _features(ctx, rows, hist, pops, row, item, keys, h_keys, ha, S, a) -> np.ndarray:
     m = len(row)
     F = np.full((m, len(FEATURES)), np.nan, np.float32)
-    found, idx = _lookup(keys, h_keys)
+    found, idx = lookup(keys, h_keys)
     g = ha + idx[found]
     F[:, 0] = 0.0
     F[found, 0] = np.log1p(hist.count[g])
@@ -332,174 +332,3 @@ class Reranker:
     def save(self) -> tuple[dict[str, Any], dict[str, bytes]]:
         files = {"reranker.txt": self.model.encode()} if self.model is not None else {}
         return {"kind": "reranker", "features": list(FEATURES)}, files
-
-
-class _Untrained:
-    """A ranking candidate without training: rank() from the rows' own history and item popularity."""
-
-    name = ""
-    kind = ""
-
-    def __init__(self, ctx: Context) -> None:
-        self.ctx = ctx
-
-    def fit(self, train: Rows, stop: Rows) -> None:
-        pass
-
-    def refit(self, rows: Rows) -> None:
-        pass
-
-    def tables(self, rows: Rows) -> tuple[PopularityTable, History]:
-        d = ranking(self.ctx).d
-        pops = PopularityTable(rows.cache, d.source, d.column)
-        return pops, item_history(rows.cache, d.source, d.column, rows.entity, rows.time)
-
-    def rank(self, rows: Rows, k: int = RANKED_ITEMS) -> tuple[np.ndarray, np.ndarray]:
-        raise NotImplementedError
-
-    def predict(self, rows: Rows) -> np.ndarray:
-        return self.rank(rows)[0]
-
-    def save(self) -> tuple[dict[str, Any], dict[str, bytes]]:
-        return {"kind": self.kind}, {}
-
-
-class RepeatPurchases(_Untrained):
-    """Baseline: the entity's own past items by decayed count (half-life 30 days), then popular items."""
-
-    name, kind = "repeat_purchases", "repeat"
-
-    def rank(self, rows: Rows, k: int = RANKED_ITEMS) -> tuple[np.ndarray, np.ndarray]:
-        pops, hist = self.tables(rows)
-        score = hist.decay30.astype(np.float64)
-        pool = Pool(hist.row, hist.item, np.zeros((len(hist.row), 0), np.float32))
-        if item_filter(self.ctx) == "new":  # nothing of their own: the popular items they never had
-            pool, score = Pool(pool.row[:0], pool.item[:0], pool.features[:0]), score[:0]
-            return ranked(pool, score, len(rows), k, pops, rows.time, exclude=hist)
-        return ranked(pool, score, len(rows), k, pops, rows.time)
-
-
-def _popular(
-    ctx: Context, rows: Rows, k: int, days: int, pops: PopularityTable, hist: History
-) -> tuple[np.ndarray, np.ndarray]:
-    """The items with the most events of everyone in the `days` before each row's split (without the entity's
-    own items for ``items: new`` targets), ties by the 28-day count."""
-    n_items, rule = ranking(ctx).d.n_items, item_filter(ctx)
-    h_keys = hist.row * n_items + hist.item
-    parts_r, parts_i, parts_s = [], [], []
-    for t in np.unique(rows.time):
-        r = np.flatnonzero(rows.time == t)
-        p = pops.snapshot(int(t))
-        extra = int(hist.entity_items[r].max(initial=0)) if rule == "new" else 0
-        top = p.top(min(k + extra, n_items), days)
-        parts_r.append(np.repeat(r, len(top)))
-        parts_i.append(np.tile(top, len(r)))
-        # the window's count, then the 28-day rank as a tie-break below one event
-        parts_s.append(np.tile(p.counts[days][top] - p.rank[top] / (len(p.rank) + 1.0), len(r)))
-    row, item, s = (np.concatenate(p) for p in (parts_r, parts_i, parts_s))
-    if rule == "new":
-        seen, _ = _lookup(row * n_items + item, h_keys)
-        row, item, s = row[~seen], item[~seen], s[~seen]
-    pool = Pool(row, item, np.zeros((len(row), 0), np.float32))
-    exclude = hist if rule == "new" else None
-    return ranked(pool, s.astype(np.float64), len(rows), k, pops, rows.time, exclude)
-
-
-class RecommendPopularity(_Untrained):
-    """Baseline: the items most bought by everyone in the 28 days before the split (without the entity's own
-    items for ``items: new`` targets)."""
-
-    name, kind = "popularity", "recommend_popularity"
-
-    def rank(self, rows: Rows, k: int = RANKED_ITEMS) -> tuple[np.ndarray, np.ndarray]:
-        return _popular(self.ctx, rows, k, 28, *self.tables(rows))
-
-
-class RecentPopularity(_Untrained):
-    """Baseline: the items most bought by everyone in the best of the popularity windows (1, 3, 7, 14 or 28
-    days before the split), the window chosen on the early-stopping rows by the task's metric: items that
-    launch and fade within days are found by a short window, steady ones by a long one."""
-
-    name, kind = "recent_popularity", "recent_popularity"
-
-    def __init__(self, ctx: Context, window: int = 7) -> None:
-        super().__init__(ctx)
-        self.window = window
-        self.scores: dict[int, float] = {}
-
-    def fit(self, train: Rows, stop: Rows) -> None:
-        task, tables = ranking(self.ctx), self.tables(stop)
-        self.scores = {
-            w: primary(task, stop.labels, _popular(self.ctx, stop, RANKED_ITEMS, w, *tables)[0])
-            for w in WINDOWS
-        }
-        finite = {w: v for w, v in self.scores.items() if np.isfinite(v)}
-        if finite:  # the best window; a tie goes to the longer one (steadier)
-            self.window = max(finite, key=lambda w: (finite[w], w))
-
-    def rank(self, rows: Rows, k: int = RANKED_ITEMS) -> tuple[np.ndarray, np.ndarray]:
-        return _popular(self.ctx, rows, k, self.window, *self.tables(rows))
-
-    def save(self) -> tuple[dict[str, Any], dict[str, bytes]]:
-        return {"kind": self.kind, "window": self.window, "window_scores": self.scores}, {}
-
-
-class NeuralRanking:  # the network's refit lives in scenarios/finetune.py
-    """The network's catalogue scores plus weight x log1p(decayed count) of the entity's own items (the weight
-    chosen on the early-stopping rows; 0 = the network alone). ``items: new`` removes the own items."""
-
-    name = "neural"
-
-    def __init__(self, ctx: Context, weight: float = 0.0) -> None:
-        self.ctx, self.weight = ctx, weight
-
-    def fit(self, train: Rows, stop: Rows) -> None:
-        pass
-
-    def refit(self, rows: Rows) -> None:
-        pass
-
-    def rank(self, rows: Rows, k: int = RANKED_ITEMS) -> tuple[np.ndarray, np.ndarray]:
-        from basemodel_pipeline.evaluation.baselines import decayed_history_items
-
-        d = ranking(self.ctx).d
-        src = rows.cache.source(d.source)
-        own = decayed_history_items(src, d.column, rows.entity, rows.time, d.repeat_half_life_days)
-        exclude = own if item_filter(self.ctx) == "new" else None
-        return ranking(self.ctx).top_items(rows.logits(), k, history=own, weight=self.weight, exclude=exclude)
-
-    def predict(self, rows: Rows) -> np.ndarray:
-        return self.rank(rows)[0]
-
-    def save(self) -> tuple[dict[str, Any], dict[str, bytes]]:
-        return {"kind": "neural_ranking", "weight": self.weight}, {}
-
-
-def load_ranking_candidate(meta: dict[str, Any], files: dict[str, bytes], ctx: Context):
-    kind = meta["kind"]
-    if kind == "reranker":
-        c = Reranker(ctx)
-        if "reranker.txt" in files:
-            c.model = files["reranker.txt"].decode()
-        return c
-    if kind == "repeat":
-        return RepeatPurchases(ctx)
-    if kind == "recommend_popularity":
-        return RecommendPopularity(ctx)
-    if kind == "recent_popularity":
-        return RecentPopularity(ctx, int(meta.get("window", 7)))
-    return NeuralRanking(ctx, float(meta.get("weight", 0.0)))
-
-
-REPEAT_TUNE_EXAMPLES = 3000  # recommendation: validation examples used to weigh the own purchase history
-
-
-def tune_repeat_weight(ctx: Context, rows: Rows) -> float:
-    """The weight of the entity's own history in the network's recommendation scores that maximises NDCG@10
-    on (a sample of) the early-stopping rows."""
-    rng = np.random.default_rng(0)
-    part = rows.subset(np.sort(rng.choice(len(rows), min(len(rows), REPEAT_TUNE_EXAMPLES), replace=False)))
-    score = {
-        w: primary(Recommendation, part.labels, NeuralRanking(ctx, w).predict(part)) for w in REPEAT_WEIGHTS
-    }
-    return max(score, key=lambda w: (score[w], -w))

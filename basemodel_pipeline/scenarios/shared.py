@@ -25,14 +25,13 @@ from basemodel_pipeline.scenarios import staging
 from basemodel_pipeline.scenarios.candidates import Candidate, Context, LightGBM, Neural, Popularity
 from basemodel_pipeline.scenarios.examples import Examples, TargetSpec
 from basemodel_pipeline.scenarios.inputs import Rows, RowView, _Embed
-from basemodel_pipeline.scenarios.rerank import (
+from basemodel_pipeline.scenarios.ranking_baselines import (
     NeuralRanking,
     RecentPopularity,
     RecommendPopularity,
     RepeatPurchases,
-    Reranker,
-    item_filter,
 )
+from basemodel_pipeline.scenarios.rerank import Reranker, item_filter
 from basemodel_pipeline.scenarios.selection import BASELINES, split_validation
 from basemodel_pipeline.scenarios.targets import build_examples, choose_classes
 from basemodel_pipeline.tasks import task_named
