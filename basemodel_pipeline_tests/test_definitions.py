@@ -152,6 +152,7 @@ def test_checks_sensors_schedule_jobs(tiny_dataset: Path, monkeypatch: pytest.Mo
         ("foundation_model", "loss_finite_and_improving"),
         ("scenario_model", "test_metric_above_floor"),
         ("scenario_model", "beats_popularity"),
+        ("scenario_model", "refit_outputs_finite"),
     } <= checks
     assert checks >= NON_BLOCKING_CHECKS
     graph = defs.resolve_asset_graph()

@@ -36,7 +36,12 @@ def defs(tiny_dataset: Path, monkeypatch: pytest.MonkeyPatch) -> dg.Definitions:
 CHECKS = {
     "event_cache": ["manifest_sha256"],
     "foundation_model": ["checkpoint_sha256", "loss_finite_and_improving"],
-    "scenario_model": ["checkpoint_sha256", "test_metric_above_floor", "beats_popularity"],
+    "scenario_model": [
+        "checkpoint_sha256",
+        "test_metric_above_floor",
+        "beats_popularity",
+        "refit_outputs_finite",
+    ],
     "predictions": ["output_sha256"],
 }
 

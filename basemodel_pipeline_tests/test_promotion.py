@@ -157,3 +157,17 @@ def test_a_retrain_its_gates_reject_leaves_latest_predictions_and_summary_alone(
     back = promotion.promote(cfg, root, first["version"])
     assert back.status == "promoted" and back.previous == rejected
     assert ws.latest_scenario_dir(cfg, "churn").name == first["version"]
+
+
+def test_a_production_refit_that_cannot_score_is_not_served() -> None:
+    params = QualityGatesParams(metric_floor=0.0, popularity_margin=None)
+    metrics = {"metric": "auroc", "test": {"model": 0.8, "popularity": 0.7}}
+    assert [g.name for g in scenario_gates("churn", metrics, params)] == [
+        "test_metric_above_floor",
+        "beats_popularity",
+    ]
+    broken = {**metrics, "refit": {"refit_on_all": True, "outputs_finite": False}}
+    gate = scenario_gates("churn", broken, params)[-1]
+    assert gate.name == "refit_outputs_finite" and not gate.passed and gate.blocking
+    fine = {**metrics, "refit": {"refit_on_all": True, "outputs_finite": True}}
+    assert all(g.passed for g in scenario_gates("churn", fine, params))

@@ -5,6 +5,7 @@ the Dagster checks show them). Each gate is a pure function of what the checkpoi
                  loss_improving      the losses improve on the first epoch (a warning, never blocking)
     scenario     test_metric_above_floor   the test metric is within its bound (quality_gates.metric_floor(s))
                  beats_popularity          it beats the popularity baseline by more than the margin
+                 refit_outputs_finite      after the production refit, what is served scores every test row
 Every checkpoint also passes `checkpoint_sha256` (its files match the manifest), run where the files are.
 """
 
@@ -111,7 +112,15 @@ def scenario_gates(scenario: str, metrics: Mapping[str, Any], params: QualityGat
     test = metrics["test"]
     model = float(test["model"]) if test.get("model") is not None else math.nan
     popularity = float(test["popularity"]) if test.get("popularity") is not None else None
-    return [
+    gates = [
         floor_gate(metric, model, params.bound(scenario, metric)),
         popularity_gate(metric, model, popularity, params.popularity_margin),
     ]
+    refit = metrics.get("refit") or {}
+    if refit.get("refit_on_all"):  # the production refit is served: it must score every test row
+        ok = bool(refit.get("outputs_finite", True))
+        why = (
+            "the refitted model scores the test rows" if ok else "the refitted model's outputs are not finite"
+        )
+        gates.append(Gate("refit_outputs_finite", ok, why))
+    return gates

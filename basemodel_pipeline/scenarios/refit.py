@@ -83,7 +83,7 @@ def production_refit(
     (metrics.json) records it. Returns the refitted network."""
     t0 = time.perf_counter()
     test = everything["test"]
-    model, _ = refit(shared, scenario, spec, everything, test, model, history, published, progress)
+    model, outputs = refit(shared, scenario, spec, everything, test, model, history, published, progress)
     result["timing_s"]["refit_all_s"] = round(time.perf_counter() - t0, 2)
     newer = " + newer complete windows" if "newest" in everything else ""
     result["refit"] = {
@@ -91,6 +91,8 @@ def production_refit(
         "refit_on_all": True,
         "windows": "training + validation + test" + newer,
         "test_metrics": "of the model before this refit (the refitted model has seen the test window)",
+        # what is served must score: the gates judge the evaluated model's metrics, and this (evaluation/gates.py)
+        "outputs_finite": bool(np.isfinite(np.asarray(outputs, np.float64)).all()),
     }
     return model
 

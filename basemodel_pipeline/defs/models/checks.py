@@ -95,9 +95,14 @@ def loss_finite_and_improving(context: dg.AssetCheckExecutionContext) -> dg.Asse
     )
 
 
-def verdict_result(meta: dict[str, Any] | None, gate: str, what: str) -> dg.AssetCheckResult:
+def verdict_result(
+    meta: dict[str, Any] | None, gate: str, what: str, required: bool = True
+) -> dg.AssetCheckResult:
     """A check result from the verdict the training step recorded for one of its gates (metadata
-    `gates.<name>.ok` / `.detail`, written by training/promotion.py before it promoted or rejected)."""
+    `gates.<name>.ok` / `.detail`, written by training/promotion.py before it promoted or rejected). A gate
+    that is not `required` may be absent (it did not apply to that run)."""
+    if meta and not required and f"gates.{gate}.ok" not in meta:
+        return dg.AssetCheckResult(passed=True, description=f"{gate}: does not apply to this version")
     if not meta or f"gates.{gate}.ok" not in meta:
         return dg.AssetCheckResult(passed=False, description=f"{what} has no verdict for {gate}: re-run it")
     promoted = bool(meta.get("promoted"))
@@ -113,7 +118,7 @@ def verdict_result(meta: dict[str, Any] | None, gate: str, what: str) -> dg.Asse
     )
 
 
-def scenario_check(name: str, description: str) -> dg.AssetChecksDefinition:
+def scenario_check(name: str, description: str, required: bool = True) -> dg.AssetChecksDefinition:
     """A blocking check per scenario partition: the verdict of one of its quality gates (evaluation/gates.py),
     decided by the fine-tuning step before it promoted or rejected the version."""
 
@@ -127,7 +132,7 @@ def scenario_check(name: str, description: str) -> dg.AssetChecksDefinition:
     def _check(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
         scenario = context.partition_key
         meta = latest_metadata(context.instance, scenario_model.key, scenario)
-        return verdict_result(meta, name, f"scenario_model[{scenario}]")
+        return verdict_result(meta, name, f"scenario_model[{scenario}]", required)
 
     return _check
 
@@ -142,6 +147,12 @@ beats_popularity = scenario_check(
     "The scenario's test metric beats the popularity baseline on the same split (+ "
     "quality_gates.popularity_margin); a version that fails it is not promoted (LATEST stays).",
 )
+refit_outputs_finite = scenario_check(
+    "refit_outputs_finite",
+    "After the production refit (finetune.refit_on_all), the model that is served scores every test row with "
+    "finite outputs; a version that fails it is not promoted (LATEST stays).",
+    required=False,
+)
 
 model_checks = [
     foundation_checkpoint_sha256,
@@ -149,4 +160,5 @@ model_checks = [
     loss_finite_and_improving,
     test_metric_above_floor,
     beats_popularity,
+    refit_outputs_finite,
 ]
