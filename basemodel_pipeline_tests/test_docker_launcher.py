@@ -26,7 +26,7 @@ from basemodel_pipeline.defs.shared.containers import (
 )
 from basemodel_pipeline.defs.shared.launcher import Launcher
 from basemodel_pipeline.defs.shared.partitions import scenarios_partitions
-from basemodel_pipeline.defs.shared.resources import BasemodelConfigResource
+from basemodel_pipeline.defs.shared.resources import BasemodelConfigResource, QualityGates
 from basemodel_pipeline.pipeline import run_cache, run_extract
 
 pytestmark = pytest.mark.timeout(900)
@@ -44,6 +44,7 @@ def _materialize(assets, config: Path, launcher: Launcher, instance, partition: 
         resources={
             "launcher": launcher,
             "basemodel_config": BasemodelConfigResource(config_path=str(config)),
+            "quality_gates": QualityGates(),  # the config's gates (the tiny config's let its models through)
         },
         partition_key=partition,
         raise_on_error=False,

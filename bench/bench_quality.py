@@ -54,7 +54,7 @@ from basemodel_pipeline.progress import NullProgress
 from basemodel_pipeline.scenarios.finetune import finetune_many
 from basemodel_pipeline.tasks import task_named
 
-BASELINES = ("popularity", "lightgbm_aggregates", "repeat_purchases", "neural")
+BASELINES = ("popularity", "recent_popularity", "lightgbm_aggregates", "repeat_purchases", "neural")
 # task types a data set's full demo config lacks, added here so every task type is measured on both sets
 EXTRA_SCENARIOS = {
     "completejourney": [
@@ -338,16 +338,21 @@ def _cell(flat: dict, n: str, b: str) -> str:
 
 def table(flat: dict, names: list[str]) -> str:
     lines = [
-        "| scenario | metric | published (per seed) | model | best baseline | vs popularity | "
+        "| scenario | metric | published (per seed) | model | best baseline | vs popularity | vs recent popularity | "
         "vs LightGBM aggregates | vs repeat | vs network alone | time x |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for n in names:
-        bases = [b for b in ("popularity", "lightgbm_aggregates", "repeat_purchases") if f"{n}.{b}" in flat]
+        bases = [
+            b
+            for b in ("popularity", "recent_popularity", "lightgbm_aggregates", "repeat_purchases")
+            if f"{n}.{b}" in flat
+        ]
         hib = metrics.higher_is_better(flat[f"{n}.metric"])
         best = (max if hib else min)(bases, key=lambda b, n=n: flat[f"{n}.{b}"])
         cells = " | ".join(
-            _cell(flat, n, b) for b in ("popularity", "lightgbm_aggregates", "repeat_purchases", "neural")
+            _cell(flat, n, b)
+            for b in ("popularity", "recent_popularity", "lightgbm_aggregates", "repeat_purchases", "neural")
         )
         lines.append(
             f"| {n} | {flat[f'{n}.metric']} | {flat[f'{n}.published']} | {flat[f'{n}.model']:.4f} | "
