@@ -354,3 +354,35 @@ def test_resampled_auroc_equals_the_auroc_of_the_resampled_rows() -> None:
     only_two = np.zeros(250)
     only_two[[0, 1]] = 1  # too few rows for both classes in most columns: NaN there, as for the rows alone
     np.testing.assert_allclose(resampled(only_two), per_class_auroc(Y[:2], S[:2]), equal_nan=True)
+
+
+def test_every_curve_of_a_report_chart_has_its_own_colour_and_line_style(monkeypatch) -> None:
+    """The report's legends told model from neural, the two LightGBMs and popularity from the blend only by
+    name (each colour was used twice): every curve of a chart now has its own colour and line style."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_hex
+
+    from basemodel_pipeline.reports import html as report
+
+    drawn: list = []
+    monkeypatch.setattr(report, "_png", lambda fig: drawn.append(fig) or "")
+    rng = np.random.default_rng(0)
+    y = rng.random(400) < 0.3
+    names = [
+        "model", "neural", "lightgbm_aggregates", "lightgbm_hybrid", "blend", "popularity", "custom_a", "custom_b",
+    ]  # fmt: skip
+    scores = {n: rng.random(400) + y * rng.random() for n in names}
+    report._binary_charts(y.astype(np.float64), scores, set(names))
+    report._regression_charts(rng.random(400), scores)
+    for fig in drawn:
+        for ax in fig.axes:
+            looks = [
+                (to_hex(line.get_color()), line.get_linestyle())
+                for line in ax.get_lines()
+                if line.get_label().split(" (")[0] in names  # "model (AUROC 0.812)" on the ROC chart
+            ]
+            if looks:
+                assert len(set(looks)) == len(looks), looks
+                assert len({c for c, _ in looks}) >= len(looks) - 2  # only the unknown names share a grey
+        plt.close(fig)
+    assert len(drawn) >= 4

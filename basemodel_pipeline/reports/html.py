@@ -26,12 +26,31 @@ from basemodel_pipeline.evaluation.metrics import higher_is_better, ranking_hits
 from basemodel_pipeline.tasks import Task, task_named  # noqa: E402
 
 MAX_POINTS = 200_000  # (example, class) pairs drawn for the micro-averaged curves
-COLORS = {
-    "model": "#1f77b4",
-    "lightgbm_aggregates": "#ff7f0e",
-    "popularity": "#2ca02c",
-    "repeat_purchases": "#d62728",
+# one colour and line style per curve, so that no two curves of a chart share a legend entry's look
+STYLES = {
+    "model": ("#1f77b4", "-"),
+    "neural": ("#9467bd", "--"),
+    "lightgbm_aggregates": ("#ff7f0e", "-"),
+    "lightgbm_hybrid": ("#8c564b", "-."),
+    "blend": ("#e377c2", "-."),
+    "reranker": ("#bcbd22", "-"),
+    "popularity": ("#2ca02c", ":"),
+    "recent_popularity": ("#17becf", ":"),
+    "repeat_purchases": ("#d62728", "--"),
 }
+OTHER_STYLES = [("#7f7f7f", "-"), ("#7f7f7f", "--"), ("#7f7f7f", ":"), ("#000000", "-.")]
+
+
+def style(name: str, names: list[str] | None = None) -> dict[str, str]:
+    """The colour and line style of one curve (`names`: every curve of the chart, for the unknown ones)."""
+    if name in STYLES:
+        color, ls = STYLES[name]
+    else:
+        others = [n for n in (names or [name]) if n not in STYLES]
+        color, ls = (
+            OTHER_STYLES[others.index(name) % len(OTHER_STYLES)] if name in others else OTHER_STYLES[0]
+        )
+    return {"color": color, "ls": ls}
 
 
 def _png(fig) -> str:
@@ -61,10 +80,13 @@ def _binary_charts(y: np.ndarray, scores: dict[str, np.ndarray], probabilistic: 
     fig, (roc, pr) = plt.subplots(1, 2, figsize=(10, 4))
     for name, s in scores.items():
         fpr, tpr, _ = skm.roc_curve(y, s)
-        roc.plot(fpr, tpr, label=f"{name} (AUROC {skm.auc(fpr, tpr):.3f})", color=COLORS.get(name))
+        roc.plot(fpr, tpr, label=f"{name} (AUROC {skm.auc(fpr, tpr):.3f})", **style(name, list(scores)))
         prec, rec, _ = skm.precision_recall_curve(y, s)
         pr.plot(
-            rec, prec, label=f"{name} (AP {skm.average_precision_score(y, s):.3f})", color=COLORS.get(name)
+            rec,
+            prec,
+            label=f"{name} (AP {skm.average_precision_score(y, s):.3f})",
+            **style(name, list(scores)),
         )
     roc.plot([0, 1], [0, 1], "k:", lw=0.8)
     roc.set(xlabel="false positive rate", ylabel="true positive rate", title="ROC")
@@ -77,8 +99,8 @@ def _binary_charts(y: np.ndarray, scores: dict[str, np.ndarray], probabilistic: 
     share = np.arange(1, len(y) + 1) / len(y)
     for name, s in scores.items():
         captured = np.cumsum(y[np.argsort(-s, kind="stable")]) / y.sum()
-        gain.plot(share, captured, label=name, color=COLORS.get(name))
-        lift.plot(share, captured / share, label=name, color=COLORS.get(name))
+        gain.plot(share, captured, label=name, **style(name, list(scores)))
+        lift.plot(share, captured / share, label=name, **style(name, list(scores)))
     gain.plot([0, 1], [0, 1], "k:", lw=0.8)
     gain.set(
         xlabel="share of entities contacted (by score)",
@@ -98,7 +120,7 @@ def _binary_charts(y: np.ndarray, scores: dict[str, np.ndarray], probabilistic: 
         ok = cnt > 0
         mean_p = np.bincount(bins, weights=s, minlength=10)[ok] / cnt[ok]
         mean_y = np.bincount(bins, weights=y, minlength=10)[ok] / cnt[ok]
-        ax.plot(mean_p, mean_y, "o-", label=name, color=COLORS.get(name))
+        ax.plot(mean_p, mean_y, marker="o", label=name, **style(name, list(scores)))
     ax.plot([0, 1], [0, 1], "k:", lw=0.8)
     ax.set(xlabel="predicted probability", ylabel="observed frequency", title="Calibration (10 bins)")
     ax.legend(fontsize=8)
@@ -113,17 +135,19 @@ def _regression_charts(y: np.ndarray, preds: dict[str, np.ndarray]) -> list[str]
     share = np.arange(1, len(y) + 1) / len(y)
     for name, p in preds.items():
         p = np.asarray(p, np.float64)
-        sc.scatter(p[idx], y[idx], s=3, alpha=0.4, label=name, color=COLORS.get(name))
+        sc.scatter(p[idx], y[idx], s=3, alpha=0.4, label=name, color=style(name, list(preds))["color"])
         order = np.argsort(p, kind="stable")
         deciles = np.array_split(order, 10)
         cal.plot(
             [p[d].mean() for d in deciles],
             [y[d].mean() for d in deciles],
-            "o-",
+            marker="o",
             label=name,
-            color=COLORS.get(name),
+            **style(name, list(preds)),
         )
-        gain.plot(share, np.cumsum(y[order[::-1]]) / max(y.sum(), 1e-12), label=name, color=COLORS.get(name))
+        gain.plot(
+            share, np.cumsum(y[order[::-1]]) / max(y.sum(), 1e-12), label=name, **style(name, list(preds))
+        )
     lo, hi = float(y.min()), float(y.max())
     sc.plot([lo, hi], [lo, hi], "k:", lw=0.8)
     sc.set(xlabel="predicted", ylabel="actual", title="Predicted vs actual")
@@ -148,11 +172,11 @@ def _ranking_charts(truth: tuple, ranked: dict[str, np.ndarray]) -> list[str]:
     for name, top in ranked.items():
         hits = ranking_hits(top, indptr, indices, n_items)
         ks = np.arange(1, hits.shape[1] + 1)
-        hr.plot(ks, np.maximum.accumulate(hits, axis=1).mean(0), label=name, color=COLORS.get(name))
+        hr.plot(ks, np.maximum.accumulate(hits, axis=1).mean(0), label=name, **style(name, list(ranked)))
         disc = 1.0 / np.log2(ks + 1.0)
         dcg = np.cumsum(hits * disc, axis=1)
         ideal = np.cumsum(disc)[np.minimum(n_rel[:, None], ks[None, :]).astype(int) - 1]
-        nd.plot(ks, (dcg / ideal).mean(0), label=name, color=COLORS.get(name))
+        nd.plot(ks, (dcg / ideal).mean(0), label=name, **style(name, list(ranked)))
     hr.set(xlabel="K", ylabel="HitRate@K", title="HitRate@K", xscale="log")
     nd.set(xlabel="K", ylabel="NDCG@K", title="NDCG@K", xscale="log")
     hr.legend(fontsize=8)
