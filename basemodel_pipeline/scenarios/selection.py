@@ -189,13 +189,11 @@ NOT_APPLICABLE = {"repeat_purchases": "items: new ranks only items the entity ne
 
 
 def worse_on_test(task: Task, test: dict[str, Any]) -> list[str]:
-    """The baselines the published model ("model") scored better than on the test window: the choice made on
-    validation did not hold there (a warning in the log, the report and the Dagster metadata)."""
-    model, sign = test.get("model"), 1.0 if task.higher_is_better() else -1.0
+    """The baselines that scored better than the published model ("model") on the test window: the choice made
+    on validation did not hold there (a warning in the log, the report and the Dagster metadata)."""
+    model = test.get("model")
     if model is None or not np.isfinite(model):
         return []
     return [
-        name
-        for name in BASELINES
-        if isinstance(test.get(name), float) and np.isfinite(test[name]) and sign * (test[name] - model) > 0
+        name for name in BASELINES if isinstance(test.get(name), float) and _better(task, test[name], model)
     ]
