@@ -85,7 +85,9 @@ def test_popularity_windows_trends_and_ages_per_split_time(fast) -> None:
 def test_short_windows_beat_the_28_day_popularity_when_items_fade_within_days(fast) -> None:
     _, results = fast
     m = _metrics(results["next_items"])
-    assert {"popularity", "recent_popularity", "repeat_purchases", "reranker"} <= set(m["test"])
+    assert {"popularity", "recent_popularity", "repeat_purchases", "cooccurrence", "reranker"} <= set(
+        m["test"]
+    )
     assert m["test"]["recent_popularity"] > m["test"]["popularity"]  # the launch-and-fade signal
     validation = m["selection"]["validation"]
     best = max(validation, key=lambda n: validation[n])
@@ -98,8 +100,10 @@ def test_new_items_have_no_repeat_baseline_and_the_reranker_reads_the_trends(fas
     m = _metrics(results["new_items"])
     assert m["test"]["repeat_purchases"] is None and "repeat_purchases" not in m["selection"]["validation"]
     assert "nothing to repeat" in m["not_applicable"]["repeat_purchases"]
-    assert "recent_popularity" in m["selection"]["validation"]
-    assert {"item_pop_1d", "item_trend_1d_7d", "item_age_days"} <= set(FEATURES)
+    assert {"recent_popularity", "cooccurrence"} <= set(m["selection"]["validation"])
+    assert {"item_pop_1d", "item_trend_1d_7d", "item_age_days", "item_cooc", "item_cooc_share"} <= set(
+        FEATURES
+    )
     report = (Path(results["new_items"]["path"]) / "report.html").read_text()
     assert "repeat_purchases: not applicable" in report
     out = run_predict(cfg, "new_items")  # what was published scores every entity
@@ -125,6 +129,7 @@ def test_a_reranker_trained_on_other_features_is_refused_in_one_line() -> None:
 
     ctx = SimpleNamespace(scenario=SimpleNamespace(name="next_items"))
     older = {"kind": "reranker", "features": list(FEATURES[:18])}
+    assert load_ranking_candidate({"kind": "cooccurrence"}, {}, ctx).name == "cooccurrence"
     with pytest.raises(
         UserError, match=r"re-ranker was trained on other features .*basemodel finetune CONFIG -s next_items"
     ):

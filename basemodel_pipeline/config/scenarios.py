@@ -23,6 +23,7 @@ CandidateName = Literal[
     "lightgbm_aggregates",
     "popularity",
     "recent_popularity",
+    "cooccurrence",
     "reranker",
     "repeat_purchases",
 ]
@@ -234,7 +235,7 @@ class Scenario(Strict):
 
     @model_validator(mode="after")
     def _task_matches_target(self) -> Scenario:
-        ranking = {"reranker", "repeat_purchases", "recent_popularity"}
+        ranking = {"reranker", "repeat_purchases", "recent_popularity", "cooccurrence"}
         tabular = {"lightgbm_hybrid", "lightgbm_aggregates"}
         wrong = ranking if self.task != "recommendation" else tabular | {"blend"}
         for field, names in (

@@ -37,6 +37,7 @@ STYLES = {
     "popularity": ("#2ca02c", ":"),
     "recent_popularity": ("#17becf", ":"),
     "repeat_purchases": ("#d62728", "--"),
+    "cooccurrence": ("#aec7e8", "-."),
 }
 OTHER_STYLES = [("#7f7f7f", "-"), ("#7f7f7f", "--"), ("#7f7f7f", ":"), ("#000000", "-.")]
 
@@ -210,7 +211,7 @@ def _table(all_metrics: dict[str, dict[str, float]]) -> str:
     return f"<table><tr><th>metric</th>{head}</tr>{''.join(rows)}</table>"
 
 
-BASELINES = {"popularity", "recent_popularity", "lightgbm_aggregates", "repeat_purchases"}
+BASELINES = {"popularity", "recent_popularity", "lightgbm_aggregates", "repeat_purchases", "cooccurrence"}
 
 
 def _selection_table(result: dict[str, Any]) -> str:

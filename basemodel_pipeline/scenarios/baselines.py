@@ -1,5 +1,6 @@
 """A scenario's CPU phase: its examples' features and the candidates that need no network (LightGBM on the
-aggregates, popularity, repeat purchases), fitted and staged for the fine-tuning step (scenarios/staging.py).
+aggregates, popularity, repeat purchases, co-occurrence), fitted and staged for the fine-tuning step
+(scenarios/staging.py).
 
 Dagster runs it as the ``scenario_baselines`` step, outside the ``gpu`` pool, before ``scenario_model``;
 fine-tuning then reads the stage instead of fitting them while it holds the GPU. Without a stage (``basemodel

@@ -1,12 +1,14 @@
 """What the re-ranker (scenarios/rerank.py) knows of the items at a split time: each entity's own items with
 their statistics (History: counts, decayed counts, recency, active days, intervals) and the items' recent
-popularity (PopularityTable), both read from the event cache before the split time."""
+popularity (PopularityTable) and their neighbours by co-occurrence (CooccurrenceTable), all read from the
+event cache before the split time."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import sparse
 
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.dates import DAY
@@ -162,3 +164,78 @@ class PopularityTable:
 
     def top(self, t: int, k: int, days: int = 28) -> np.ndarray:
         return self.snapshot(t).top(k, days)
+
+
+# ---- co-occurrence per split time ------------------------------------------------------------------
+COOC_DAYS = 56  # co-occurrence: the items each entity had in these days before the split
+COOC_ITEMS = 50  # ... at most its most frequent ones (bounds the pairs per entity at 50 x 50)
+COOC_ENTITIES = 200_000  # ... of at most this many entities (a uniform sample beyond: a stable estimate)
+NEIGHBOURS = 50  # items kept per item: its most similar ones
+
+
+class CooccurrenceTable:
+    """Item neighbours per distinct split time: items had by the same entities in the COOC_DAYS before it,
+    scored by cosine similarity (pairs of entities in common over the root of both items' entity counts),
+    the NEIGHBOURS best per item. An entity's score of an item is the sum, over its own items weighted by
+    their 30-day decayed count, of the item's similarity to them: "people who had yours also had this"."""
+
+    def __init__(self, cache: EventCache, source: str, column: str, seed: int = 0) -> None:
+        self.cache, self.source, self.column, self.seed = cache, source, column, seed
+        self._by_time: dict[int, sparse.csr_matrix] = {}
+
+    def neighbours(self, t: int) -> sparse.csr_matrix:
+        """[n_items, n_items] similarity of each item (row) to its NEIGHBOURS nearest items (columns)."""
+        if t not in self._by_time:
+            src = self.cache.source(self.source)
+            n_items = src.info[self.column].vocab_size
+            entity = np.arange(self.cache.n_entities, dtype=np.int64)
+            if len(entity) > COOC_ENTITIES:
+                rng = np.random.default_rng(self.seed)
+                entity = np.sort(rng.choice(entity, COOC_ENTITIES, replace=False))
+            owner, rows = src.window_rows(
+                entity, np.full(len(entity), t - COOC_DAYS * DAY), np.full(len(entity), t)
+            )
+            item = np.asarray(src.columns[self.column])[rows].astype(np.int64) - 1
+            ok = item >= 0
+            key, count = np.unique(owner[ok] * n_items + item[ok], return_counts=True)
+            ent, it = key // n_items, key % n_items
+            order = np.lexsort((-count, ent))  # each entity's most frequent items first
+            ent, it = ent[order], it[order]
+            keep = np.arange(len(ent)) - np.searchsorted(ent, ent) < COOC_ITEMS
+            X = sparse.csr_matrix(
+                (np.ones(int(keep.sum())), (ent[keep], it[keep])), shape=(len(entity), n_items)
+            )
+            self._by_time[t] = _top_similar(X, NEIGHBOURS)
+        return self._by_time[t]
+
+    def scores(self, time: np.ndarray, hist: History, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """(keys row * n_items + item, sorted; scores) of the items similar to the own items of history rows
+        a..b, whose split times are time[a:b] (items without a similar own item score 0 and are left out)."""
+        n_items = self.cache.source(self.source).info[self.column].vocab_size
+        ha, hb = hist.slice(a, b)
+        H = sparse.csr_matrix(
+            (hist.decay30[ha:hb], (hist.row[ha:hb] - a, hist.item[ha:hb])), shape=(b - a, n_items)
+        )
+        keys, values = [np.zeros(0, np.int64)], [np.zeros(0)]
+        for t in np.unique(time[a:b]):
+            r = np.flatnonzero(time[a:b] == t)
+            S = (H[r] @ self.neighbours(int(t))).tocoo()
+            keys.append((r[S.row] + a) * n_items + S.col)
+            values.append(S.data)
+        k, v = np.concatenate(keys), np.concatenate(values)
+        order = np.argsort(k, kind="stable")
+        return k[order], v[order]
+
+
+def _top_similar(X: sparse.csr_matrix, k: int) -> sparse.csr_matrix:
+    """Cosine similarity of X's columns, without the diagonal, the k largest per row."""
+    n = X.shape[1]
+    had = np.asarray(X.sum(axis=0)).ravel()
+    C = (X.T @ X).tocoo()
+    off = C.row != C.col
+    r, c = C.row[off].astype(np.int64), C.col[off].astype(np.int64)
+    v = C.data[off] / np.sqrt(had[r] * had[c])
+    order = np.lexsort((-v, r))
+    r, c, v = r[order], c[order], v[order]
+    keep = np.arange(len(r)) - np.searchsorted(r, r) < k
+    return sparse.csr_matrix((v[keep], (r[keep], c[keep])), shape=(n, n))

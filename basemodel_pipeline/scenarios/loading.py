@@ -13,6 +13,7 @@ from basemodel_pipeline.errors import UserError
 from basemodel_pipeline.evaluation.gbm import GBM
 from basemodel_pipeline.scenarios.candidates import Blend, Candidate, Context, LightGBM, Neural, Popularity
 from basemodel_pipeline.scenarios.ranking_baselines import (
+    Cooccurrence,
     NeuralRanking,
     RecentPopularity,
     RecommendPopularity,
@@ -47,7 +48,14 @@ def load_candidate(meta: dict[str, Any], files: dict[str, bytes], ctx: Context) 
         b.weights, b.intercept = np.asarray(meta["weights"], np.float64), float(meta["intercept"])
         b.scale = float(meta.get("scale", 1.0))
         return b
-    if kind in ("reranker", "repeat", "recommend_popularity", "recent_popularity", "neural_ranking"):
+    if kind in (
+        "reranker",
+        "repeat",
+        "recommend_popularity",
+        "recent_popularity",
+        "cooccurrence",
+        "neural_ranking",
+    ):
         return load_ranking_candidate(meta, files, ctx)
     raise ValueError(f"unknown candidate kind '{kind}' in the checkpoint")
 
@@ -69,6 +77,8 @@ def load_ranking_candidate(meta: dict[str, Any], files: dict[str, bytes], ctx: C
         return RepeatPurchases(ctx)
     if kind == "recommend_popularity":
         return RecommendPopularity(ctx)
+    if kind == "cooccurrence":
+        return Cooccurrence(ctx)
     if kind == "recent_popularity":
         return RecentPopularity(ctx, int(meta.get("window", 7)))
     return NeuralRanking(ctx, float(meta.get("weight", 0.0)))

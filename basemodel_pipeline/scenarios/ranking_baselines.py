@@ -1,5 +1,5 @@
-"""The recommendation candidates that rank without a re-ranker of their own: the two popularity baselines
-and "repeat what they bought" (no training), and the network's catalogue scores with the entity's own history
+"""The recommendation candidates that rank without a re-ranker of their own: the two popularity baselines,
+"repeat what they bought" and "what those who had theirs also had" (no training), and the network's catalogue scores with the entity's own history
 (scenarios/rerank.py holds the re-ranker and the pool and ranking primitives they share)."""
 
 from __future__ import annotations
@@ -10,8 +10,14 @@ import numpy as np
 
 from basemodel_pipeline.scenarios.candidates import Context
 from basemodel_pipeline.scenarios.inputs import Rows
-from basemodel_pipeline.scenarios.item_stats import WINDOWS, History, PopularityTable, item_history
-from basemodel_pipeline.scenarios.rerank import Pool, item_filter, lookup, ranked, ranking
+from basemodel_pipeline.scenarios.item_stats import (
+    WINDOWS,
+    CooccurrenceTable,
+    History,
+    PopularityTable,
+    item_history,
+)
+from basemodel_pipeline.scenarios.rerank import Pool, best_per_row, item_filter, lookup, ranked, ranking
 from basemodel_pipeline.scenarios.selection import primary
 from basemodel_pipeline.tasks.recommendation import RANKED_ITEMS, REPEAT_WEIGHTS, Recommendation
 
@@ -124,6 +130,27 @@ class RecentPopularity(_Untrained):
 
     def save(self) -> tuple[dict[str, Any], dict[str, bytes]]:
         return {"kind": self.kind, "window": self.window, "window_scores": self.scores}, {}
+
+
+class Cooccurrence(_Untrained):
+    """Baseline: the items most similar to the entity's own by co-occurrence (scenarios/item_stats.py
+    CooccurrenceTable: had by the same entities in the 56 days before the split), popular items after them;
+    ``items: new`` leaves out the entity's own items, ``items: repeat`` ranks only them first."""
+
+    name, kind = "cooccurrence", "cooccurrence"
+
+    def rank(self, rows: Rows, k: int = RANKED_ITEMS) -> tuple[np.ndarray, np.ndarray]:
+        d, rule = ranking(self.ctx).d, item_filter(self.ctx)
+        pops, hist = self.tables(rows)
+        cooc = CooccurrenceTable(rows.cache, d.source, d.column, self.ctx.seed)
+        keys, score = cooc.scores(rows.time, hist, 0, len(rows))
+        if rule != "all":
+            seen, _ = lookup(keys, hist.row * d.n_items + hist.item)
+            keys, score = (keys[seen], score[seen]) if rule == "repeat" else (keys[~seen], score[~seen])
+        best = best_per_row(keys, score, d.n_items, k)
+        keys, score = keys[best], score[best]
+        pool = Pool(keys // d.n_items, keys % d.n_items, np.zeros((len(keys), 0), np.float32))
+        return ranked(pool, score, len(rows), k, pops, rows.time, exclude=hist if rule == "new" else None)
 
 
 class NeuralRanking:  # the network's refit lives in scenarios/finetune.py

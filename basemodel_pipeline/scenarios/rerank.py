@@ -9,16 +9,19 @@ primitives; the others live in scenarios/ranking_baselines.py.
     popularity         baseline: the items most bought by everyone in the 28 days before the split
     recent_popularity  baseline: the same in the best of the 1, 3, 7, 14 and 28-day windows (chosen on the
                        early-stopping rows): what wins when items launch and fade within days
+    cooccurrence       baseline: the items most often had by the entities that had the entity's own items
+                       (item-to-item cosine similarity over the last 56 days), popular items after them
     reranker           a candidate pool per entity, re-ranked by LightGBM LambdaRank:
 
 Pool: the entity's own past items (most recent and frequent first), the items most popular in the last 28
 days and in each shorter window (1, 3, 7, 14 days), the items rising fastest (3 days against 28) and the
-newest items with events last week, and the network's top items. Features of each (entity, item) pair: how
-often, how recently and how regularly the entity had the item (count, decayed counts at 7 and 30 days, days
-since the last time, mean interval between the days it had it, "overdue" = days since / interval, share of
+newest items with events last week, the items most similar to the entity's own by co-occurrence, and the
+network's top items. Features of each (entity, item) pair: how often, how recently and how regularly the
+entity had the item (count, decayed counts at 7 and 30 days, days since the last time, mean interval between the days it had it, "overdue" = days since / interval, share of
 the entity's active days), the entity's own activity (active days, recency, distinct items), the item's
 popularity now (1, 3, 7, 14 and 28 days), its trends (1 vs 7, 3 vs 14, 7 vs 28 days) and its age (days since
-its first event), and the network's score. The ranker trains on the validation (stop) examples whose pool holds a
+its first event), its co-occurrence score with the entity's own items (and its share of the row's best),
+and the network's score. The ranker trains on the validation (stop) examples whose pool holds a
 relevant item, 4/5 of their entities, and early-stops on the other 1/5's NDCG@10 (Reranker.fit says why not
 on the training examples).
 
@@ -39,7 +42,12 @@ from basemodel_pipeline.evaluation.probe import entity_folds
 from basemodel_pipeline.scenarios.candidates import Context
 from basemodel_pipeline.scenarios.examples import SparseLabels
 from basemodel_pipeline.scenarios.inputs import Rows
-from basemodel_pipeline.scenarios.item_stats import History, PopularityTable, item_history
+from basemodel_pipeline.scenarios.item_stats import (
+    CooccurrenceTable,
+    History,
+    PopularityTable,
+    item_history,
+)
 from basemodel_pipeline.tasks.recommendation import RANKED_ITEMS, Recommendation
 
 POOL_HISTORY = 50  # pool: the entity's own items (by decayed count)
@@ -47,6 +55,7 @@ POOL_POPULAR = 50  # pool: popular items of the last 28 days
 POOL_MODEL = 50  # pool: the network's top items
 POOL_WINDOW = 20  # pool: the top items of each shorter popularity window (1, 3, 7, 14 days)
 POOL_FRESH = 20  # pool: the items rising fastest and the newest items with recent events
+POOL_COOC = 30  # pool: the items most similar by co-occurrence to the entity's own items
 MAX_TRAIN_QUERIES = 20_000  # ranker training examples (sampled)
 MAX_STOP_QUERIES = 5_000  # ranker early-stopping examples (sampled)
 CHUNK = 256  # rows per pass over the catalogue
@@ -75,6 +84,8 @@ FEATURES = (
     "item_trend_1d_7d",
     "item_trend_3d_14d",
     "item_age_days",
+    "item_cooc",
+    "item_cooc_share",
 )
 
 
@@ -114,7 +125,17 @@ def model_item_scores(ctx: Context, logits: np.ndarray) -> torch.Tensor:
     return ranking(ctx).item_scores(torch.from_numpy(np.asarray(logits, np.float32)))
 
 
-def build_pool(ctx: Context, rows: Rows, hist: History, pops: PopularityTable) -> Pool:
+def best_per_row(keys: np.ndarray, values: np.ndarray, n_items: int, k: int) -> np.ndarray:
+    """Positions in `keys` (row * n_items + item) of the k highest values of each row."""
+    row = keys // n_items
+    order = np.lexsort((-values, row))
+    start = np.searchsorted(row[order], row[order], side="left")
+    return order[(np.arange(len(order)) - start) < k]
+
+
+def build_pool(
+    ctx: Context, rows: Rows, hist: History, pops: PopularityTable, cooc: CooccurrenceTable
+) -> Pool:
     """The candidate pool of every row and its features (module docstring)."""
     n_items = ranking(ctx).d.n_items
     rule = item_filter(ctx)
@@ -128,6 +149,7 @@ def build_pool(ctx: Context, rows: Rows, hist: History, pops: PopularityTable) -
         S = model_item_scores(ctx, logits[a:b])  # [c, n_items]
         if rule == "new" and len(h_row):
             S[torch.from_numpy(h_row - a), torch.from_numpy(h_item)] = -torch.inf
+        c_keys, c_vals = cooc.scores(rows.time, hist, a, b)
         parts = []
         if rule != "new":  # own items, the POOL_HISTORY with the highest 30-day decayed count per row
             order = np.lexsort((-hist.decay30[ha:hb], h_row))
@@ -146,6 +168,7 @@ def build_pool(ctx: Context, rows: Rows, hist: History, pops: PopularityTable) -
                 popular += [p.rising(POOL_FRESH), p.newest(POOL_FRESH)]
                 items = np.unique(np.concatenate(popular))
                 parts.append((r[:, None] * n_items + items[None, :]).ravel())
+            parts.append(c_keys[best_per_row(c_keys, c_vals, n_items, POOL_COOC)])
         keys = np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
         row, item = keys // n_items, keys % n_items
         if rule == "new":  # the popular list and the model's list must not bring back own items
@@ -153,7 +176,9 @@ def build_pool(ctx: Context, rows: Rows, hist: History, pops: PopularityTable) -
             keys, row, item = keys[~seen], row[~seen], item[~seen]
         out_rows.append(row)
         out_items.append(item)
-        out_feats.append(_features(ctx, rows, hist, pops, row, item, keys, h_keys, ha, S, a))
+        F = _features(ctx, rows, hist, pops, row, item, keys, h_keys, ha, S, a)
+        _cooc_features(F, row, keys, c_keys, c_vals, a)
+        out_feats.append(F)
     if not out_rows:
         return Pool(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, len(FEATURES)), np.float32))
     return Pool(np.concatenate(out_rows), np.concatenate(out_items), np.concatenate(out_feats))
@@ -208,6 +233,16 @@ def _features(ctx, rows, hist, pops, row, item, keys, h_keys, ha, S, a) -> np.nd
         np.maximum.at(best, row - a, np.nan_to_num(score, nan=-np.inf))
         F[:, 17] = score - best[row - a]
     return F
+
+
+def _cooc_features(F, row, keys, c_keys, c_vals, a) -> None:
+    found, idx = lookup(keys, c_keys)
+    score = np.where(found, c_vals[idx] if len(c_vals) else 0.0, 0.0)
+    F[:, FEATURES.index("item_cooc")] = np.log1p(score)
+    best = np.zeros(int(row.max(initial=a)) - a + 1 if len(row) else 0)
+    np.maximum.at(best, row - a, score)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        F[:, FEATURES.index("item_cooc_share")] = np.where(best[row - a] > 0, score / best[row - a], 0.0)
 
 
 def relevance(pool: Pool, labels: SparseLabels) -> np.ndarray:
@@ -267,8 +302,9 @@ class Reranker:
     def _prepare(self, rows: Rows) -> tuple[Pool, PopularityTable, History]:
         d = ranking(self.ctx).d
         pops = PopularityTable(rows.cache, d.source, d.column)
+        cooc = CooccurrenceTable(rows.cache, d.source, d.column, self.ctx.seed)
         hist = item_history(rows.cache, d.source, d.column, rows.entity, rows.time)
-        return build_pool(self.ctx, rows, hist, pops), pops, hist
+        return build_pool(self.ctx, rows, hist, pops, cooc), pops, hist
 
     def _sample(self, rows: Rows, limit: int) -> Rows:
         if len(rows) <= limit:

@@ -30,13 +30,20 @@ PREFERENCE = (
     "popularity",
     "recent_popularity",
     "repeat_purchases",
+    "cooccurrence",
     "lightgbm_aggregates",
     "neural",
     "lightgbm_hybrid",
     "reranker",
     "blend",
 )  # simplest first: a tie goes to the earlier name
-BASELINES = ("lightgbm_aggregates", "popularity", "recent_popularity", "repeat_purchases")  # need no network
+BASELINES = (
+    "lightgbm_aggregates",
+    "popularity",
+    "recent_popularity",
+    "repeat_purchases",
+    "cooccurrence",
+)  # need no network
 BOOTSTRAP_ROUNDS = 200  # select rows resampled to tell the best single candidate from the blend
 
 

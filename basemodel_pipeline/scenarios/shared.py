@@ -26,6 +26,7 @@ from basemodel_pipeline.scenarios.candidates import Candidate, Context, LightGBM
 from basemodel_pipeline.scenarios.examples import Examples, TargetSpec
 from basemodel_pipeline.scenarios.inputs import Rows, RowView, _Embed
 from basemodel_pipeline.scenarios.ranking_baselines import (
+    Cooccurrence,
     NeuralRanking,
     RecentPopularity,
     RecommendPopularity,
@@ -220,6 +221,7 @@ def candidate_models(ctx: Context, names: list[str] | None) -> dict[str, Candida
             "repeat_purchases": RepeatPurchases(ctx),
             "popularity": RecommendPopularity(ctx),
             "recent_popularity": RecentPopularity(ctx),
+            "cooccurrence": Cooccurrence(ctx),
             "reranker": Reranker(ctx),
         }
         if item_filter(ctx) == "new":  # only items never had: repeating their own items does not apply
