@@ -24,7 +24,7 @@ GROCERY = {
     "horizon_days": 14,
     "filter": [{"column": "department", "op": "==", "value": "GROCERY"}],
 }
-PUBLISH = ("neural", "lightgbm_aggregates", "blend")
+PUBLISH = ("neural", "lightgbm_aggregates", "blend", "lightgbm_hybrid_seeds")
 
 
 @pytest.fixture(scope="module")
@@ -129,3 +129,25 @@ def test_the_default_refit_learns_up_to_the_data_end(
     off = json.loads((Path(results["as_evaluated"]["path"]) / "metrics.json").read_text())
     assert "refit" not in off and off["fit_windows"]["published"] == off["fit_windows"]["evaluated"]
     assert off["test"] == pytest.approx(m["test"], nan_ok=True)  # the same evaluation either way
+
+
+def test_small_data_fits_a_seed_ensemble_chosen_like_any_candidate_with_its_spread(refit_world) -> None:
+    """60 households: the small data regime adds lightgbm_hybrid with BAG_SEEDS seeds, averaged; selection
+    sees it beside the others and metrics.json reports what each seed scored."""
+    from basemodel_pipeline.scenarios.bagging import BAG_SEEDS
+
+    _, results = refit_world
+    m = json.loads((Path(results["grocery_neural"]["path"]) / "metrics.json").read_text())
+    assert "lightgbm_hybrid_seeds" in m["selection"]["validation"]
+    spread = m["seed_spread"]["lightgbm_hybrid_seeds"]
+    assert spread["seeds"] == list(range(BAG_SEEDS))  # the scenario's seed (0), then 1, 2, ...
+    for part in ("select", "test"):
+        members = spread[part]["members"]
+        assert len(members) == BAG_SEEDS and len(set(members)) > 1  # the seeds drew other rows and features
+        assert spread[part]["range"] == pytest.approx(max(members) - min(members), abs=1e-5)
+        assert spread[part]["std"] > 0
+    assert spread["test"]["ensemble"] == pytest.approx(m["test"]["lightgbm_hybrid_seeds"])
+    from basemodel_pipeline.reports.html import _seed_spread  # the report's section, from metrics.json
+
+    section = _seed_spread(m)
+    assert "<h2>Seed spread</h2>" in section and f"{spread['test']['mean']:.4f}" in section

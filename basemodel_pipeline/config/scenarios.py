@@ -20,6 +20,7 @@ LIGHTGBM_MAX_ROWS = 10_000
 CandidateName = Literal[
     "neural",
     "lightgbm_hybrid",
+    "lightgbm_hybrid_seeds",
     "lightgbm_aggregates",
     "popularity",
     "recent_popularity",
@@ -236,7 +237,7 @@ class Scenario(Strict):
     @model_validator(mode="after")
     def _task_matches_target(self) -> Scenario:
         ranking = {"reranker", "repeat_purchases", "recent_popularity", "cooccurrence"}
-        tabular = {"lightgbm_hybrid", "lightgbm_aggregates"}
+        tabular = {"lightgbm_hybrid", "lightgbm_hybrid_seeds", "lightgbm_aggregates"}
         wrong = ranking if self.task != "recommendation" else tabular | {"blend"}
         for field, names in (
             ("candidates", self.candidates or []),

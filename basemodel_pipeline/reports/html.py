@@ -32,6 +32,7 @@ STYLES = {
     "neural": ("#9467bd", "--"),
     "lightgbm_aggregates": ("#ff7f0e", "-"),
     "lightgbm_hybrid": ("#8c564b", "-."),
+    "lightgbm_hybrid_seeds": ("#8c564b", ":"),
     "blend": ("#e377c2", "-."),
     "reranker": ("#bcbd22", "-"),
     "popularity": ("#2ca02c", ":"),
@@ -211,6 +212,26 @@ def _table(all_metrics: dict[str, dict[str, float]]) -> str:
     return f"<table><tr><th>metric</th>{head}</tr>{''.join(rows)}</table>"
 
 
+def _seed_spread(result: dict[str, Any]) -> str:
+    """One line per seed ensemble: what its seeds scored on validation and test, and the ensemble."""
+    lines = []
+    for name, s in (result.get("seed_spread") or {}).items():
+        parts = [
+            f"{part} {p['mean']:.4f} ± {p['std']:.4f} (range {p['range']:.4f}; ensemble {p['ensemble']:.4f})"
+            for part, p in ((k, s.get(k)) for k in ("select", "test"))
+            if p
+        ]
+        seeds = ", ".join(str(x) for x in s["seeds"])
+        lines.append(f"<li><code>{html.escape(name)}</code>, seeds {seeds}: {'; '.join(parts)}</li>")
+    if not lines:
+        return ""
+    return (
+        "<h2>Seed spread</h2><p>Each seed ensemble's members, one per seed: mean ± standard deviation of the "
+        "primary metric on the validation (select) and test rows. A gap between candidates smaller than this "
+        f"spread is within what a different seed gives.</p><ul>{''.join(lines)}</ul>"
+    )
+
+
 BASELINES = {"popularity", "recent_popularity", "lightgbm_aggregates", "repeat_purchases", "cooccurrence"}
 
 
@@ -301,7 +322,7 @@ code{{background:#f4f4f4;padding:2px 4px}}</style></head><body>
 <p>Test split points {", ".join(result.get("test_split_points", [result["test_date"]]))} (an entity's
 windows count together in the intervals); fine-tuning mode <b>{result["mode"]}</b>; examples: {examples};
 outputs: {result["classes"]}. Primary metric: <b>{result["metric"]}</b>. Timing: {timing}.</p>
-{_selection_table(result)}
+{_selection_table(result)}{_seed_spread(result)}
 <h2>Test metrics: the published model ("model") vs every candidate and baseline</h2>{_table(result["test_metrics"])}
 <h2>Charts{note}</h2>{"".join(charts)}
 </body></html>

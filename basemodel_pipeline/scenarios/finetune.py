@@ -34,6 +34,7 @@ from basemodel_pipeline.model.checkpoint import CheckpointMeta, publish_checkpoi
 from basemodel_pipeline.model.trunk import TrunkWithHead
 from basemodel_pipeline.progress import Progress
 from basemodel_pipeline.scenarios import staging
+from basemodel_pipeline.scenarios.bagging import seed_spread
 from basemodel_pipeline.scenarios.calibration import amounts_summary, calibrate_outputs
 from basemodel_pipeline.scenarios.candidates import Candidate, Context, LightGBM, fitted_blend
 from basemodel_pipeline.scenarios.examples import Examples, TargetSpec
@@ -43,6 +44,7 @@ from basemodel_pipeline.scenarios.ranking_baselines import NeuralRanking, tune_r
 from basemodel_pipeline.scenarios.refit import fit_windows, production_refit, refit
 from basemodel_pipeline.scenarios.selection import NOT_APPLICABLE, Selection, choose, primary, worse_on_test
 from basemodel_pipeline.scenarios.shared import (
+    SMALL_ENTITIES,
     Shared,
     candidate_models,
     open_shared,
@@ -273,7 +275,7 @@ def _fit_candidates(
     cfg = shared.cfg
     ctx = Context(scenario, spec, head, cfg.training_params.finetune.seed, progress)
     rows = {k: shared.rows_of(v, model, mode) for k, v in parts.items()}
-    candidates = candidate_models(ctx, scenario.candidates)
+    candidates = candidate_models(ctx, scenario.candidates, small=shared.cache.n_entities < SMALL_ENTITIES)
     if isinstance(ctx.task, Recommendation):
         weight = tune_repeat_weight(ctx, rows["stop"])
         ctx.task.d.repeat_weight = weight
@@ -383,6 +385,7 @@ def _evaluation(
             if task.per_label and isinstance(cand, LightGBM) and cand.gbm is not None
         },
         "baselines": fit.stage_info,
+        "seed_spread": seed_spread(fit.candidates, fit.rows),
         **({"amounts": amounts} if amounts else {}),
         "test_worse_than": worse_on_test(task, test),
         **({"not_applicable": NOT_APPLICABLE} if task.ranked and "repeat_purchases" not in outputs else {}),

@@ -5,12 +5,14 @@ imports another back."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
 
 from basemodel_pipeline.errors import UserError
 from basemodel_pipeline.evaluation.gbm import GBM
+from basemodel_pipeline.scenarios.bagging import SeedBag, member_files
 from basemodel_pipeline.scenarios.candidates import Blend, Candidate, Context, LightGBM, Neural, Popularity
 from basemodel_pipeline.scenarios.ranking_baselines import (
     Cooccurrence,
@@ -43,6 +45,13 @@ def load_candidate(meta: dict[str, Any], files: dict[str, bytes], ctx: Context) 
             t = load(files[f"{c.name}_pca.safetensors"])
             c.pca = (t["mean"], t["components"])
         return c
+    if kind == "seed_bag":
+        bag = SeedBag(ctx, lambda c: LightGBM(c, "hybrid"), meta["name"], seeds=0)
+        bag.members = [
+            load_candidate(m, member_files(files, i), dataclasses.replace(ctx, seed=seed))
+            for i, (m, seed) in enumerate(zip(meta["members"], meta["seeds"], strict=True))
+        ]
+        return bag
     if kind == "blend":
         b = Blend(ctx, [load_candidate(m, files, ctx) for m in meta["members"]])
         b.weights, b.intercept = np.asarray(meta["weights"], np.float64), float(meta["intercept"])

@@ -34,6 +34,7 @@ PREFERENCE = (
     "lightgbm_aggregates",
     "neural",
     "lightgbm_hybrid",
+    "lightgbm_hybrid_seeds",
     "reranker",
     "blend",
 )  # simplest first: a tie goes to the earlier name

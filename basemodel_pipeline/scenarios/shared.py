@@ -22,6 +22,7 @@ from basemodel_pipeline.model.checkpoint import CheckpointMeta, build_model, loa
 from basemodel_pipeline.model.trunk import TrunkWithHead
 from basemodel_pipeline.progress import Progress
 from basemodel_pipeline.scenarios import staging
+from basemodel_pipeline.scenarios.bagging import SeedBag
 from basemodel_pipeline.scenarios.candidates import Candidate, Context, LightGBM, Neural, Popularity
 from basemodel_pipeline.scenarios.examples import Examples, TargetSpec
 from basemodel_pipeline.scenarios.inputs import Rows, RowView, _Embed
@@ -213,8 +214,9 @@ def data_regime(entities: int) -> str:
     return f"standard ({entities:,} entities)"
 
 
-def candidate_models(ctx: Context, names: list[str] | None) -> dict[str, Candidate]:
-    """The candidates a scenario fits (scenarios/candidates.py, scenarios/rerank.py), the baselines included."""
+def candidate_models(ctx: Context, names: list[str] | None, small: bool = False) -> dict[str, Candidate]:
+    """The candidates a scenario fits (scenarios/candidates.py, scenarios/rerank.py), the baselines included;
+    `small` (the small data regime) adds the seed ensemble of lightgbm_hybrid (scenarios/bagging.py)."""
     if ctx.task.ranked:
         pool: dict[str, Candidate] = {
             "neural": NeuralRanking(ctx),
@@ -233,6 +235,10 @@ def candidate_models(ctx: Context, names: list[str] | None) -> dict[str, Candida
             "lightgbm_aggregates": LightGBM(ctx, "aggregates"),
             "popularity": Popularity(ctx),
         }
+        if small or (names and "lightgbm_hybrid_seeds" in names):
+            pool["lightgbm_hybrid_seeds"] = SeedBag(
+                ctx, lambda c: LightGBM(c, "hybrid"), "lightgbm_hybrid_seeds"
+            )
     baseline = set(BASELINES)
     if names is None and ctx.task.per_class:
         # a LightGBM per label (or a softmax over 20 classes) twice doubles or triples the scenario's time, and
