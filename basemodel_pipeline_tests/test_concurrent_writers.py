@@ -382,3 +382,76 @@ def test_a_cleaner_between_creating_and_locking_an_owner_file_cannot_orphan_the_
     finally:
         ws._owned[staging] = fd
     ws.publish_dir(staging, parent / "2024-03-01")
+
+
+TRAIN_HOLDER = r"""
+import sys, time
+from pathlib import Path
+from basemodel_pipeline import workspace as ws
+
+root, signal_file = Path(sys.argv[1]), Path(sys.argv[2])
+with ws.training_lock(root, sys.argv[3], print):
+    signal_file.write_text("held")
+    time.sleep(600)
+"""
+
+
+def _hold_training_lock(tmp: Path, root: Path, what: str) -> subprocess.Popen:
+    """A process holding a training stage's lock (as a running pretrain or finetune does) until killed."""
+    signal_file = tmp / f"held-{root.name}"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-c", TRAIN_HOLDER, str(root), str(signal_file), what], env=env)
+    wait_for(lambda: signal_file.exists() or proc.poll() is not None, "the holder to take the lock")
+    assert proc.poll() is None
+    return proc
+
+
+@pytest.mark.parametrize(
+    ("command", "root", "what"),
+    [
+        (["pretrain"], "checkpoints/foundation", "pretrain"),
+        (["finetune", "-s", "churn"], "checkpoints/scenarios/churn", "finetune of churn"),
+    ],
+)
+def test_a_second_training_run_fails_at_once_naming_the_first(
+    tiny_config: Path, command: list[str], root: str, what: str
+) -> None:
+    """pretrain and each scenario's finetune hold a lock on their checkpoint root: a second run of the same
+    stage does not share the first one's resume state; it fails with one line naming the running pid."""
+    from typer.testing import CliRunner
+
+    from basemodel_pipeline.cli import app
+    from basemodel_pipeline.pipeline import run_cache
+
+    cfg = load_config(tiny_config)
+    run_extract(cfg)
+    run_cache(cfg)
+    holder = _hold_training_lock(tiny_config.parent, Path(cfg.workspace) / root, what)
+    try:
+        result = CliRunner().invoke(app, [*command, str(tiny_config)])
+    finally:
+        holder.kill()
+        holder.wait()
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"another {what} is running (pid {holder.pid})" in lines[0], result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_a_lock_whose_holder_was_killed_is_taken_over_with_a_line(tmp_path: Path) -> None:
+    """flock is released by the kernel when its holder dies; the pid it left in the lock file says that a
+    run ended without finishing, and the next holder says it takes over (a clean end leaves no pid)."""
+    from basemodel_pipeline import workspace as ws
+
+    root = tmp_path / "foundation"
+    holder = _hold_training_lock(tmp_path, root, "pretrain")
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    lines: list[str] = []
+    with ws.training_lock(root, "pretrain", lines.append):
+        pass
+    assert lines == [f"pretrain: taking over the lock of pid {holder.pid}, which ended without releasing it"]
+    lines.clear()
+    with ws.training_lock(root, "pretrain", lines.append):  # the previous holder ended cleanly
+        pass
+    assert lines == []

@@ -13,6 +13,7 @@ network's training loop is scenarios/network.py's.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -40,6 +41,7 @@ from basemodel_pipeline.scenarios.candidates import Candidate, Context, LightGBM
 from basemodel_pipeline.scenarios.examples import Examples, TargetSpec
 from basemodel_pipeline.scenarios.inputs import Rows
 from basemodel_pipeline.scenarios.network import clear_resume, train_network
+from basemodel_pipeline.scenarios.outcome import kept_outputs, run_summary
 from basemodel_pipeline.scenarios.ranking_baselines import NeuralRanking, tune_repeat_weight
 from basemodel_pipeline.scenarios.refit import fit_windows, production_refit, refit
 from basemodel_pipeline.scenarios.selection import NOT_APPLICABLE, Selection, choose, primary, worse_on_test
@@ -87,7 +89,22 @@ def finetune_many(
     ``keep_outputs``: each result also holds "test_outputs" (every candidate's test outputs), "test_truth",
     "test_entity" and "test_time" (bench/bench_quality.py computes paired intervals from them). ``report``:
     the files (report.html, ...) each checkpoint is published with; without it a checkpoint has metrics.json
-    but no report."""
+    but no report. Each scenario's training lock is held throughout (workspace.training_lock)."""
+    with contextlib.ExitStack() as locks:
+        for sc in sorted(scenarios, key=lambda s: s.name):  # one order for every run: no deadlock
+            locks.enter_context(
+                ws.training_lock(ws.scenario_root(cfg, sc.name), f"finetune of {sc.name}", progress.log)
+            )
+        return _finetune_many(cfg, scenarios, progress, keep_outputs, report)
+
+
+def _finetune_many(
+    cfg: PipelineConfig,
+    scenarios: list[Scenario],
+    progress: Progress,
+    keep_outputs: bool,
+    report: ReportFiles | None,
+) -> dict[str, dict[str, Any]]:
     shared = open_shared(cfg, progress)
     prepared = {}
     for sc in scenarios:
@@ -202,49 +219,9 @@ def _finish(
     result["fit_windows"]["published"] = fit_windows(learned, scenario)
     done = Finished(shared, scenario, model, head, ex["test"], result, truth, outputs)
     version, final, verdict = _publish(done, spec, selection, published, report, timing, progress)
-    kept = _kept(outputs, truth, ex["test"]) if keep_outputs else {}
-    summary = _summary(final, version, result, selection, timing, work, fit)
+    kept = kept_outputs(outputs, truth, ex["test"]) if keep_outputs else {}
+    summary = run_summary(final, version, result, selection, timing, work, fit.stage_info["reused"])
     return {**kept, **summary, **promotion.summary(verdict)}
-
-
-def _kept(outputs: dict[str, Any], truth: Any, test: Examples) -> dict[str, Any]:
-    """What ``keep_outputs`` adds to a result: every candidate's test outputs, and the test rows' labels,
-    entities and split times."""
-    return {"test_outputs": outputs, "test_truth": truth, "test_entity": test.entity, "test_time": test.time}
-
-
-def _summary(
-    final: Path,
-    version: str,
-    result: dict[str, Any],
-    selection: Selection,
-    timing: dict,
-    work: dict,
-    fit: _Fit,
-) -> dict[str, Any]:
-    """What a fine-tuning run returns (and Dagster shows): where the checkpoint is and its headline figures."""
-    return {
-        "path": str(final),
-        "version": version,
-        "report_path": str(final / "report.html") if (final / "report.html").exists() else None,
-        "metric": result["metric"],
-        "mode": result["mode"],
-        "published": selection.published,
-        **{f"test_{k}": v for k, v in result["test"].items() if v is not None},
-        **{f"val_{k}": v for k, v in selection.validation.items()},
-        "best_val": result["best_val"],
-        "epochs": len(result["history"]),
-        "train_examples": result["examples"]["train"],
-        "classes": result["classes"],
-        **{k: round(v, 2) for k, v in timing.items()},
-        **work,
-        **{f"windows.{k}": v for k, v in result["windows"].items()},
-        "foundation_version": result["foundation_version"],
-        "cache_data_version": result["cache_data_version"],
-        "baselines_reused": fit.stage_info["reused"],
-        "fit_windows": result["fit_windows"],  # what the evaluated and the published model learned from
-        "test_worse_than": ",".join(result["test_worse_than"]),  # baselines better on the test window
-    }
 
 
 @dataclass

@@ -12,6 +12,7 @@ run resumed from its last saved state replays exactly what the interrupted run w
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -261,8 +262,15 @@ def pretrain(cfg: PipelineConfig, progress: Progress) -> dict[str, Any]:
     device = world.device(runtime.resolve_device(p.device))
     if not world.main:
         progress = NullProgress()  # rank 0 reports
+    # one pretrain at a time (rank 0 holds it for the world): a second one would share the resume state
+    lock = (
+        ws.training_lock(ws.foundation_root(cfg), "pretrain", progress.log)
+        if world.main
+        else contextlib.nullcontext()
+    )
     try:
-        return _pretrain(cfg, cache, lo, hi, val_times, started, world, device, progress)
+        with lock:
+            return _pretrain(cfg, cache, lo, hi, val_times, started, world, device, progress)
     finally:
         shutdown(world)
 
