@@ -34,6 +34,7 @@ def defs(tiny_dataset: Path, monkeypatch: pytest.MonkeyPatch) -> dg.Definitions:
 
 
 CHECKS = {
+    **{f"extracts/{source}": ["schema_unchanged"] for source in ("transactions", "products", "demographics")},
     "event_cache": ["manifest_sha256"],
     "foundation_model": ["checkpoint_sha256", "loss_finite_and_improving"],
     "scenario_model": [
@@ -50,11 +51,11 @@ def _materialized(
     instance: dg.DagsterInstance,
     key: str | dg.AssetKey,
     partition: str | None = None,
-    checks: bool = True,
+    checks: bool | None = True,
     version: str | None = None,
 ) -> None:
     """A materialization (new content: a new data version unless `version` is given) and its blocking checks'
-    evaluations, as a finished run records them."""
+    evaluations, as a finished run records them: passed, failed (`checks=False`) or none (`checks=None`)."""
     key = dg.AssetKey.from_user_string(key) if isinstance(key, str) else key
     tags = {DATA_VERSION_TAG: version or uuid.uuid4().hex}
     instance.report_runless_asset_event(
@@ -66,13 +67,13 @@ def _materialized(
     target = AssetCheckEvaluationTargetMaterializationData(
         storage_id=record.storage_id, run_id=record.run_id, timestamp=record.timestamp
     )
-    for name in CHECKS.get(key.to_user_string(), []) if checks else []:
+    for name in CHECKS.get(key.to_user_string(), []) if checks is not None else []:
         instance.report_runless_asset_event(
             dg.AssetCheckEvaluation(
                 asset_key=key,
                 check_name=name,
                 passed=checks,
-                partition=partition,
+                partition=None if key.path[0] == "extracts" else partition,  # the extracts' are unpartitioned
                 target_materialization_data=target,  # evaluated against this materialization, as in a run
             )
         )
@@ -145,6 +146,21 @@ def test_new_cache_rescores_and_leaves_retraining_to_the_policy(defs: dg.Definit
         assert after.get_requested_partitions(PREDICTIONS) == {"churn"}  # today's scores on the new data
         assert after.get_num_requested(MODEL) == 0  # retraining is scenario_retrain_sensor's, per policy
         assert after.get_num_requested(dg.AssetKey("foundation_model")) == 0  # weekly, not per cache
+
+
+def test_a_scenario_trained_before_its_checks_existed_is_still_rescored(defs: dg.Definitions) -> None:
+    """A model materialized before its blocking checks existed (no evaluation at all) does not hold its
+    predictions back for ever: only an update whose blocking checks have not passed does."""
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("scenarios", ["churn"])
+        _everything_materialized(instance, [])
+        for key in (BASELINES, MODEL, PREDICTIONS):
+            _materialized(instance, key, "churn", checks=None)
+        first = dg.evaluate_automation_conditions(defs=defs, instance=instance)
+
+        _materialized(instance, "event_cache")
+        tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=first.cursor)
+        assert tick.get_requested_partitions(PREDICTIONS) == {"churn"}
 
 
 def test_missing_foundation_is_trained_once_the_cache_exists(defs: dg.Definitions) -> None:
@@ -243,3 +259,30 @@ def test_foundation_retrains_at_the_weekly_tick_only_after_its_inputs_changed(de
             )
             requested += [when] * tick.get_num_requested(dg.AssetKey("foundation_model"))
         assert len(requested) == 1 and requested[0].weekday() == 6  # once, at the Sunday tick
+
+
+def test_a_cache_whose_blocking_check_failed_trains_no_foundation(defs: dg.Definitions) -> None:
+    import datetime as dt
+
+    saturday = dt.datetime(2030, 1, 5, 12, tzinfo=dt.UTC)  # the default cron: Sunday 03:00 UTC
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("scenarios", ["churn"])
+        _everything_materialized(instance, ["churn"])
+        tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, evaluation_time=saturday)
+
+        _materialized(instance, "event_cache", checks=False)  # manifest_sha256 failed
+        requested = []
+        for hours in (1, 16, 22):  # Saturday 13:00, Sunday 04:00, Sunday 10:00
+            if hours == 22:  # the cache's check, run again after a repair, passes
+                evaluation = dg.AssetCheckEvaluation(
+                    asset_key=dg.AssetKey("event_cache"), check_name="manifest_sha256", passed=True
+                )
+                instance.report_runless_asset_event(evaluation)
+            tick = dg.evaluate_automation_conditions(
+                defs=defs,
+                instance=instance,
+                cursor=tick.cursor,
+                evaluation_time=saturday + dt.timedelta(hours=hours),
+            )
+            requested.append(tick.get_num_requested(dg.AssetKey("foundation_model")))
+        assert requested == [0, 0, 1]  # held at the weekly tick, trained once the check passed

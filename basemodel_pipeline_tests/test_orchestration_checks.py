@@ -166,3 +166,102 @@ def test_a_retrain_below_its_floor_is_neither_served_nor_scored(tiny_config: Pat
     assert model["serving_version"] == served and (root / "LATEST").read_text().strip() == served
     assert json.loads((root / "verdicts" / f"{model['version']}.json").read_text())["status"] == "rejected"
     assert (tiny_config.parent / "reports" / "summary.json").read_text() == summary
+
+
+TRANSACTIONS = dg.AssetKey(["extracts", "transactions"])
+CACHE = dg.AssetKey("event_cache")
+
+
+def _extracted(config: Path, instance: dg.DagsterInstance, day: str = "2023-01-02") -> None:
+    """Every extract with its checks, as the nightly run leaves them (one day of transactions)."""
+    assert _run(config, instance, [PRODUCTS, dg.AssetKey(["extracts", "demographics"])]).success
+    assert _run(config, instance, [TRANSACTIONS], partition_key=day).success
+
+
+def _cache_requests(defs: dg.Definitions, instance: dg.DagsterInstance, tick, n: int = 1):
+    """(event_cache requests of n automation ticks, the last tick)."""
+    requested = []
+    for _ in range(n):
+        tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor)
+        requested.append(tick.get_num_requested(CACHE))
+    return requested, tick
+
+
+def test_the_cache_waits_for_a_blocking_check_that_has_not_run_yet(tiny_config: Path) -> None:
+    """Automation ticks between an extract's materialization and its blocking check's execution, in the same
+    run (the check's step is held while they are evaluated), request no cache; it is requested once the
+    check passed."""
+    defs = build_definitions(str(tiny_config), env="ci")
+    schema_check = dg.AssetCheckKey(TRANSACTIONS, "schema_unchanged")
+    with dg.instance_for_test() as instance:
+        _extracted(tiny_config, instance)
+        state = {"tick": dg.evaluate_automation_conditions(defs=defs, instance=instance), "held": []}
+
+        @dg.asset_check(asset=TRANSACTIONS, name="schema_unchanged", blocking=True)
+        def held_schema_check(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+            # the day is materialized, this check has not reported yet: the automation ticks now
+            state["held"], state["tick"] = _cache_requests(defs, context.instance, state["tick"], n=2)
+            return dg.AssetCheckResult(passed=state["verdict"])
+
+        checks = [c for c in build_checks(str(tiny_config)) if schema_check not in c.check_keys]
+        for day, verdict in (("2023-01-03", False), ("2023-01-04", True)):
+            state["verdict"] = verdict
+            result = dg.materialize(
+                [*build_assets(str(tiny_config)), *checks, held_schema_check],
+                instance=instance,
+                selection=[TRANSACTIONS],
+                partition_key=day,
+                resources=defs.resources,
+                raise_on_error=False,
+            )
+            assert result.get_asset_materialization_events()  # the day was extracted before the ticks
+            assert state["held"] == [0, 0]  # a check that has not run yet holds the cache
+            requested, state["tick"] = _cache_requests(defs, instance, state["tick"], n=2)
+            # a failed check holds it after the run; a passed one lets the new day into the cache, once
+            assert requested == ([0, 0] if not verdict else [1, 0])
+
+
+def test_the_cache_waits_for_an_extract_materialized_without_its_blocking_check(tiny_config: Path) -> None:
+    """An extract materialized without executing its blocking check (a run that left it out) holds the cache
+    until the check ran and passed; a check that fails holds it until the change is accepted."""
+    defs = build_definitions(str(tiny_config), env="ci")
+    schema_check = dg.AssetSelection.checks(dg.AssetCheckKey(TRANSACTIONS, "schema_unchanged"))
+    with dg.instance_for_test() as instance:
+        _extracted(tiny_config, instance)
+        tick = dg.evaluate_automation_conditions(defs=defs, instance=instance)
+
+        unchecked = dg.AssetSelection.assets(TRANSACTIONS).without_checks()
+        assert _run(tiny_config, instance, unchecked, partition_key="2023-01-03").success
+        requested, tick = _cache_requests(defs, instance, tick, n=2)
+        assert requested == [0, 0]
+        assert _check_results(_run(tiny_config, instance, schema_check))["schema_unchanged"].passed
+        requested, tick = _cache_requests(defs, instance, tick, n=2)
+        assert requested == [1, 0]  # once
+
+        _retype_manufacturer_id(tiny_config)
+        assert _run(tiny_config, instance, dg.AssetSelection.assets(PRODUCTS).without_checks()).success
+        requested, tick = _cache_requests(defs, instance, tick)
+        assert requested == [0]  # not run yet
+        products_check = dg.AssetSelection.checks(dg.AssetCheckKey(PRODUCTS, "schema_unchanged"))
+        assert not _check_results(_run(tiny_config, instance, products_check))["schema_unchanged"].passed
+        requested, tick = _cache_requests(defs, instance, tick)
+        assert requested == [0]  # failed
+        assert _accept_new_schema(tiny_config, instance).success
+        requested, tick = _cache_requests(defs, instance, tick)
+        assert requested == [1]
+
+
+def test_extracts_never_checked_and_missing_days_do_not_hold_the_cache(tiny_config: Path) -> None:
+    """Materializations made before the checks existed (no evaluation at all) and day partitions without data
+    (never materialized) do not hold the cache back: only updates whose blocking checks have not passed do."""
+    defs = build_definitions(str(tiny_config), env="ci")
+    with dg.instance_for_test() as instance:
+        for key in (PRODUCTS, dg.AssetKey(["extracts", "demographics"])):
+            assert _run(tiny_config, instance, dg.AssetSelection.assets(key).without_checks()).success
+        day = dg.AssetSelection.assets(TRANSACTIONS).without_checks()
+        assert _run(tiny_config, instance, day, partition_key="2023-01-02").success
+        tick = dg.evaluate_automation_conditions(defs=defs, instance=instance)
+
+        assert _run(tiny_config, instance, [TRANSACTIONS], partition_key="2023-01-03").success
+        requested, _ = _cache_requests(defs, instance, tick)
+        assert requested == [1]

@@ -5,15 +5,24 @@ A dependency "changed" when its new materialization carries another data version
 or re-derived the same content changes nothing), or when the asset's own code version changed (a release
 that touches its code).
 
-    event_cache       after an extract (any day partition) changed and its blocking checks passed
+Every asset behind a blocking check waits for it (BLOCKING_CHECKS_PASSED): it is requested only once the
+blocking checks of each dependency's latest update have executed and passed. A check that has not run yet on
+that update (later in the same run, or in none: a run that left it out), is running, crashed or was skipped
+holds it like a failed one; a failed check holds it until it passes again. A materialization from before a
+check existed, never evaluated since, and a day partition never materialized (a day without data) hold
+nothing. metrics_summary alone is not gated: it reads the served versions, which the training step's own
+gates decide.
+
+    event_cache       after an extract (any day partition) changed, once the extracts' blocking checks passed
     foundation_model  once when it is missing, then at each FOUNDATION_CRON tick (default weekly, Sunday
-                      03:00 UTC) after which the cache or its code changed
+                      03:00 UTC) after which the cache or its code changed; gated by the cache's blocking check
     scenario_baselines, scenario_model
                       a new scenario partition runs once, a release of their code reruns them once (the
-                      baselines step, then the model step, in one run); data changes retrain them through
-                      scenario_retrain_sensor (models/retrain.py): a new foundation always, a new cache per
-                      the scenario's `retrain` policy, and again when a run read inputs that changed under it
-    predictions       with its scenario_model, in the same run (after its blocking checks) or while they pass
+                      baselines step, then the model step, in one run), gated by the blocking checks of the
+                      cache and the foundation; data changes retrain them through scenario_retrain_sensor
+                      (models/retrain.py): a new foundation always, a new cache per the scenario's `retrain`
+                      policy, and again when a run read inputs that changed under it
+    predictions       with its scenario_model, in the same run (after its blocking checks) or once they passed
     entity_embeddings after a changed foundation or cache, gated by their blocking checks
     published_artifacts  after predictions (when publishing is on)
     metrics_summary   after any scenario partition changed
@@ -50,24 +59,38 @@ def changed_inputs(label: str = "inputs changed") -> dg.AutomationCondition:
     return changed.since(_requested | AC.newly_updated()).with_label(label)
 
 
-# Unlike eager(), missing day partitions (days without data) never hold these back.
+# Unlike eager(), missing day partitions (days without data) never hold these back. Not gated by blocking
+# checks: metrics_summary reads the served versions, which the training step's own gates decide.
 AFTER_INPUTS_CHANGED = (changed_inputs() & _quiet).with_label("after an input changed")
 
-# A dependency whose latest materialization failed a blocking check (in this run or an earlier one) holds the
-# asset back until the check passes again. (all_deps_blocking_checks_passed() would also wait for every day
-# partition ever to have a passed check; a failure is what must stop the cache.)
-NO_FAILED_BLOCKING_CHECK = ~AC.any_deps_match(
-    AC.any_checks_match(AC.check_failed(), blocking_only=True)
-).with_label("no dependency failed a blocking check")
+# The gate of every asset behind a blocking check. check_passed / check_failed judge a check's latest
+# execution against the dependency's latest materialization (an extract's checks are unpartitioned: they judge
+# the extract's newest materialization, whatever its day). A dependency holds the asset back
+#   * while its latest materialization failed a blocking check (in that run or a later one), until it passes;
+#   * from an update until its blocking checks passed on it: a check that has not executed yet (it runs after
+#     the materialization, later in the same run or in another one), is running, crashed or was skipped holds
+#     it as a failure does. A pass seen on the same tick as the update releases it (it judged that update).
+# Only updates seen by the automation's ticks start the second hold: a materialization from before a check
+# existed, never evaluated since, and a day partition never materialized (a day without data) hold nothing.
+# (Dagster's all_deps_blocking_checks_passed() waits for a passed evaluation of each dependency's latest
+# materialization whatever its age: one from before a check existed would hold the asset for ever.)
+_failed_blocking_check = AC.any_checks_match(AC.check_failed(), blocking_only=True)
+_update_not_yet_checked = AC.newly_updated().since(AC.all_checks_match(AC.check_passed(), blocking_only=True))
+BLOCKING_CHECKS_PASSED = (~AC.any_deps_match(_failed_blocking_check | _update_not_yet_checked)).with_label(
+    "every dependency's blocking checks passed on its latest update"
+)
 
-AFTER_DEPS_UPDATED = (changed_inputs() & _quiet & NO_FAILED_BLOCKING_CHECK).with_label(
-    "after an extract changed, while no extract's blocking check has failed"
+AFTER_DEPS_UPDATED = (changed_inputs() & _quiet & BLOCKING_CHECKS_PASSED).with_label(
+    "after an extract changed, once every extract's blocking checks passed on its latest update"
 )
 
 FOUNDATION = (
-    ((AC.cron_tick_passed(FOUNDATION_CRON, TIMEZONE) & changed_inputs()).since(_requested) & _quiet)
-    | (AC.missing().since_last_handled() & ~AC.any_deps_missing() & _quiet)
-).with_label(f"missing, or at a tick of {FOUNDATION_CRON} after its inputs changed")
+    (
+        ((AC.cron_tick_passed(FOUNDATION_CRON, TIMEZONE) & changed_inputs()).since(_requested) & _quiet)
+        | (AC.missing().since_last_handled() & ~AC.any_deps_missing() & _quiet)
+    )
+    & BLOCKING_CHECKS_PASSED
+).with_label(f"missing, or at a tick of {FOUNDATION_CRON} after its inputs changed; gated by blocking checks")
 
 
 def eager_on_versions(label: str) -> dg.AutomationCondition:
@@ -84,6 +107,7 @@ _new_or_released = (
     (AC.newly_missing() | AC.code_version_changed()).since(_requested | AC.newly_updated())
     & ~AC.any_deps_missing()
     & _quiet
+    & BLOCKING_CHECKS_PASSED
 )
 SCENARIO = (_new_or_released & ~AC.any_deps_match(AC.will_be_requested())).with_label(
     "a new scenario, or a release of its code"
@@ -96,13 +120,14 @@ SCENARIO_MODEL = (
 
 def gated_eager(*same_run: str) -> dg.AutomationCondition:
     """eager_on_versions(), but never beside a dependency requested on this tick unless that one joins the same run
-    (`same_run`: dependencies with the same partitions), and only while the dependencies' blocking checks
-    pass, or when such a dependency is requested now (its checks then run first in that run and gate this).
+    (`same_run`: dependencies with the same partitions), and only once the dependencies' blocking checks
+    passed on their latest update (BLOCKING_CHECKS_PASSED), or when such a dependency is requested now (its
+    checks then run first in that run and gate this).
     """
     together = dg.AssetSelection.assets(*same_run)
     requested = AC.any_deps_match(AC.will_be_requested())
     return (
         eager_on_versions("new, or inputs changed")
         & ~requested.ignore(together)
-        & (AC.all_deps_blocking_checks_passed() | requested.allow(together))
+        & (BLOCKING_CHECKS_PASSED | requested.allow(together))
     ).with_label(f"eager, gated by blocking checks, together with {', '.join(same_run)}")
