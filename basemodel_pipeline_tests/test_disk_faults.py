@@ -183,3 +183,25 @@ def test_a_checkpoint_that_cannot_fit_fails_before_writing(tmp_path: Path) -> No
         (vol / "filler.bin").unlink()
         version, final = publish_checkpoint(root, model, meta, promote=True)
         assert (final / "model.safetensors").stat().st_size > needed
+
+
+def test_a_predict_whose_table_is_published_does_not_fail_on_the_drift_reference(
+    trained_on_volume: tuple[Path, Path],
+) -> None:
+    """The drift reference is written after the predictions are published: when it cannot be written (here
+    a file stands where its directory goes), predict warns in one line and succeeds, the table verifies, and
+    no drift figure is invented."""
+    config, vol = trained_on_volume
+    cfg = load_config(config)
+    run_finetune(cfg, "churn")
+    blocker = ws.drift_reference(cfg, "churn", "x").parent
+    blocker.parent.mkdir(parents=True, exist_ok=True)
+    blocker.write_text("not a directory")
+    done = cli(config, "predict", "-s", "churn")
+    assert done.returncode == 0, done.stderr[-3000:]
+    warnings = [line for line in done.stderr.splitlines() if "drift reference" in line]
+    assert len(warnings) == 1 and "not saved" in warnings[0] and "Traceback" not in done.stderr
+    table = list((vol / "predictions" / "churn").rglob("predictions.parquet"))
+    assert len(table) == 1
+    verified = cli(config, "verify")
+    assert verified.returncode == 0, verified.stdout[-3000:] + verified.stderr[-3000:]

@@ -50,7 +50,7 @@ from basemodel_pipeline.inference.state import (
     state_serves,
 )
 from basemodel_pipeline.model.checkpoint import META, CheckpointMeta, damaged, first_error, load_checkpoint
-from basemodel_pipeline.progress import Progress
+from basemodel_pipeline.progress import NullProgress, Progress
 from basemodel_pipeline.scenarios.candidates import Candidate, Context
 from basemodel_pipeline.scenarios.inputs import Rows, RowView
 from basemodel_pipeline.scenarios.loading import load_candidate
@@ -366,7 +366,7 @@ def predict(
     if unknown:
         meta["unknown_examples"] = ", ".join(unknown[:UNKNOWN_EXAMPLES])
     if shard is None and entities is None and len(entity):  # the whole population: how far it moved
-        meta.update(population_drift(cfg, scenario.name, scorer.meta.version, as_of, sample.rows()))
+        meta.update(population_drift(cfg, scenario.name, scorer.meta.version, as_of, sample.rows(), progress))
     return meta
 
 
@@ -392,15 +392,29 @@ def check_subset(
 
 
 def population_drift(
-    cfg: PipelineConfig, scenario: str, model_version: str, as_of: dt.date, X: np.ndarray
+    cfg: PipelineConfig,
+    scenario: str,
+    model_version: str,
+    as_of: dt.date,
+    X: np.ndarray,
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
     """PSI of the features scored now against the first full scoring of this model version (which becomes
-    the reference: drift 0). Recorded as `drift_psi` in the predictions' metadata."""
+    the reference: drift 0). Recorded as `drift_psi` in the predictions' metadata. The predictions are
+    published by then: a reference that cannot be written (a full disk) is a warning, not a failed run, and
+    the next full scoring tries again."""
     path = ws.drift_reference(cfg, scenario, model_version)
     try:
         ref = json.loads(path.read_text())
     except (OSError, ValueError):
         ref = {**drift.reference(X), "as_of": as_of.isoformat()}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        ws.atomic_write_text(path, json.dumps(ref))
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            ws.atomic_write_text(path, json.dumps(ref))
+        except OSError as exc:
+            (progress or NullProgress()).log(
+                f"warning: {scenario}: drift reference not saved ({path}: {exc.strerror or exc}); the "
+                "predictions are published, the next full scoring saves it"
+            )
+            return {"drift_reference_saved": False}
     return {"drift_psi": round(drift.psi(ref, X), 4), "drift_reference_as_of": ref["as_of"]}
