@@ -12,7 +12,7 @@ from basemodel_pipeline.cli import app
 runner = CliRunner()
 
 
-def _assert_user_error(args: list[str], *needles: str) -> None:
+def _assert_user_error(args: list[str], *needles: str) -> str:
     result = runner.invoke(app, args)
     assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
     assert "Traceback" not in result.output and "Traceback" not in result.stderr
@@ -20,6 +20,7 @@ def _assert_user_error(args: list[str], *needles: str) -> None:
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     for needle in needles:
         assert needle in lines[0], (needle, lines[0])
+    return lines[0]
 
 
 def test_missing_config_file(tmp_path: Path) -> None:

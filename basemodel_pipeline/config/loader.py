@@ -8,22 +8,29 @@ import os
 import re
 import sys
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 from pydantic import ValidationError
 
+from basemodel_pipeline.config.base import MAX_NAME_CHARS
 from basemodel_pipeline.config.models import PipelineConfig
 from basemodel_pipeline.errors import ConfigError
 
 ENV_PATTERN = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
+def _shown(value: object, limit: int = 60) -> str:
+    """A value for a one-line message: its text, cut to `limit` characters (a 1 MB value is not echoed)."""
+    text = str(value)
+    return text if len(text) <= limit else f"{text[: limit - 3]}... ({len(text):,} characters)"
+
+
 def yaml_path(loc: tuple[Any, ...]) -> str:
     """('data_sources', 0, 'date_column') -> 'data_sources[0].date_column'."""
     out = ""
     for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        out += f"[{part}]" if isinstance(part, int) else (f".{_shown(part)}" if out else _shown(part))
     return out or "<root>"
 
 
@@ -115,18 +122,74 @@ def format_validation_error(err: ValidationError, file: Path, root: yaml.Node | 
         if not loc and (split := _split_leading_path(msg)):
             loc, msg = split
         if e["type"] == "extra_forbidden":
-            msg = f"unknown key '{loc[-1]}' (check spelling; see the README's config reference)"
+            msg = f"unknown key '{_shown(loc[-1])}' (check spelling; see the README's config reference)"
         elif e["type"] == "missing":
             msg = "required field is missing"
+        elif e["type"] == "string_too_long":
+            limit = e["ctx"]["max_length"]
+            what = "a name" if limit == MAX_NAME_CHARS else "a value"
+            msg = f"{len(e['input']):,} characters; {what} may have at most {limit:,} here: shorten it"
         elif "input" in e and e["type"] not in ("model_type",) and not isinstance(e["input"], dict | list):
-            msg = f"{msg} (got {e['input']!r})"
+            msg = f"{msg} (got {_shown(repr(e['input']))})"
         line = _line_of(root, loc)
         where = f"{file}:{line}" if line else str(file)
         lines.append(f"{where}: {yaml_path(loc)}: {msg}")
     return "; ".join(lines)
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a config is a few KB; a larger file is refused before it is read
+MAX_DEPTH = 32  # levels of nested mappings and lists (a config needs about 6)
+MAX_VALUES = 20_000  # values written in the file (a config with 100 sources and scenarios has a few thousand)
 ALIAS_BUDGET = 10_000  # values that YAML aliases may add to a config (beyond those written out)
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with bounds checked while composing, before anything is built from the nodes:
+    nesting depth (PyYAML composes recursively: 3,000 nested lists were a RecursionError), the number of
+    values (half a megabyte of `[1,1,...]` takes seconds) and duplicate keys in a mapping (YAML keeps the last
+    one without a word)."""
+
+    def __init__(self, text: str, file: Path) -> None:
+        super().__init__(text)
+        self.file, self.depth, self.values = file, 0, 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        if self.check_event(yaml.AliasEvent):  # an alias adds no value as written (check_alias_expansion)
+            return super().compose_node(parent, index)
+        line = self.peek_event().start_mark.line + 1
+        self.values += 1
+        if self.values > MAX_VALUES:
+            raise ConfigError(
+                f"{self.file}:{line}: the config holds more than {MAX_VALUES:,} values; a pipeline config "
+                "needs a few thousand at most: check that this is the right file"
+            )
+        if self.depth >= MAX_DEPTH and self.check_event(yaml.MappingStartEvent, yaml.SequenceStartEvent):
+            raise ConfigError(
+                f"{self.file}:{line}: mappings and lists are nested more than {MAX_DEPTH} levels deep here; "
+                "a pipeline config needs fewer than 10: remove the extra nesting"
+            )
+        self.depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+    def compose_mapping_node(self, anchor: str | None) -> yaml.MappingNode:
+        node = super().compose_mapping_node(anchor)
+        first: dict[tuple[str, str], int] = {}
+        for key, _ in node.value:
+            if not isinstance(key, yaml.ScalarNode) or key.tag == MERGE_TAG:
+                continue
+            line = key.start_mark.line + 1
+            if (key.tag, key.value) in first:
+                raise ConfigError(
+                    f"{self.file}:{line}: key '{_shown(key.value)}' is given twice in one mapping (first on "
+                    f"line {first[key.tag, key.value]}); YAML would silently keep only the last value: "
+                    "remove one of them"
+                )
+            first[key.tag, key.value] = line
+        return node
 
 
 def _children(node: yaml.Node) -> list[yaml.Node]:
@@ -181,8 +244,9 @@ def check_alias_expansion(root: yaml.Node, file: Path) -> None:
 
 
 def _parse_yaml(text: str, file: Path) -> tuple[yaml.Node | None, Any]:
-    """(node tree for line numbers, plain data) of a YAML document whose aliases stay within budget."""
-    loader = yaml.SafeLoader(text)
+    """(node tree for line numbers, plain data) of a YAML document within the bounds of BoundedLoader whose
+    aliases stay within budget."""
+    loader = BoundedLoader(text, file)
     try:
         root = loader.get_single_node()
         if root is None:
@@ -194,6 +258,8 @@ def _parse_yaml(text: str, file: Path) -> tuple[yaml.Node | None, Any]:
 
 
 def parse_config(text: str, file: Path, base_dir: Path | None = None) -> PipelineConfig:
+    if len(text) > MAX_CONFIG_BYTES:
+        _too_large(file, len(text.encode()))
     try:
         root, raw = _parse_yaml(text, file)
     except yaml.YAMLError as exc:
@@ -231,11 +297,28 @@ def resolve_paths(cfg: PipelineConfig, base_dir: Path) -> PipelineConfig:
     return resolved
 
 
+def _too_large(file: Path, size: int) -> NoReturn:
+    raise ConfigError(
+        f"{file}: the config is {size:,} bytes; a config may be at most {MAX_CONFIG_BYTES:,} bytes (a pipeline "
+        "config is a few KB): check that this is the right file"
+    )
+
+
 def load_config(path: str | os.PathLike[str]) -> PipelineConfig:
     file = Path(path)
     if not file.is_file():
         raise ConfigError(f"{file}: config file not found (pass the path to your YAML config)")
-    return parse_config(file.read_text(), file.resolve())
+    with file.open("rb") as fh:  # read no more than the limit allows
+        data = fh.read(MAX_CONFIG_BYTES + 1)
+        if len(data) > MAX_CONFIG_BYTES:
+            _too_large(file, os.fstat(fh.fileno()).st_size)
+    try:
+        text = data.decode()
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"{file}: the config is not UTF-8 text ({err.reason} at byte {err.start})"
+        ) from None
+    return parse_config(text, file.resolve())
 
 
 def portable_path(path: str, roots: dict[str, str]) -> str:

@@ -19,7 +19,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from basemodel_pipeline.config.base import IDENTIFIER, Strict
+from basemodel_pipeline.config.base import Name, Strict
 from basemodel_pipeline.config.sources import (
     BigQueryParams,
     ClickHouseParams,
@@ -126,7 +126,7 @@ class OutputsConfig(Strict):
     default: str | None = Field(
         default=None, description="Name of the destination used when none is given; default: parquet."
     )
-    destinations: dict[Annotated[str, Field(pattern=IDENTIFIER)], OutputDestination] = Field(
+    destinations: dict[Name, OutputDestination] = Field(
         default_factory=dict, description="Named destinations; parquet, csv and tsv exist unless redefined."
     )
 

@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from basemodel_pipeline.config.base import IDENTIFIER, Strict
+from basemodel_pipeline.config.base import ColumnName, Name, Strict
 
 TASKS = ("binary", "multiclass", "multilabel", "regression", "recommendation")
 # multilabel LightGBM: rows one per-label booster trains on (docs/scenarios.md, "The cost of LightGBM")
@@ -34,7 +34,7 @@ Task = Literal["binary", "multiclass", "multilabel", "regression", "recommendati
 class Condition(Strict):
     """One predicate on an event column; a list of them is AND-ed. Categorical values are compared as text."""
 
-    column: str
+    column: ColumnName
     op: Literal["==", "!=", "in", "not in", ">", ">=", "<", "<="] = "=="
     value: str | float | int | list[str | float | int]
 
@@ -48,7 +48,7 @@ class Condition(Strict):
 
 
 class _Windowed(Strict):
-    source: str
+    source: ColumnName
     horizon_days: int = Field(gt=0, description="Target window: [split time, split time + horizon_days).")
     filter: list[Condition] = Field(default_factory=list, description="Only events matching all of these.")
     active_in_last_days: int | None = Field(
@@ -74,7 +74,7 @@ class MultilabelTarget(_Windowed):
     """One label per value of `column`: did the entity have a matching event with that value in the window."""
 
     kind: Literal["multilabel"] = "multilabel"
-    column: str
+    column: ColumnName
     min_positive_entities: int = Field(
         default=50,
         ge=0,
@@ -90,7 +90,7 @@ class MulticlassTarget(_Windowed):
     """The most frequent value of `column` among the entity's matching events in the window (no event: dropped)."""
 
     kind: Literal["multiclass"] = "multiclass"
-    column: str
+    column: ColumnName
     top_k: int = Field(default=20, gt=1, description="Classes: the K most frequent target values.")
     other_class: bool = Field(
         default=True, description="Group the remaining values into one '(other)' class; false drops them."
@@ -105,7 +105,7 @@ class RegressionTarget(_Windowed):
 
     kind: Literal["regression"] = "regression"
     aggregation: Literal["sum", "count"] = "sum"
-    column: str | None = Field(default=None, description="Numeric column to sum (aggregation: sum).")
+    column: ColumnName | None = Field(default=None, description="Numeric column to sum (aggregation: sum).")
     log1p: bool = Field(default=False, description="Train and evaluate on log(1 + value).")
 
     @model_validator(mode="after")
@@ -123,7 +123,7 @@ class RecommendationTarget(_Windowed):
     """Items (values of `column`) of the entity's matching events in the window, as a weighted distribution."""
 
     kind: Literal["recommendation"] = "recommendation"
-    column: str
+    column: ColumnName
     next_basket: bool = Field(
         default=False, description="Only the items of the first active day in the window."
     )
@@ -156,7 +156,7 @@ class PythonTarget(Strict):
 
     kind: Literal["python"] = "python"
     function: Annotated[str, Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")]
-    source: str = Field(description="Main event source (population: entities with history in it).")
+    source: ColumnName = Field(description="Main event source (population: entities with history in it).")
     horizon_days: int = Field(gt=0)
     classes: list[str] = Field(
         default_factory=list, description="Class names (multiclass and multilabel: the output order)."
@@ -194,7 +194,7 @@ class RetrainPolicy(Strict):
 
 
 class Scenario(Strict):
-    name: Annotated[str, Field(pattern=IDENTIFIER)]
+    name: Name
     task: Task
     target: Target
     mode: Literal["frozen", "full", "lora"] | None = Field(

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from basemodel_pipeline.config.base import IDENTIFIER, Strict
+from basemodel_pipeline.config.base import ColumnName, Name, Strict
 
 SECRET = "Secret: write ${ENV_VAR} and export it; never put the value in the file."
 
@@ -187,12 +187,12 @@ DATABASE_TYPES = ("parquet", "snowflake", "bigquery", "databricks", "synapse", "
 
 
 class SqlLambda(Strict):
-    alias: Annotated[str, Field(pattern=IDENTIFIER)] = Field(description="Name of the computed column.")
+    alias: Name = Field(description="Name of the computed column.")
     expression: str = Field(description="One SQL expression in the source's dialect, e.g. price * quantity.")
 
 
 class DateColumn(Strict):
-    name: str
+    name: ColumnName
     format: str | None = Field(
         default=None,
         description="strptime format when the column is stored as text, e.g. '%Y-%m-%d %H:%M:%S'. "
@@ -201,8 +201,8 @@ class DateColumn(Strict):
 
 
 class JoinedDataSource(Strict):
-    name: str = Field(description="Name of an `attribute` data source.")
-    join_on: dict[str, str] = Field(
+    name: ColumnName = Field(description="Name of an `attribute` data source.")
+    join_on: dict[ColumnName, ColumnName] = Field(
         min_length=1, description="Mapping {column in this source: column in the joined source}."
     )
 
@@ -212,12 +212,12 @@ ColumnType = Literal["categorical", "numeric", "ignore"]
 
 class DataSource(Strict):
     type: Literal["event", "main_entity_attribute", "attribute"]
-    name: Annotated[str, Field(pattern=IDENTIFIER)]
+    name: Name
     data_location: DataLocation
-    main_entity_column: str | None = None
+    main_entity_column: ColumnName | None = None
     date_column: DateColumn | None = None
-    allowed_columns: list[str] | None = None
-    disallowed_columns: list[str] | None = None
+    allowed_columns: list[ColumnName] | None = None
+    disallowed_columns: list[ColumnName] | None = None
     where_condition: str | None = Field(
         default=None, description="SQL boolean expression on the source, in the source's dialect."
     )
@@ -225,7 +225,7 @@ class DataSource(Strict):
         default_factory=list, description="Computed columns: [{alias, expression}], evaluated in the source."
     )
     joined_data_sources: list[JoinedDataSource] = Field(default_factory=list)
-    column_types: dict[str, ColumnType] = Field(
+    column_types: dict[ColumnName, ColumnType] = Field(
         default_factory=dict, description="Override the inferred type of a column."
     )
 

@@ -24,14 +24,13 @@ from basemodel_pipeline.config.models import DataSource, PipelineConfig
 from basemodel_pipeline.errors import ConfigError, DataError
 from basemodel_pipeline.sources import damaged
 from basemodel_pipeline.sources.parquet import is_local, parquet_glob, quote_ident, read_parquet_sql
-from basemodel_pipeline.sources.sql import resolve
+from basemodel_pipeline.sources.sql import one_line, parse_fragment, resolve
 
 SAMPLE_ROWS = 100_000  # rows of a non-local source loaded for the date-format and join checks
 KEY_ROWS = 10_000_000  # join keys of a non-local attribute source are loaded whole (one column)
 
 
-def one_line(err: Exception) -> str:
-    return str(err).strip().splitlines()[0]
+__all__ = ["CheckContext", "one_line"]
 
 
 class CheckContext:
@@ -71,6 +70,17 @@ class CheckContext:
         if is_local(src):
             return read_parquet_sql(src.data_location.path, **options)
         return quote_ident(f"sample_{src.name}")
+
+    def condition(self, src: DataSource) -> str:
+        """`WHERE (<where_condition>)` in DuckDB SQL for a query over `self.rel(src)` ('' without one): parsed
+        in the source's dialect and rendered, never pasted (a trailing `-- comment` would swallow what follows)."""
+        if not src.where_condition:
+            return ""
+        from basemodel_pipeline.sources import backend_class
+
+        dialect = backend_class(src.data_location.database_type).dialect
+        node = parse_fragment(src, src.where_condition, dialect, "where_condition", table=None)
+        return f" WHERE ({node.sql(dialect='duckdb')})"
 
     def keys_rel(self, src: DataSource, columns: list[str]) -> str:
         """Every key of a non-local source (one column query, up to KEY_ROWS rows), as a DuckDB table."""

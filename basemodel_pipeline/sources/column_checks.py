@@ -7,14 +7,13 @@ ColumnChecks is mixed into the checker of sources/data_checks.py, which calls ea
 from __future__ import annotations
 
 import duckdb
-import sqlglot
 from sqlglot import exp
 
 from basemodel_pipeline.config.models import DataSource
 from basemodel_pipeline.errors import UserError
 from basemodel_pipeline.sources.check_context import CheckContext, one_line
 from basemodel_pipeline.sources.parquet import is_local, quote_ident
-from basemodel_pipeline.sources.sql import resolve
+from basemodel_pipeline.sources.sql import SqlError, parse_expression, resolve, shown_sql
 
 FLOAT32_MAX = 3.4e38
 
@@ -47,11 +46,10 @@ class ColumnChecks(CheckContext):
         named = {f: c for f, c in named.items() if c}
         if not named:
             return
-        keep = f" WHERE ({src.where_condition})" if src.where_condition else ""
         *counts, total = self.con.execute(
             "SELECT "
             + ", ".join(f"count(*) FILTER (WHERE {quote_ident(c)} IS NULL)" for c in named.values())
-            + f", count(*) FROM {self.rel(src)}{keep}"
+            + f", count(*) FROM {self.rel(src)}{self.condition(src)}"
         ).fetchone() or (0,)
         for (field, column), n in zip(named.items(), counts, strict=False):
             if n and (field == "main_entity_column" or n == total):
@@ -144,25 +142,25 @@ class ColumnChecks(CheckContext):
         if kept == 0 and src.where_condition:
             self.fail(
                 f"{where}.where_condition",
-                f"{src.where_condition!r} keeps no rows of '{src.name}'; loosen it",
+                f"{shown_sql(src.where_condition)} keeps no rows of '{src.name}'; loosen it",
             )
 
     def check_where(self, where: str, src: DataSource) -> None:
         assert src.where_condition is not None
         if not is_local(src):
             return  # written in the source's dialect: checked by check_query
+        shown = shown_sql(src.where_condition)
         try:
-            statements = sqlglot.parse(src.where_condition, read="duckdb")
-        except sqlglot.errors.ParseError as err:
-            first = err.errors[0] if err.errors else {}
-            detail = first.get("description") or one_line(err)
-            col = f" (column {first['col']})" if first.get("col") else ""
-            self.fail(where, f"{src.where_condition!r} is not valid SQL{col}: {detail}")
-        expr = statements[0] if len(statements) == 1 else None
-        if not isinstance(expr, exp.Condition) or expr.find(exp.Query) is not None:
+            expr = parse_expression(src.where_condition, "duckdb")
+        except SqlError as err:
+            if not err.parsed:
+                col = f" (column {err.col})" if err.col else ""
+                self.fail(where, f"{shown} is not valid SQL{col}: {err.detail}")
+            expr = None
+        if not isinstance(expr, exp.Condition):
             self.fail(
                 where,
-                f"{src.where_condition!r} must be one boolean expression on the source's columns, "
+                f"{shown} must be one boolean expression on the source's columns, "
                 'e.g. "quantity > 0" (no statements or subqueries)',
             )
         sql = f"SELECT 1 FROM {self.rel(src)} WHERE {expr.sql(dialect='duckdb')} LIMIT 1"
@@ -170,6 +168,6 @@ class ColumnChecks(CheckContext):
             kept = self.con.execute(sql).fetchone()
         except duckdb.Error as err:
             self.fail_if_damaged(src)
-            self.fail(where, f"DuckDB cannot run {src.where_condition!r} on '{src.name}': {one_line(err)}")
+            self.fail(where, f"DuckDB cannot run {shown} on '{src.name}': {one_line(err)}")
         if kept is None:
-            self.fail(where, f"{src.where_condition!r} keeps no rows of data source '{src.name}'; loosen it")
+            self.fail(where, f"{shown} keeps no rows of data source '{src.name}'; loosen it")

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 
 import sqlglot
 from sqlglot import exp
+from sqlglot.dialects.dialect import Dialect
 from sqlglot.optimizer.normalize_identifiers import normalize_identifiers
+from sqlglot.tokens import TokenType
 
 from basemodel_pipeline.config.models import DataSource
 from basemodel_pipeline.errors import ConfigError
@@ -38,30 +40,87 @@ def column(name: str, table: str | None = SOURCE_ALIAS) -> exp.Column:
     return exp.column(name, table=table, quoted=True)
 
 
-def parse_fragment(
-    src: DataSource, text: str, dialect: str, what: str, table: str = SOURCE_ALIAS
-) -> exp.Expression:
-    """Parse one user SQL expression; unqualified columns are bound to `table`. ConfigError when invalid."""
+MAX_SQL_NESTING = 16  # parentheses, CASE and prefix operators inside each other in one user expression
+OPENS = {TokenType.L_PAREN, TokenType.L_BRACKET, TokenType.L_BRACE, TokenType.CASE}
+CLOSES = {TokenType.R_PAREN, TokenType.R_BRACKET, TokenType.R_BRACE, TokenType.END}
+PREFIX = {TokenType.NOT, TokenType.DASH, TokenType.PLUS}
+
+
+class SqlError(ValueError):
+    """User SQL that cannot be used: `detail` says why, `col` where in the text (None when unknown); `parsed`:
+    it parsed, but is not one expression (a statement, several, a subquery)."""
+
+    def __init__(self, detail: str, col: int | None = None, parsed: bool = False) -> None:
+        super().__init__(detail)
+        self.detail, self.col, self.parsed = detail, col, parsed
+
+
+def shown_sql(text: str, limit: int = 80) -> str:
+    """User SQL for a one-line message: quoted, cut to `limit` characters."""
+    return repr(text) if len(text) <= limit else f"{text[: limit - 3]!r}... ({len(text):,} characters)"
+
+
+def _nesting(tokens: list) -> int:
+    """How deeply the tokens nest (parentheses, brackets, CASE ... END, runs of NOT / unary signs)."""
+    depth = deepest = run = 0
+    for token in tokens:
+        kind = token.token_type
+        run = run + 1 if kind in PREFIX else 0
+        depth += (kind in OPENS) - (kind in CLOSES)
+        deepest = max(deepest, depth + run)
+    return deepest
+
+
+def parse_expression(text: str, dialect: str) -> exp.Expression:
+    """One user SQL expression parsed in `dialect`. SqlError when it does not parse, nests more than
+    MAX_SQL_NESTING levels (sqlglot parses recursively: about 40 nested parentheses exhaust Python's stack),
+    or is not a single expression (a statement, several, a subquery). Its length is bounded by the config
+    (MAX_STRING_CHARS), so parsing takes a fraction of a second at most."""
     try:
+        tokens = Dialect.get_or_raise(dialect).tokenize(text)
+        if _nesting(tokens) > MAX_SQL_NESTING:
+            raise SqlError(f"it is nested more than {MAX_SQL_NESTING} levels deep; simplify it")
         statements = sqlglot.parse(text, read=dialect)
     except sqlglot.errors.ParseError as err:
         first = err.errors[0] if err.errors else {}
-        detail = first.get("description") or str(err).splitlines()[0]
-        raise ConfigError(
-            f"data source '{src.name}': {what} {text!r} is not valid {dialect} SQL: {detail}"
-        ) from None
+        raise SqlError(first.get("description") or one_line(err), first.get("col")) from None
+    except sqlglot.errors.SqlglotError as err:  # TokenError: an unterminated string, quote or comment
+        raise SqlError(one_line(err)) from None
+    except RecursionError:
+        raise SqlError(f"it is nested too deeply (at most {MAX_SQL_NESTING} levels); simplify it") from None
     node = statements[0] if len(statements) == 1 else None
     if node is None or isinstance(node, exp.Query | exp.Command | exp.DDL | exp.DML) or node.find(exp.Query):
+        raise SqlError("not one expression (a statement, several, or a subquery)", parsed=True)
+    return node
+
+
+def one_line(err: Exception) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+def parse_fragment(
+    src: DataSource, text: str, dialect: str, what: str, table: str | None = SOURCE_ALIAS
+) -> exp.Expression:
+    """Parse one user SQL expression; unqualified columns are bound to `table` (left unqualified when None).
+    ConfigError when invalid."""
+    try:
+        node = parse_expression(text, dialect)
+    except SqlError as err:
+        if err.parsed:
+            raise ConfigError(
+                f"data source '{src.name}': {what} {shown_sql(text)} must be one SQL expression on the source's "
+                "columns (no statements or subqueries)"
+            ) from None
         raise ConfigError(
-            f"data source '{src.name}': {what} {text!r} must be one SQL expression on the source's "
-            "columns (no statements or subqueries)"
-        )
+            f"data source '{src.name}': {what} {shown_sql(text)} is not valid {dialect} SQL: {err.detail}"
+        ) from None
     node = normalize_identifiers(
         node.copy(), dialect=dialect
     )  # unquoted names follow the dialect's case rule
-    for col in node.find_all(exp.Column):
-        if not col.table:
-            col.set("table", exp.to_identifier(table, quoted=True))
+    if table is not None:
+        for col in node.find_all(exp.Column):
+            if not col.table:
+                col.set("table", exp.to_identifier(table, quoted=True))
     return node
 
 
