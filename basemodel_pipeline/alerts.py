@@ -9,6 +9,10 @@ Any object with `name` and `send(alert)` is a sink; Slack (dagster-slack) lives 
 defs/alerts/. Reasons are redacted before they leave: values of environment variables whose names look
 secret (…TOKEN, …PASSWORD, …SECRET, the webhook URL) and credentials inside URLs become `***`. A failed
 delivery raises AlertDeliveryError whose message never contains the URL.
+
+Alerts come once per incident (`Incidents`): the first failure of a thing alerts, its further failures are
+counted and alert again only as a reminder once `reminder_s` has passed since the last alert, and its next
+success closes the incident with one "recovered" alert. `Alert.incident` says which of the three it is.
 """
 
 from __future__ import annotations
@@ -20,11 +24,13 @@ import re
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
 from basemodel_pipeline.metadata import SECRET_KEY
 
 MAX_REASON = 300
+MAX_INCIDENTS = 500  # open incidents kept (the ones that failed longest ago are forgotten first)
 LOGGER = logging.getLogger("basemodel_pipeline.alerts")
 SECRET_NAME = re.compile(SECRET_KEY.pattern + "|webhook", re.I)  # the metadata's secret keys, and the webhook
 URL_CREDENTIALS = re.compile(r"(?<=://)[^/\s:@]+:[^/\s@]+@")
@@ -36,20 +42,67 @@ class AlertDeliveryError(RuntimeError):
 
 @dataclass(frozen=True)
 class Alert:
-    """One failed run or failed check."""
+    """One failed run or failed check, a reminder that it still fails, or its recovery."""
 
-    kind: Literal["run_failure", "check_failure"]
+    kind: Literal["run_failure", "check_failure", "recovered"]
     title: str  # e.g. "run 1a2b3c4d of job refresh failed"
     reason: str  # one short line
     fields: dict[str, str] = field(default_factory=dict)  # run_id, job, asset, check, partition, severity
+    incident: Literal["first", "reminder", "recovered"] = "first"
 
     def text(self) -> str:
         return f"{self.title}: {self.reason}" if self.reason else self.title
 
     def payload(self) -> dict[str, Any]:
         """The JSON body a webhook receives."""
-        return {"source": "basemodel_pipeline", "kind": self.kind, "title": self.title, "reason": self.reason,
-                "text": self.text(), **self.fields}  # fmt: skip
+        return {"source": "basemodel_pipeline", "kind": self.kind, "incident": self.incident, "title": self.title,
+                "reason": self.reason, "text": self.text(), **self.fields}  # fmt: skip
+
+
+def utc_minute(timestamp: float) -> str:
+    """A Unix time as `2024-03-01 02:04 UTC`."""
+    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def failures_since(incident: dict[str, Any]) -> str:
+    """`5 failures since 2024-03-01 02:04 UTC` for an incident of `Incidents`."""
+    count = incident["failures"]
+    return f"{count} failure{'s' if count != 1 else ''} since {utc_minute(incident['since'])}"
+
+
+class Incidents:
+    """The open incidents of an alert sensor, one per failing thing (its key), kept in the sensor's cursor
+    as {key: {"since", "failures", "alerted_at", "last"}} (Unix times; `alerted_at` and the reminder interval
+    are on the sensor's clock, `since` and `last` are the failed runs' times)."""
+
+    def __init__(self, state: dict[str, dict[str, Any]], reminder_s: float) -> None:
+        self.state, self.reminder_s = state, reminder_s
+
+    def failed(self, key: str, at: float, now: float) -> tuple[Literal["first", "reminder"] | None, dict]:
+        """Count a failure of `key` (its run ended at `at`; the clock says `now`): ("first", incident) when it
+        opens an incident, ("reminder", incident) when the reminder interval has passed since the incident's
+        last alert (0: never), else (None, incident)."""
+        incident = self.state.get(key)
+        if incident is None:
+            incident = self.state[key] = {"since": at, "failures": 1, "alerted_at": now, "last": at}
+            self._forget_oldest()
+            return "first", incident
+        incident["failures"] += 1
+        incident["last"] = max(incident["last"], at)
+        if self.reminder_s > 0 and now - incident["alerted_at"] >= self.reminder_s:
+            incident["alerted_at"] = now
+            return "reminder", incident
+        return None, incident
+
+    def passed(self, key: str) -> dict[str, Any] | None:
+        """Close the incident of `key` (it succeeded): the closed incident, None when there was none."""
+        return self.state.pop(key, None)
+
+    def _forget_oldest(self) -> None:
+        excess = len(self.state) - MAX_INCIDENTS
+        if excess > 0:
+            for key in sorted(self.state, key=lambda k: self.state[k]["last"])[:excess]:
+                del self.state[key]
 
 
 class AlertSink(Protocol):

@@ -17,3 +17,16 @@ def setting(name: str, default: str = "") -> str:
 def setting_list(name: str) -> list[str]:
     """A comma-separated setting as a list (empty items dropped)."""
     return [v.strip() for v in setting(name).split(",") if v.strip()]
+
+
+def seconds_setting(name: str, default: float) -> float:
+    """A duration in seconds (a number, 0 or more), or `default` when unset or empty; a ValueError names the
+    setting and its value otherwise."""
+    raw = setting(name)
+    try:
+        seconds = float(raw) if raw else float(default)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
+    if not seconds >= 0:
+        raise ValueError(f"{name}={raw!r} must be 0 or more seconds")
+    return seconds

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +19,8 @@ import pytest
 from basemodel_pipeline.alerts import Alert, AlertDeliveryError, WebhookSink, deliver, redact
 from basemodel_pipeline.defs import build_assets, build_checks, build_definitions
 from basemodel_pipeline.defs.alerts.freshness import build_freshness_checks
+from basemodel_pipeline.defs.alerts.resources import AlertSinks, slack_text
+from basemodel_pipeline.defs.alerts.sensors import build_alert_sensors
 from basemodel_pipeline.defs.shared.resources import resources_for
 
 SECRET = "T0SECRET/B0TOKEN/xyzzy42"
@@ -237,3 +240,143 @@ def test_sinks_follow_the_environment(tiny_config: Path, monkeypatch: pytest.Mon
         sinks = alerts.with_replaced_resource_context(context).process_config_and_initialize().sinks()
     assert [s.name for s in sinks] == ["webhook", "slack"]
     assert "xoxb" not in repr(sinks) and "secret-path" not in repr(sinks)
+
+
+# ---------------------------------------------------------------- incidents: one alert per failing thing
+
+VERDICT = {"passed": False}
+SENT: list[Alert] = []
+START = 1_700_000_000.0  # the sensors' clock in these tests (2023-11-14 22:13:20 UTC); never the wall clock
+
+
+class Captured(AlertSinks):
+    """The `alerts` resource with one sink that keeps what it is sent (in SENT)."""
+
+    def sinks(self, logger: logging.Logger | None = None) -> list[Any]:
+        class Capture:
+            name = "capture"
+
+            def send(self, alert: Alert) -> None:
+                SENT.append(alert)
+
+        return [Capture()]
+
+
+@dg.asset
+def graded() -> dg.MaterializeResult:
+    return dg.MaterializeResult(metadata={"rows": 3})
+
+
+@dg.asset_check(asset=graded, blocking=True)
+def grades_in_range() -> dg.AssetCheckResult:
+    if VERDICT["passed"]:
+        return dg.AssetCheckResult(passed=True, description="every grade in range")
+    return dg.AssetCheckResult(
+        passed=False, description=f"3 grades above 1.0 (login {os.environ['WAREHOUSE_PASSWORD']})"
+    )
+
+
+class Alerting:
+    """Both alert sensors on one instance, ticked with a clock the test moves, delivering to SENT."""
+
+    def __init__(self, instance: dg.DagsterInstance) -> None:
+        self.instance, self.now = instance, START
+        self.sensors = {
+            s.name: s for s in build_alert_sensors(dg.DefaultSensorStatus.STOPPED, clock=lambda: self.now)
+        }
+        self.cursors: dict[str, str | None] = dict.fromkeys(self.sensors)
+        self.tick()  # started: alerts on what finishes from now on
+
+    def tick(self) -> list[Alert]:
+        before = len(SENT)
+        for name, sensor in self.sensors.items():
+            context = dg.build_sensor_context(
+                instance=self.instance, cursor=self.cursors[name], resources={"alerts": Captured()}
+            )
+            self.cursors[name] = sensor.evaluate_tick(context).cursor
+        return SENT[before:]
+
+    def run(self, passed: bool, first_day: str = "2023-01-01", last_day: str = "2023-01-02") -> list[Alert]:
+        """One run of `graded` and its blocking check (a day range in its tags, as an extract retry has),
+        then a tick of both sensors: the alerts it gave."""
+        VERDICT["passed"] = passed
+        tags = {
+            "dagster/asset_partition_range_start": first_day,
+            "dagster/asset_partition_range_end": last_day,
+        }
+        result = dg.materialize(
+            [graded, grades_in_range], instance=self.instance, tags=tags, raise_on_error=False
+        )
+        assert result.success == passed
+        return self.tick()
+
+
+@pytest.fixture
+def alerting(monkeypatch: pytest.MonkeyPatch) -> Iterator[Alerting]:
+    monkeypatch.setenv("WAREHOUSE_PASSWORD", "hunter2-very-secret")
+    monkeypatch.setenv("BASEMODEL_ALERT_REMINDER_S", "3600")
+    SENT.clear()
+    with dg.instance_for_test() as instance:
+        yield Alerting(instance)
+    SENT.clear()
+
+
+def test_a_check_failing_in_five_runs_alerts_once(alerting: Alerting) -> None:
+    """Five failed runs of the same check and job, each with another day range (as retries have): one alert
+    for the check and one for the run it stopped, the later failures only counted."""
+    first = alerting.run(passed=False)
+    assert sorted(a.kind for a in first) == ["check_failure", "run_failure"]
+    assert {a.incident for a in first} == {"first"}
+    check = next(a for a in first if a.kind == "check_failure")
+    assert check.text() == "check graded:grades_in_range failed (error): 3 grades above 1.0 (login ***)"
+    assert check.payload()["incident"] == "first"
+    for day in ("2023-01-03", "2023-01-04", "2023-01-05", "2023-01-06"):
+        alerting.now += 300  # a retry every 5 minutes
+        assert alerting.run(passed=False, first_day="2023-01-01", last_day=day) == []
+    assert len(SENT) == 2 and "hunter2" not in json.dumps([a.payload() for a in SENT])
+
+
+def test_a_reminder_after_the_interval_says_how_many_failures_since_when(alerting: Alerting) -> None:
+    alerting.run(passed=False)
+    for _ in range(3):
+        alerting.now += 600
+        assert alerting.run(passed=False) == []
+    alerting.now = START + 3600  # the reminder interval has passed since the first alert
+    reminders = alerting.run(passed=False)
+    assert sorted(a.kind for a in reminders) == ["check_failure", "run_failure"]
+    assert {a.incident for a in reminders} == {"reminder"}
+    check = next(a for a in reminders if a.kind == "check_failure")
+    assert check.title.startswith("check graded:grades_in_range still failing (error): 5 failures since ")
+    assert check.reason == "3 grades above 1.0 (login ***)"
+    payload = check.payload()
+    assert (payload["incident"], payload["failures"], payload["kind"]) == ("reminder", "5", "check_failure")
+    assert payload["since"].endswith("UTC")
+    run = next(a for a in reminders if a.kind == "run_failure")
+    assert " of job __ephemeral_asset_job__ still failing: 5 failures since " in run.title
+    assert run.fields["incident_key"] == "run:__ephemeral_asset_job__:graded"  # a run of this job and asset
+    alerting.now += 60
+    assert alerting.run(passed=False) == []  # the next reminder is an interval later
+    alerting.now += 3600
+    assert {a.fields["failures"] for a in alerting.run(passed=False)} == {"7"}
+
+
+def test_a_passing_run_closes_the_incident_with_one_recovered_alert(alerting: Alerting) -> None:
+    alerting.run(passed=False)
+    alerting.now += 300
+    alerting.run(passed=False)
+    alerting.now += 300
+    recovered = alerting.run(passed=True)
+    assert len(recovered) == 2 and {a.kind for a in recovered} == {"recovered"}
+    assert {a.incident for a in recovered} == {"recovered"}
+    check = next(a for a in recovered if "check" in a.fields)
+    assert check.title.startswith("check graded:grades_in_range recovered: passed in run ")
+    assert " after 2 failures since " in check.title
+    run = next(a for a in recovered if "job" in a.fields)
+    assert run.text().startswith("job __ephemeral_asset_job__ recovered: run ")
+    assert run.payload()["incident"] == "recovered" and run.fields["failures"] == "2"
+    assert slack_text(run).startswith(":white_check_mark: job __ephemeral_asset_job__ recovered")
+    alerting.now += 300
+    assert alerting.run(passed=True) == []  # nothing to recover any more
+    again = alerting.run(passed=False)  # a new incident: alerted at once
+    assert sorted(a.kind for a in again) == ["check_failure", "run_failure"]
+    assert {a.incident for a in again} == {"first"}

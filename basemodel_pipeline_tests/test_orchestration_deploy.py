@@ -107,6 +107,7 @@ NOT_FOR_RUN_WORKERS = {
     "BASEMODEL_SLACK_TOKEN": "a secret used by the alert sensors in the daemon / code server only",
     "BASEMODEL_SLACK_CHANNEL": "alert sensors only",
     "BASEMODEL_ALERT_WEBHOOK_URL": "alert sensors only (the URL may hold a token)",
+    "BASEMODEL_ALERT_REMINDER_S": "alert sensors only",
 }
 
 
@@ -132,7 +133,12 @@ def test_every_setting_reaches_run_workers_and_is_set_in_the_daemon() -> None:
     )
     for name in NOT_FOR_RUN_WORKERS:
         assert name not in passed and name in read
-    alerts = {"BASEMODEL_SLACK_TOKEN", "BASEMODEL_SLACK_CHANNEL", "BASEMODEL_ALERT_WEBHOOK_URL"}
+    alerts = {
+        "BASEMODEL_SLACK_TOKEN",
+        "BASEMODEL_SLACK_CHANNEL",
+        "BASEMODEL_ALERT_WEBHOOK_URL",
+        "BASEMODEL_ALERT_REMINDER_S",
+    }
     assert alerts <= daemon_env and alerts <= set(_compose()["services"]["basemodel_code"]["environment"])
 
 

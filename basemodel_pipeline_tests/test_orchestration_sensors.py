@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from basemodel_pipeline.defs import build_assets, build_checks, build_definitions
+from basemodel_pipeline.defs.extracts.sensors import build_new_data_sensor
 from basemodel_pipeline.defs.shared.resources import BasemodelConfigResource
 
 TX = dg.AssetKey(["extracts", "transactions"])
@@ -105,31 +106,67 @@ def test_new_data_sensor_cursor_run_keys_and_no_repeats(defs: dg.Definitions, ti
         assert _tick(defs, "new_data_sensor", instance, tiny_config, None).run_requests == []
 
 
-def test_new_data_sensor_retries_a_failed_range_until_it_succeeds(
-    defs: dg.Definitions, tiny_config: Path
+def test_new_data_sensor_retries_a_failed_range_with_a_doubling_bounded_delay(
+    tiny_config: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A failed range is retried after 5 min, then 10, then at most the maximum (here 1000 s), each under a
+    new run key; the skip reason says when; a success ends it, and the next failure waits 5 min again."""
+    monkeypatch.setenv("BASEMODEL_EXTRACT_RETRY_BASE_S", "300")
+    monkeypatch.setenv("BASEMODEL_EXTRACT_RETRY_MAX_S", "1000")
+    clock = {"now": 0.0}  # the sensor's clock, moved by the test (set from each failed run's end time)
+    sensor = build_new_data_sensor([TX], dg.DefaultSensorStatus.STOPPED, clock=lambda: clock["now"])
     source = tiny_config.parent / "data" / "transactions.parquet"
-    with dg.instance_for_test() as instance:
-        first = _tick(defs, "new_data_sensor", instance, tiny_config, None)
-        (request,) = first.run_requests
-        hidden = source.rename(source.with_name("away.parquet"))  # the source breaks during the run
-        assert not _launch(tiny_config, instance, request).success
+
+    def tick(cursor: str | None, at: float):
+        clock["now"] = at
+        resources = {"basemodel_config": BasemodelConfigResource(config_path=str(tiny_config))}
+        return sensor.evaluate_tick(
+            dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources)
+        )
+
+    def fail(request: dg.RunRequest) -> float:
+        """Launch `request` while the source is away (a really failed run); the run's end time."""
+        hidden = source.rename(source.with_name("away.parquet"))
+        result = _launch(tiny_config, instance, request)
         hidden.rename(source)
+        assert not result.success
+        (record,) = instance.get_run_records(dg.RunsFilter(run_ids=[result.run_id]))
+        return record.end_time
 
-        retry = _tick(defs, "new_data_sensor", instance, tiny_config, first.cursor)
-        (again,) = retry.run_requests
-        assert again.run_key == f"{request.run_key}#2"  # a new key: Dagster would skip the old one
-        assert again.tags["dagster/asset_partition_range_start"] == "2023-01-01"
-        assert again.tags["dagster/asset_partition_range_end"] == "2023-04-30"
-        waiting = _tick(defs, "new_data_sensor", instance, tiny_config, retry.cursor)
-        assert waiting.run_requests == []  # its run has not finished yet: no second retry
+    def utc(ts: float) -> str:
+        return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
-        assert _launch(tiny_config, instance, again).success
-        done = _tick(defs, "new_data_sensor", instance, tiny_config, retry.cursor)
+    with dg.instance_for_test() as instance:
+        first = tick(None, 0.0)
+        (request,) = first.run_requests
+        cursor = first.cursor
+        for attempt, delay in [(1, 300), (2, 600), (3, 1000), (4, 1000)]:  # doubles, then bounded
+            failed_at = fail(request)
+            waiting = tick(cursor, failed_at)
+            assert waiting.run_requests == []
+            assert f"attempt {attempt} failed at {utc(failed_at)}" in waiting.skip_message
+            assert f"attempt {attempt + 1} at {utc(failed_at + delay)}" in waiting.skip_message
+            assert tick(waiting.cursor, failed_at + delay - 1).run_requests == []  # not yet
+            retry = tick(waiting.cursor, failed_at + delay)
+            (request,) = retry.run_requests
+            assert request.run_key == f"transactions:2023-01-01..2023-04-30#{attempt + 1}"  # a new key
+            assert request.tags["dagster/asset_partition_range_start"] == "2023-01-01"
+            assert request.tags["dagster/asset_partition_range_end"] == "2023-04-30"
+            cursor = retry.cursor
+            assert tick(cursor, failed_at + 10 * delay).run_requests == []  # its run has not finished yet
+
+        assert _launch(tiny_config, instance, request).success
+        done = tick(cursor, failed_at + 20_000)
         assert done.run_requests == [] and "pending" not in done.cursor
         _add_day(tiny_config, dt.date(2023, 5, 2))
-        (new,) = _tick(defs, "new_data_sensor", instance, tiny_config, done.cursor).run_requests
+        added = tick(done.cursor, failed_at + 20_000)
+        (new,) = added.run_requests
         assert new.run_key == "transactions:2023-04-30..2023-05-02"
+        failed_at = fail(new)  # a success reset the count: the base delay again
+        waiting = tick(added.cursor, failed_at)
+        assert f"attempt 2 at {utc(failed_at + 300)}" in waiting.skip_message
+        (again,) = tick(waiting.cursor, failed_at + 300).run_requests
+        assert again.run_key == "transactions:2023-04-30..2023-05-02#2"
 
 
 def test_scenario_registry_adds_and_removes_partitions(defs: dg.Definitions, tiny_config: Path) -> None:

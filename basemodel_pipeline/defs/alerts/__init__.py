@@ -1,5 +1,6 @@
-"""Alerts and freshness: failed runs and failed checks go to a sink (webhook, Slack, or a log line);
-predictions and embeddings carry freshness checks (docs/orchestration.md, "Alerts and freshness")."""
+"""Alerts and freshness: failed runs and failed checks go to a sink (webhook, Slack, or a log line) once per
+incident (the first failure, a reminder while it keeps failing, its recovery); predictions and embeddings
+carry freshness checks (docs/orchestration.md, "Alerts and freshness")."""
 
 from __future__ import annotations
 

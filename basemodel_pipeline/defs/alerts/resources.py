@@ -20,6 +20,12 @@ from basemodel_pipeline.alerts import Alert, AlertDeliveryError, AlertSink, LogS
 WEBHOOK_ENV_VAR = "BASEMODEL_ALERT_WEBHOOK_URL"
 SLACK_TOKEN_ENV_VAR = "BASEMODEL_SLACK_TOKEN"
 SLACK_CHANNEL_ENV_VAR = "BASEMODEL_SLACK_CHANNEL"
+SLACK_ICONS = {"first": ":rotating_light:", "reminder": ":repeat:", "recovered": ":white_check_mark:"}
+
+
+def slack_text(alert: Alert) -> str:
+    """The Slack message of an alert: an icon for first / reminder / recovered, then the alert's text."""
+    return f"{SLACK_ICONS[alert.incident]} {alert.text()}"
 
 
 class SlackSink:
@@ -39,7 +45,7 @@ class SlackSink:
 
         try:
             SlackResource(token=self._token).get_client().chat_postMessage(
-                channel=self.channel, text=f":rotating_light: {alert.text()}"
+                channel=self.channel, text=slack_text(alert)
             )
         except SlackApiError as err:
             raise AlertDeliveryError(f"Slack answered {err.response.get('error', 'an error')}") from None

@@ -7,8 +7,12 @@ the day range, so a repeated tick or a lost cursor never runs the same range twi
 
 The requested range stays in the cursor ("pending") until its run succeeded (or the extract on disk reaches
 its last day). While that run is queued or running the source gets no new request; when it failed or was
-canceled, the next tick requests the range again (extended to the current watermark) under a new run key
+canceled, the range is requested again (extended to the current watermark) under a new run key
 ``<source>:<first>..<last>#<attempt>``, so a failed range is retried, one run at a time, until it succeeds.
+Retries back off: after the n-th consecutive failed attempt the sensor waits base x 2^(n-1) seconds, at most
+the maximum (BASEMODEL_EXTRACT_RETRY_BASE_S, default 300; BASEMODEL_EXTRACT_RETRY_MAX_S, default 21600),
+counted from the failed run's end ("failed_at" in the pending range); the skip reason says when the next
+attempt is. A success clears the pending range, so the next failure waits the base delay again.
 
 Parquet sources on s3:// are first listed by prefix: while the listing (keys, sizes, ETags) is unchanged
 the source is not queried at all; when day-named files (``.../2017-03-01.parquet`` or ``day=2017-03-01/``)
@@ -20,6 +24,9 @@ import hashlib
 import json
 import os
 import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +38,49 @@ from basemodel_pipeline.defs.extracts.assets import extract_key
 from basemodel_pipeline.defs.extracts.files import day_of, parquet_files
 from basemodel_pipeline.defs.shared.conditions import MAX_RUNTIME, MAX_RUNTIME_TAG
 from basemodel_pipeline.defs.shared.resources import BasemodelConfigResource
-from basemodel_pipeline.settings import setting
+from basemodel_pipeline.settings import seconds_setting, setting
 
 RANGE_START = "dagster/asset_partition_range_start"
 RUN_KEY_TAG = "dagster/run_key"
 FAILED = (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
 RANGE_END = "dagster/asset_partition_range_end"
 DAY_IN_KEY = re.compile(r"(\d{4}-\d{2}-\d{2})(?:\.parquet$|/)")
+RETRY_BASE_ENV_VAR = "BASEMODEL_EXTRACT_RETRY_BASE_S"
+RETRY_MAX_ENV_VAR = "BASEMODEL_EXTRACT_RETRY_MAX_S"
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """How long a failed range waits before its next attempt: `base_s` after the first failure, doubling
+    with each consecutive failure, never more than `max_s`."""
+
+    base_s: float = 300.0
+    max_s: float = 6 * 3600.0
+
+    @classmethod
+    def from_settings(cls) -> "Backoff":
+        return cls(
+            seconds_setting(RETRY_BASE_ENV_VAR, cls.base_s), seconds_setting(RETRY_MAX_ENV_VAR, cls.max_s)
+        )
+
+    def delay(self, failures: int) -> float:
+        """Seconds between the `failures`-th consecutive failed attempt and the next one."""
+        if failures < 1:
+            return 0.0
+        return min(self.base_s * 2.0 ** min(failures - 1, 60), self.max_s)
+
+
+def utc(timestamp: float) -> str:
+    return dt.datetime.fromtimestamp(timestamp, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def in_words(seconds: float) -> str:
+    """A wait in words: "45 s", "10 min", "2.5 h"."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def range_tags(start: dt.date, end_inclusive: dt.date) -> dict[str, str]:
@@ -87,12 +130,12 @@ def last_extracted_day(cfg: PipelineConfig, src: DataSource) -> dt.date | None:
     return max(days) if days else None
 
 
-def run_status(instance: dg.DagsterInstance | None, run_key: str) -> dg.DagsterRunStatus | None:
-    """Status of the newest run launched for `run_key` (None when there is none, or no instance)."""
+def run_record(instance: dg.DagsterInstance | None, run_key: str) -> dg.RunRecord | None:
+    """The newest run launched for `run_key` (None when there is none, or no instance)."""
     if instance is None:
         return None
-    runs = instance.get_runs(filters=dg.RunsFilter(tags={RUN_KEY_TAG: run_key}), limit=1)
-    return runs[0].status if runs else None
+    records = instance.get_run_records(filters=dg.RunsFilter(tags={RUN_KEY_TAG: run_key}), limit=1)
+    return records[0] if records else None
 
 
 def extract_request(src: DataSource, start: dt.date, last: dt.date, attempt: int = 1) -> dg.RunRequest:
@@ -111,16 +154,32 @@ def pending_request(
     state: dict[str, Any],
     mark: dt.date | None,
     instance: dg.DagsterInstance | None,
+    now: float,
+    backoff: Backoff,
+    notes: list[str],
 ) -> dg.RunRequest | None:
     """Follow the range requested last (state["pending"]): clear it once extracted, request it again (up to the
-    watermark `mark`, new run key) when its run failed; None while it is still to run or running."""
+    watermark `mark`, new run key) once its failed run's backoff delay has passed; None while it is still to
+    run, running, or waiting (then a line in `notes` says until when)."""
     pending = state["pending"]
     first, last = dt.date.fromisoformat(pending["first"]), dt.date.fromisoformat(pending["last"])
-    status = run_status(instance, pending["run_key"])
-    if status not in FAILED:
+    record = run_record(instance, pending["run_key"])
+    status = record.dagster_run.status if record is not None else None
+    if record is None or status not in FAILED:
         extracted = last_extracted_day(cfg, src)
         if status == dg.DagsterRunStatus.SUCCESS or (extracted is not None and extracted >= last):
             del state["pending"]
+        return None
+    if "failed_at" not in pending:  # the failure is new: when the run ended (never later than now)
+        ended = record.end_time or record.update_timestamp.timestamp()
+        pending["failed_at"] = min(ended, now)
+    attempt = pending["attempt"]
+    due = pending["failed_at"] + backoff.delay(attempt)
+    if now < due:
+        notes.append(
+            f"{src.name} {pending['first']}..{pending['last']}: attempt {attempt} failed at "
+            f"{utc(pending['failed_at'])}; attempt {attempt + 1} at {utc(due)} (in {in_words(due - now)})"
+        )
         return None
     last = max(last, mark) if mark is not None else last
     request = extract_request(src, first, last, pending["attempt"] + 1)
@@ -144,9 +203,17 @@ def new_data_requests(
     cursor: dict[str, dict[str, Any]],
     today: dt.date,
     instance: dg.DagsterInstance | None = None,
+    now: float | None = None,
+    backoff: Backoff | None = None,
+    notes: list[str] | None = None,
 ) -> list[dg.RunRequest]:
     """Run requests for every event source with days newer than its cursor, or whose last requested range
-    failed (looked up in `instance` by run key); updates `cursor` in place."""
+    failed (looked up in `instance` by run key) and has waited its backoff delay (from the settings unless
+    given) by `now` (a Unix time, default: now); updates `cursor` in place, and adds to `notes` a line for
+    each source whose retry waits."""
+    now = time.time() if now is None else now
+    backoff = Backoff.from_settings() if backoff is None else backoff
+    notes = [] if notes is None else notes
     requests = []
     for src in cfg.data_sources:
         if src.type != "event":
@@ -156,7 +223,7 @@ def new_data_requests(
         mark = source_watermark(cfg, src, state)
         mark = min(mark, today) if mark is not None else None
         if "pending" in state:
-            retry = pending_request(cfg, src, state, mark, instance)
+            retry = pending_request(cfg, src, state, mark, instance, now, backoff, notes)
             if retry is not None:
                 requests.append(retry)
             elif "pending" in state:  # still waiting: look at a changed s3 listing again next tick
@@ -179,8 +246,12 @@ def new_data_requests(
 
 
 def build_new_data_sensor(
-    event_keys: list[dg.AssetKey], default_status: dg.DefaultSensorStatus
+    event_keys: list[dg.AssetKey],
+    default_status: dg.DefaultSensorStatus,
+    clock: Callable[[], float] = time.time,
 ) -> dg.SensorDefinition:
+    """The sensor; `clock` (Unix time) decides when a failed range's backoff delay has passed."""
+
     @dg.sensor(
         name="new_data_sensor",
         minimum_interval_seconds=int(setting("BASEMODEL_NEW_DATA_INTERVAL_S", "300")),
@@ -191,13 +262,19 @@ def build_new_data_sensor(
         context: dg.SensorEvaluationContext, basemodel_config: BasemodelConfigResource
     ) -> dg.SensorResult | dg.SkipReason:
         """Extract the days each event source gained since the last tick (cursor = per-source watermark and
-        the range requested last, retried while its run fails)."""
+        the range requested last, retried with a growing delay while its run fails)."""
         if not Path(basemodel_config.config_path).is_file():
             return dg.SkipReason(f"config {basemodel_config.config_path} does not exist yet")
         cursor = json.loads(context.cursor) if context.cursor else {}
-        requests = new_data_requests(
-            load_config(basemodel_config.config_path), cursor, dt.date.today(), context.instance
+        notes: list[str] = []
+        cfg = load_config(basemodel_config.config_path)
+        requests = new_data_requests(cfg, cursor, dt.date.today(), context.instance, clock(), notes=notes)
+        if notes and requests:
+            context.log.info("retries waiting: " + "; ".join(notes))
+        return dg.SensorResult(
+            run_requests=requests,
+            cursor=json.dumps(cursor, sort_keys=True),
+            skip_reason="; ".join(notes) if notes and not requests else None,
         )
-        return dg.SensorResult(run_requests=requests, cursor=json.dumps(cursor, sort_keys=True))
 
     return new_data_sensor
