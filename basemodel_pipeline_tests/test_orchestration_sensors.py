@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from basemodel_pipeline.defs import build_assets, build_checks, build_definitions
+from basemodel_pipeline.defs.extracts.files import content_version
 from basemodel_pipeline.defs.extracts.sensors import build_new_data_sensor
 from basemodel_pipeline.defs.shared.resources import BasemodelConfigResource
 
@@ -343,3 +344,58 @@ def test_re_extracting_unchanged_days_keeps_the_data_version(tiny_config: Path) 
         _add_day(tiny_config, dt.date(2023, 3, 2))  # a late event lands on that day
         assert _extract(tiny_config, instance, tags).success
         assert version(instance) != first
+
+
+def _range(first: str, last: str) -> dict[str, str]:
+    return {"dagster/asset_partition_range_start": first, "dagster/asset_partition_range_end": last}
+
+
+def _day_versions(instance: dg.DagsterInstance, days: list[str]) -> dict[str, str]:
+    """The data version each day partition's latest materialization recorded."""
+    versions = {}
+    for day in days:
+        (record,) = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=TX, asset_partitions=[day]), limit=1
+        ).records
+        versions[day] = record.asset_materialization.tags["dagster/data_version"]
+    return versions
+
+
+def test_overlapping_ranges_keep_each_days_version_and_only_a_changed_day_rebuilds_the_cache(
+    defs: dg.Definitions, tiny_config: Path
+) -> None:
+    """Each day partition's data version is the hash of its own file, whatever range extracted it:
+    re-extracting unchanged days in another range changes no version and requests no cache; a changed day
+    changes its own version only, and the cache is requested."""
+    cache = dg.AssetKey("event_cache")
+    directory = tiny_config.parent / "extracts" / "transactions"
+    days = ["2023-04-28", "2023-04-29", "2023-04-30", "2023-05-01"]  # 05-01: after the source's last event
+
+    def content_hashes() -> dict[str, str]:
+        files = {day: directory / f"{day}.parquet" for day in days}
+        return {day: content_version([file] if file.is_file() else []) for day, file in files.items()}
+
+    with dg.instance_for_test() as instance:
+        assert _extract(tiny_config, instance, _range("2023-04-27", "2023-05-01")).success
+        tick = dg.evaluate_automation_conditions(defs=defs, instance=instance)  # records the state
+        tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor)
+        assert tick.get_num_requested(cache) == 0
+        first = _day_versions(instance, days)
+        assert not (directory / "2023-05-01.parquet").exists()  # a day without events has no file...
+        assert first == content_hashes()  # ...and a stable version all the same
+
+        again = _extract(tiny_config, instance, _range("2023-04-28", "2023-05-01"))  # another first day
+        assert again.success
+        mats = again.asset_materializations_for_node("extracts__transactions")
+        assert sorted(m.partition for m in mats) == days  # one materialization per day
+        assert _day_versions(instance, days) == first
+        tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor)
+        assert tick.get_num_requested(cache) == 0  # byte-identical days: nothing downstream
+
+        _add_day(tiny_config, dt.date(2023, 4, 29))  # a late event lands on that day
+        assert _extract(tiny_config, instance, _range("2023-04-28", "2023-05-01")).success
+        changed = _day_versions(instance, days)
+        assert changed == content_hashes()
+        assert {day for day in days if changed[day] != first[day]} == {"2023-04-29"}
+        tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor)
+        assert tick.get_num_requested(cache) == 1

@@ -2,10 +2,11 @@
 
 Event sources are daily-partitioned (one partition = one ``<yyyy-mm-dd>.parquet`` file; a partition range
 runs as one `run_extract(days=(start, end))` call, so a UI backfill of a year is one run, and each day's
-materialization carries that day's own rows and bytes, the range's totals beside them). Attribute tables
-are unpartitioned and extracted whole. Extracts run in-process (DuckDB reads the source and writes Parquet;
-no GPU). Each source's extract queues on its own pool `extract_<source>` (one step at a time with the
-deploy's default pool limit of 1); the library's per-source lock (sources/extract.py) is the real guard.
+materialization carries that day's own rows, bytes and data version (the content version of its own file),
+the range's totals beside them). Attribute tables are unpartitioned and extracted whole. Extracts run
+in-process (DuckDB reads the source and writes Parquet; no GPU). Each source's extract queues on its own
+pool `extract_<source>` (one step at a time with the deploy's default pool limit of 1); the library's
+per-source lock (sources/extract.py) is the real guard.
 """
 
 import datetime as dt
@@ -20,11 +21,12 @@ from basemodel_pipeline.config import DataSource
 from basemodel_pipeline.defs.extracts.files import (
     content_version,
     day_files,
+    day_version,
     parquet_files,
     rows_of,
     schema_of,
 )
-from basemodel_pipeline.defs.shared.execution import materialize_in_process
+from basemodel_pipeline.defs.shared.execution import materialize_in_process, materialize_partitions_in_process
 from basemodel_pipeline.defs.shared.resources import BasemodelConfigResource
 from basemodel_pipeline.defs.shared.versions import code_version
 from basemodel_pipeline.pipeline import run_extract
@@ -63,7 +65,6 @@ def _range_metadata(src: str, meta: dict, files: list, days: tuple[dt.date, dt.d
         "first_day": days[0].isoformat(),
         "last_day": (days[1] - dt.timedelta(days=1)).isoformat(),
         "range_bytes": sum(f.stat().st_size for f in files),
-        "data_version": f"{days[0].isoformat()}..{content_version(files)}",
         "total_rows": meta["rows"],
         "total_files": meta["files"],
         "path": meta["path"],
@@ -72,10 +73,16 @@ def _range_metadata(src: str, meta: dict, files: list, days: tuple[dt.date, dt.d
 
 
 def _day_metadata(directory: Path, day: str) -> dict[str, Any]:
-    """One day partition's own rows and bytes (0 when the source has no event that day)."""
+    """One day partition's own rows, bytes (0 when the source has no event that day) and data version (the
+    content version of its own file: an unchanged day keeps it whatever range re-extracts it)."""
     file = directory / f"{day}.parquet"
     rows = rows_of(file) if file.is_file() else 0
-    return {"rows": rows, "dagster/row_count": rows, "bytes": file.stat().st_size if rows else 0}
+    return {
+        "rows": rows,
+        "dagster/row_count": rows,
+        "bytes": file.stat().st_size if rows else 0,
+        "data_version": day_version(directory, day),
+    }
 
 
 def build_extract_asset(src: DataSource, partitions: dg.PartitionsDefinition | None) -> dg.AssetsDefinition:
@@ -111,12 +118,12 @@ def build_extract_asset(src: DataSource, partitions: dg.PartitionsDefinition | N
         def stage() -> dict:
             cfg = basemodel_config.load()
             meta = run_extract(cfg, name, progress, days=days)[name]
-            directory = ws.extracts_dir(cfg, name)
-            for day in context.partition_keys:  # each day's materialization gets its own counts
-                context.add_asset_metadata(_day_metadata(directory, day), partition_key=day)
-            return _range_metadata(name, meta, day_files(directory, *days), days)
+            return _range_metadata(name, meta, day_files(ws.extracts_dir(cfg, name), *days), days)
 
-        return materialize_in_process(stage, extra=_schema_extra)
+        # each day's materialization gets its own counts and data version, the range's totals beside them
+        return materialize_partitions_in_process(
+            context, stage, lambda meta, day: _day_metadata(Path(meta["path"]), day), extra=_schema_extra
+        )
 
     return _extract
 

@@ -41,6 +41,13 @@ def content_version(files: list[Path]) -> str:
     return digest.hexdigest()[:16]
 
 
+def day_version(directory: Path, day: str) -> str:
+    """Data version of one day partition: the content version of its own day file, whatever range extracted
+    it. A day without events has no file and always the same version (that of no file)."""
+    file = directory / f"{day}.parquet"
+    return content_version([file] if file.is_file() else [])
+
+
 def rows_of(path: Path) -> int:
     return pq.read_metadata(path).num_rows
 

@@ -8,6 +8,13 @@ from typing import Any
 
 import dagster as dg
 
+# Dagster's own marker for an output whose asset events the step logged itself: with it, Dagster adds none of
+# its own (Dagster uses it for the per-partition data versions of observable source assets). Private API, used
+# by materialize_partitions_in_process only; test_orchestration_sensors checks one materialization per day.
+from dagster._core.definitions.source_asset import (
+    SYSTEM_METADATA_KEY_SOURCE_ASSET_OBSERVATION as EVENTS_LOGGED_BY_STEP,
+)
+
 from basemodel_pipeline.defs.shared.launcher import Launcher
 from basemodel_pipeline.errors import UserError
 from basemodel_pipeline.metadata import data_version_of, flatten_metadata
@@ -46,6 +53,44 @@ def materialize_in_process(
     if extra is not None:
         metadata.update(extra(meta))
     return dg.MaterializeResult(metadata=metadata, data_version=dg.DataVersion(data_version_of(meta)))
+
+
+def materialize_partitions_in_process(
+    context: dg.AssetExecutionContext,
+    fn: Callable[[], Mapping[str, Any]],
+    partition_meta: Callable[[Mapping[str, Any], str], Mapping[str, Any]],
+    extra: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None,
+) -> dg.MaterializeResult:
+    """Call a library stage that writes a partition range in one step: one materialization per partition,
+    each with its own data version.
+
+    `fn` returns the metadata of the whole range, `partition_meta(meta, key)` that partition's own, with its
+    `data_version`. Each partition's materialization carries both (its own on top) and the tags Dagster puts
+    on the materializations of an output: its own data version and the asset's code version. From a returned
+    MaterializeResult Dagster would give every partition of the range the one data version of the step, so a
+    day re-extracted with the same bytes in another range would get a new version and rebuild what depends
+    on it. Only for assets without dependencies (Dagster would also record the versions of the inputs).
+    """
+    try:
+        meta = fn()
+        own = {key: partition_meta(meta, key) for key in context.partition_keys}
+    except UserError as err:
+        raise dg.Failure(description=str(err), allow_retries=False) from None
+    shared = to_dagster_metadata(meta)
+    if extra is not None:
+        shared.update(extra(meta))
+    code = context.assets_def.code_versions_by_key.get(context.asset_key) or context.run_id
+    for key, partition in own.items():
+        tags = {
+            "dagster/data_version": data_version_of(partition),
+            "dagster/data_version_is_user_provided": "true",
+            "dagster/code_version": code,
+        }
+        metadata = {**shared, **to_dagster_metadata(partition)}
+        context.log_event(
+            dg.AssetMaterialization(asset_key=context.asset_key, partition=key, metadata=metadata, tags=tags)
+        )
+    return dg.MaterializeResult(metadata={EVENTS_LOGGED_BY_STEP: True})
 
 
 def run_entrypoint(
