@@ -7,7 +7,7 @@ WORKSPACE ?= demo_workspace
 HOST ?= 127.0.0.1
 PORT ?= 3000
 
-.PHONY: venv demo test lint ui bench clean-demo peers-venv engine engine-stop
+.PHONY: venv demo test lint ui bench results clean-demo peers-venv engine engine-stop
 
 $(STAMP): requirements.lock pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,10 @@ ui: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_demo.py --workspace bench_workspace
+
+# bench/RESULTS.md from bench/results/*.json (standard library only); run after a benchmark, commit both
+results:
+	$(PYTHON) bench/results_page.py
 
 # bench/bench_peers.py's own environment (CoLES from pytorch-lifestream beside the pipeline); never .venv
 PEERS := .venv-peers
