@@ -1,4 +1,5 @@
-"""bench/RESULTS.md is what bench/results_page.py writes from bench/results/*.json, and speaks of results only."""
+"""bench/RESULTS.md and the README's headline table are what bench/results_page.py writes from
+bench/results/*.json, and they speak of results only."""
 
 from __future__ import annotations
 
@@ -19,6 +20,16 @@ WORK_STAMPS = re.compile(r"\b(issues?|sessions?|sittings?|waves?|work items?)\b\
 def test_the_committed_page_is_what_the_generator_writes() -> None:
     expected = results_page.render(results_page.load_results())
     assert results_page.PAGE.read_text() == expected, "bench/RESULTS.md is stale: run `make results`"
+
+
+def test_the_readme_headline_is_what_the_generator_writes() -> None:
+    readme = results_page.README.read_text()
+    assert results_page.BEGIN in readme and results_page.END in readme
+    headline = results_page.headline(results_page.load_results())
+    assert results_page.with_headline(readme, headline) == readme, (
+        "README's headline is stale: `make results`"
+    )
+    assert not [line for line in headline if WORK_STAMPS.search(line)]
 
 
 def test_the_page_is_short_and_names_no_work_items_or_sittings() -> None:

@@ -1,4 +1,4 @@
-"""Benchmark: downstream quality against the foundation's training budget (issue 20, item 2).
+"""Benchmark: downstream quality against the foundation's training budget.
 
     .venv/bin/python bench/bench_budget.py --dataset completejourney --scales 1 4 16
     .venv/bin/python bench/bench_budget.py --workdir DIR --scales 1 4 16 [--device cuda] [--deadline-s 420]
@@ -15,7 +15,8 @@ scale 1 (same test rows). The scenarios' baselines are fitted and staged once (a
 LightGBM on aggregates. Results are written after every scale, so a run
 stopped by --deadline-s (a scale whose extrapolated time does not fit is skipped) still leaves its rows.
 
-Writes bench/results/budget_<dataset>[_<device>].json (flat keys) and prints Markdown rows for BENCHMARKS.md.
+Writes bench/results/budget_<dataset>[_<device>].json (flat keys; `make results` renders it in
+bench/RESULTS.md) and prints Markdown rows.
 """
 
 from __future__ import annotations

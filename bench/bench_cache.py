@@ -1,4 +1,4 @@
-"""Benchmark: event cache build and incremental append at scale (issue 7), CPU.
+"""Benchmark: event cache build and incremental append at scale, CPU.
 
     .venv/bin/python bench/bench_cache.py --events 50000000 --customers 500000 --workdir /work/scratch/cache/syn50
     .venv/bin/python bench/bench_cache.py --events 10000000 --customers 100000 --workdir /work/scratch/cache/syn10
@@ -9,7 +9,8 @@ then in a scratch workspace beside it (the extracts hard-linked, so the dataset 
 2. writes one new day (the last day shifted by one day; --append-events resizes it) and appends it:
    append_s, append_events, with peak memory;
 3. opens the cache once (the first reader merges base + append into the view): view_merge_s.
-Writes bench/results/cache_<N>M.json (flat keys) and prints a Markdown row for BENCHMARKS.md. The machine is
+Writes bench/results/cache_<N>M.json (flat keys; `make results` renders it in bench/RESULTS.md) and prints a
+Markdown row. The machine is
 shared: os.getloadavg() is recorded before and after.
 """
 

@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/bench_demo.py [--workspace bench_workspace]
 
-Writes bench/results/demo_completejourney.json (flat keys) and prints a Markdown row for BENCHMARKS.md.
+Writes bench/results/demo_completejourney.json (flat keys; `make results` renders it in bench/RESULTS.md) and
+prints a Markdown row.
 Baselines (hand-crafted aggregates + LightGBM, popularity) run in the same process on the same split.
 """
 

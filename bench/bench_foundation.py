@@ -1,11 +1,11 @@
-"""Benchmark: foundation training at scale on the synthetic generator (issue 3), CPU or GPU.
+"""Benchmark: foundation training at scale on the synthetic generator, CPU or GPU.
 
     .venv/bin/python bench/bench_foundation.py --events 50000000 --customers 500000 [--device cuda]
 
 Generates (or reuses) the synthetic dataset under --workdir, extracts it, builds the cache, trains the
 foundation with the default config (all epochs, featurisation included), then times a full-history
 featurisation pass and the embedding export. Writes bench/results/foundation_synthetic_<events>_<device>.json
-(flat keys) and prints a Markdown row for BENCHMARKS.md. Peak memory is sampled every 0.2 s: peak_rss_mb
+(flat keys; `make results` renders it in bench/RESULTS.md) and prints a Markdown row. Peak memory is sampled every 0.2 s: peak_rss_mb
 (resident, including the pages of the memory-mapped cache) and peak_anon_mb (anonymous memory: what the
 process itself holds, which must not grow with the number of events).
 """

@@ -38,7 +38,8 @@ test window's rows; the parts' test (entity, time) keys and labels are checked e
 
 Intervals: one paired bootstrap over the test rows (one per household), 1,000 resamples, the same draws for
 every model: a 95% interval for each metric and for each (ours - peer) difference.
-Writes bench/results/peers_completejourney.json (flat keys) and prints the table for bench/BENCHMARKS.md.
+Writes bench/results/peers_<dataset>.json (flat keys; `make results` renders it in bench/RESULTS.md) and prints
+the table.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ Protocols (all run by default; every result holds each probe seed and their mean
 - ``weekly``: the scenario split (docs/design.md, "Evaluation protocol"): the probe fits on the weekly training split points, chooses
   its epoch on the validation split points and is scored on the test window. The foundation was trained to
   predict the futures of those training weeks, so this probe can learn to trust what the trunk recalls about
-  them (bench/BENCHMARKS.md, "Why the churn probe lagged").
+  them (docs/benchmarks.md, "Probe").
 - ``unseen_weeks``: the weekly protocol without that leak: the probe fits on the validation split points only
   (target windows the foundation never trained on), chooses its epoch on one fold of their entities
   (entity_folds) and is scored on the test window.

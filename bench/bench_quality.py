@@ -27,7 +27,8 @@ Each seed's run is saved under <workspace>/quality/seed<k>.npz so --collect can 
 same foundation and rows, and the table then compares this run with that reference: the published model and
 each candidate (new - reference, the same paired bootstrap), and the LightGBM fit and network train seconds.
 
-Writes bench/results/quality_<dataset>.json (flat keys) and prints the table for bench/BENCHMARKS.md.
+Writes bench/results/quality_<dataset>.json (flat keys; `make results` renders it in bench/RESULTS.md) and
+prints the table.
 """
 
 from __future__ import annotations

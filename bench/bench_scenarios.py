@@ -5,7 +5,8 @@
 Runs extract, cache and foundation pretraining (or reuses the workspace's foundation with
 --reuse-foundation), then fine-tunes all six scenarios with one featurisation pass (finetune_many), each with
 its own early stopping, and evaluates every model and baseline on the test window (2017-11-15). Writes
-bench/results/scenarios_completejourney.json and prints a Markdown table for BENCHMARKS.md.
+bench/results/scenarios_completejourney.json and prints a Markdown table. bench/bench_quality.py measures the
+same scenarios on three seeds and several test weeks (bench/RESULTS.md).
 """
 
 from __future__ import annotations

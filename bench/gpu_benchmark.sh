@@ -6,8 +6,9 @@
 #   STEPS=scaling bash bench/gpu_benchmark.sh    (a second call: every stage's scaling curve on CUDA at
 #                                                 SCALING_EVENTS, 1M 5M 10M by default, as many as fit)
 # Needs a Python with CUDA torch; the project's packages that machine lacks (pydantic, duckdb, sqlglot,
-# LightGBM) come as wheels in .whl/ (see bench/BENCHMARKS.md, "GPU"). Every step has its own time limit and
-# the steps go on when one fails; results land in $OUT (default bench/results) as soon as each step ends.
+# LightGBM) come as wheels in .whl/ (`pip download --no-deps -d .whl ...` beforehand: it reaches no index).
+# Every step has its own time limit and the steps go on when one fails; results land in $OUT (default
+# bench/results) as soon as each step ends.
 # Not run here: a step in the trainer image (the GPU machine has no Docker engine).
 set -uo pipefail
 OUT=${OUT:-bench/results}

@@ -1,7 +1,9 @@
 """Write bench/RESULTS.md from bench/results/*.json and nothing else, so the page cannot drift from the files.
 
-    .venv/bin/python bench/results_page.py            # (re)write bench/RESULTS.md; `make results` runs this
-    .venv/bin/python bench/results_page.py --check    # exit 1 when bench/RESULTS.md is not what it would write
+    python3 bench/results_page.py            # (re)write bench/RESULTS.md and the README's headline table
+    python3 bench/results_page.py --check    # exit 1 when either is not what it would write
+
+`make results` runs the first. The README's headline table is the block between BEGIN and END below.
 
 Every benchmark under bench/ writes one flat JSON file (figures plus machine, load, data set, commit and
 command). Each section below has a small renderer that reads the keys it knows; a key that is missing or of
@@ -981,19 +983,103 @@ def render(files: Files) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ------------------------------------------------------------------ the README's headline table
+
+README = BENCH.parent / "README.md"
+BEGIN = "<!-- headline results: written by `make results` from bench/results/*.json -->"
+END = "<!-- end of headline results -->"
+
+
+def headline(files: Files) -> list[str]:
+    """A few rows for the README, each pointing to its section of RESULTS.md: quality, peers, foundation,
+    scoring."""
+    quality_rows, peer_rows, other_rows = [], [], []
+    for path, d in files:
+        scenarios = prefixes(d, "metric")
+        if is_main_quality(path, d) and scenarios:
+            tally = [d.get(k) for k in d if k.endswith("_verdict") and ".vs_" in k]
+            quality_rows.append(
+                [
+                    f"Quality on {dataset_name(d, path)} ({len(scenarios)} scenarios, seeds {d.get('seeds', '')})",
+                    f"the published model against every baseline: {plural(tally.count('win'), 'win')}, "
+                    f"{plural(tally.count('tie'), 'tie')}, {plural(tally.count('loss'), 'loss')}",
+                    "[RESULTS.md](bench/RESULTS.md#quality-on-real-data-sets)",
+                ]
+            )
+        elif path.stem.startswith("peers_"):
+            cells = []
+            for s in scenarios:
+                peers = [
+                    k.removeprefix(f"{s}.ours_minus_").removesuffix("_verdict")
+                    for k in d
+                    if k.startswith(f"{s}.ours_minus_") and k.endswith("_verdict")
+                ]
+                vs = [
+                    f"{d[f'{s}.ours_minus_{m}_verdict']} vs {PEER_NAMES.get(m, m)}"
+                    for m in peers
+                    if m in PEER_NAMES and m != "pipeline_lightgbm_aggregates"
+                ]
+                cells += [f"{s}: {', '.join(vs)}"] if vs else []
+            name = DATASETS.get(path.stem[len("peers_") :], path.stem[len("peers_") :])
+            if cells:
+                peer_rows.append(
+                    [
+                        f"The pipeline against peers on {name}, one seed",
+                        "; ".join(cells),
+                        "[RESULTS.md](bench/RESULTS.md#peers-in-the-same-run)",
+                    ]
+                )
+        elif path.stem.startswith("inference_") and "inference_entities_per_s" in d:
+            over = d.get("latest_over_reference")
+            other_rows.append(
+                [
+                    f"Scoring {num(d.get('entities'))} entities as of the latest day",
+                    f"{num(d['inference_entities_per_s'], 0)} entities/s on {d.get('machine', '')}"
+                    + (f" ({num(over)}x the reference's 2,718/s per GPU)" if over else ""),
+                    "[RESULTS.md](bench/RESULTS.md#scoring)",
+                ]
+            )
+    found = sorted(
+        [(p, d) for p, d in files if p.stem.startswith("foundation_") and "time_to_foundation_s" in d],
+        key=lambda f: (f[1].get("device") != "cpu", f[0].name),
+    )
+    if found:
+        other_rows.insert(
+            0,
+            [
+                f"Time to a foundation model, {num(found[0][1].get('events'))} synthetic events",
+                ", ".join(f"{num(d['time_to_foundation_s'])} s on {d.get('machine', '')}" for _, d in found),
+                "[RESULTS.md](bench/RESULTS.md#foundation-training)",
+            ],
+        )
+    body = table(["claim", "figure", "details"], quality_rows + peer_rows + other_rows)
+    return [BEGIN, *body[:-1], END] if body else [BEGIN, END]
+
+
+def with_headline(readme: str, lines: list[str]) -> str:
+    """The README with its headline block replaced; unchanged when it has no such block."""
+    start, end = readme.find(BEGIN), readme.find(END)
+    if start < 0 or end < start:
+        return readme
+    return readme[:start] + "\n".join(lines) + readme[end + len(END) :]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="exit 1 when bench/RESULTS.md differs")
-    ap.add_argument("--out", type=Path, default=PAGE)
+    ap.add_argument("--check", action="store_true", help="exit 1 when RESULTS.md or the README differ")
     args = ap.parse_args(argv)
-    text = render(load_results())
+    files = load_results()
+    wanted = {PAGE: render(files)}
+    if README.exists():
+        wanted[README] = with_headline(README.read_text(), headline(files))
+    stale = [p for p, text in wanted.items() if not p.exists() or p.read_text() != text]
     if args.check:
-        same = args.out.exists() and args.out.read_text() == text
-        if not same:
-            print(f"{args.out} is not what bench/results_page.py writes: run `make results`", file=sys.stderr)
-        return 0 if same else 1
-    args.out.write_text(text)
-    print(f"wrote {args.out} ({text.count(chr(10))} lines)")
+        for p in stale:
+            print(f"{p} is not what bench/results_page.py writes: run `make results`", file=sys.stderr)
+        return 1 if stale else 0
+    for p in stale:
+        p.write_text(wanted[p])
+        print(f"wrote {p}")
     return 0
 
 

@@ -169,7 +169,7 @@ class FoundationParams(Strict):
         lt=1.0,
         description="Share of the standardised inputs set to their mean in each pretraining example. With few "
         "entities the trunk otherwise learns what followed its training weeks, and heads or probes fitted on "
-        "those weeks then trust what is gone at inference time (bench/BENCHMARKS.md).",
+        "those weeks then trust what is gone at inference time (docs/benchmarks.md, 'Probe').",
     )
     epochs: int = Field(default=4, gt=0)
     patience: int = Field(

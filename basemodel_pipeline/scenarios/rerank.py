@@ -324,7 +324,7 @@ class Reranker:
         the network's scores are over-confident (and the foundation recalls those weeks' futures), so a
         ranker fitted there trusts them too much. 4/5 of the stop entities fit, 1/5 early-stop. On The Complete
         Journey next-basket NDCG@10 on test: 0.2278 fitted this way, 0.2166 fitted on training rows
-        (repeat purchases 0.2161); bench/BENCHMARKS.md."""
+        (repeat purchases 0.2161), one foundation, one seed."""
         fold = entity_folds(stop.entity, 5)
         if len(np.unique(fold)) > 1:
             train, stop = stop.subset(np.flatnonzero(fold != 0)), stop.subset(np.flatnonzero(fold == 0))

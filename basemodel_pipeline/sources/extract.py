@@ -163,7 +163,7 @@ def chunks(cfg: PipelineConfig, src: DataSource, days: DayRange | None) -> list[
     watermark (or of the range asked for), so a transient failure repeats one chunk, not the history, and no
     single query sorts, nor DuckDB's partitioned day write buffers, years of events. The buffers of that write
     sit outside DuckDB's memory limit: one scan of 50M local events peaked at 2,270 MB, 31-day chunks at 593 MB
-    in 0.93x the time (bench/BENCHMARKS.md, "Quality against budget at 50M, and what held memory")."""
+    in 0.93x the time (docs/benchmarks.md, "Memory")."""
     if days is None:
         last = watermark(cfg, src)
         if last is None:
