@@ -1,4 +1,4 @@
-"""Layers that only point down (issue 19; docs/architecture.md).
+"""Layers that only point down (docs/architecture.md).
 
 The library's modules are read with `ast` (nothing is imported) and every import is an edge, the ones inside
 functions too: a lazy import is a dependency all the same. Two rules hold:

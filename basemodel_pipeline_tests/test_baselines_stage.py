@@ -148,7 +148,7 @@ def test_the_multilabel_lightgbm_row_bound_is_recorded_in_the_metrics(trained) -
 
 
 def test_the_multilabel_lightgbm_samples_rows_by_default() -> None:
-    """Issue 16 item 5: a multilabel baseline's boosters are bounded by default, not only when asked."""
+    """A multilabel baseline's boosters are bounded by default, not only when asked."""
     from basemodel_pipeline.config.scenarios import LIGHTGBM_MAX_ROWS
 
     sc = Scenario.model_validate(

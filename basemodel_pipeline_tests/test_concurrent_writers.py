@@ -1,4 +1,4 @@
-"""Concurrent writers of one workspace (issue 18, "nothing lost, nothing silently wrong").
+"""Concurrent writers of one workspace: nothing lost, nothing silently wrong.
 
 Every test runs REAL processes (subprocesses running the library) and forces the dangerous interleaving with
 signal files: a child pauses at a chosen point until the test lets it go, so nothing depends on timing luck.

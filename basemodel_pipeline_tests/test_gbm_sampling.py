@@ -1,4 +1,4 @@
-"""The multilabel LightGBM baseline's cost bound (issue 16, item 5): each one-vs-rest booster trains on at most
+"""The multilabel LightGBM baseline's cost bound: each one-vs-rest booster trains on at most
 ``max_rows`` rows — every row of the rarer class up to half of them, a sample of the other class, each class
 weighted by the inverse of its sampling rate so the probabilities stay calibrated — and one LightGBM thread per
 booster, the boosters side by side. What each booster saw is recorded with the model."""

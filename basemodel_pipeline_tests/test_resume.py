@@ -105,7 +105,7 @@ def test_sigkill_then_rerun_reaches_the_same_validation_loss(tiny_config: Path) 
     assert float(val) == pytest.approx(reference["val_loss"], rel=0.01)
 
 
-# --- the resume state is saved atomically and an unreadable one means a fresh start (issue 18) ---
+# --- the resume state is saved atomically and an unreadable one means a fresh start ---
 
 
 def _toy() -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:

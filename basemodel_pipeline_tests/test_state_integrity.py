@@ -81,8 +81,8 @@ def state_manifest(config: Path) -> dict:
 
 
 def test_a_correction_of_old_days_rebuilds_the_state(workspace: Path) -> None:
-    """The issue's reproduction: same row count, corrected values of old days, cache rebuilt: `predict`
-    used the state built from the old data; its scores must be the replayed ones."""
+    """Same row count, corrected values of old days, cache rebuilt: `predict` once used the state built from
+    the old data; its scores must be the replayed ones."""
     before = scores(workspace)
     built_from = state_manifest(workspace).get("cache_data_version")
     correct_old_days(workspace)

@@ -1,4 +1,4 @@
-"""Throughput counts the work done (issue 20): examples, history events featurised, coverage of the data."""
+"""Throughput counts the work done: examples, history events featurised, coverage of the data."""
 
 from __future__ import annotations
 

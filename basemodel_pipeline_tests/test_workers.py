@@ -68,7 +68,7 @@ def test_predict_with_more_workers_than_cores_runs_at_most_the_cap(
     run_cache(cfg)
     run_pretrain(cfg)
     run_finetune(cfg, "churn")
-    monkeypatch.setattr(workers, "usable_cores", lambda: 2)  # the machine of the issue: 2 cores, 3.1 GiB
+    monkeypatch.setattr(workers, "usable_cores", lambda: 2)  # a small machine: 2 cores, 3.1 GiB
     monkeypatch.setattr(workers, "available_memory", lambda: int(3.1 * GIB))
     pools: list[int] = []
     real_pool = workers.ProcessPoolExecutor

@@ -1,4 +1,4 @@
-"""Benchmark: batch scoring (issue 6) — throughput at scale and the quality cost of each precision.
+"""Benchmark: batch scoring — throughput at scale and the quality cost of each precision.
 
     .venv/bin/python bench/bench_inference.py quality --workspace demo_workspace [--scenario churn]
     .venv/bin/python bench/bench_inference.py throughput --data /path/to/synthetic_scale_dir --workdir W

@@ -1,4 +1,4 @@
-"""Benchmark: how each stage's time and memory grow with the data (issue 20, item 4).
+"""Benchmark: how each stage's time and memory grow with the data.
 
     .venv/bin/python bench/bench_scaling.py --events 1000000 5000000 10000000 50000000 [--device cuda]
 

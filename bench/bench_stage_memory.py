@@ -1,4 +1,4 @@
-"""Benchmark: what sets the peak memory of the extract and of the state build + scoring (issue 20, item 4).
+"""Benchmark: what sets the peak memory of the extract and of the state build + scoring.
 
     .venv/bin/python bench/bench_stage_memory.py extract --workdir DIR --limits 2GB 1GB
     .venv/bin/python bench/bench_stage_memory.py predict --workdir DIR --scenario churn

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One short GPU check for a lent H200 (one command, < 10 minutes): test the CUDA path, then benchmark the
+# One short GPU check for an H200 machine (one command, < 10 minutes): test the CUDA path, then benchmark the
 # foundation on 50M synthetic events (work counted: examples/s, history events/s, coverage) and the quality
 # against the training budget (x1, x4, x16 examples per epoch, as many as fit before the deadline).
 #   bash bench/gpu_benchmark.sh                  (on the GPU machine, from the repository root)

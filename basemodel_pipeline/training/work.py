@@ -2,7 +2,7 @@
 
 Throughput figures divide these counts by seconds. "Dataset events per second" (the data set's size over the
 wall time) is not one of them: with a capped number of examples per epoch it grows with the data set while the
-work stays the same (issue 20). Definitions:
+work stays the same (docs/benchmarks.md, "Throughput"). Definitions:
 
 - ``examples``: (entity, split time) queries trained on, all epochs;
 - ``history_events``: events before each query's split time, summed over the queries: what the featuriser
