@@ -101,6 +101,14 @@ def test_a_quality_file_renders_only_the_scenarios_and_baselines_it_holds(tmp_pa
     assert "Runs: churn: `c`." in page
 
 
+def test_a_file_of_an_unexpected_shape_leaves_the_others_of_its_section(tmp_path: Path) -> None:
+    _write(tmp_path, "scaling_a.json", {"1M.events": 1, "5M.events": "five", "1M.extract.s": 2.0})
+    _write(tmp_path, "scaling_b.json", {"1M.events": 1, "1M.entities": 10, "1M.extract.s": 3.5})
+    page = results_page.render(results_page.load_results(tmp_path))
+    assert "`bench/results/scaling_b.json`" in page and "3.5 s" in page
+    assert "Earlier runs kept as files, not rendered here: `scaling_a.json`." in page
+
+
 @pytest.mark.parametrize("line", ["issue 16 item 5", "session 11", "sitting 3", "Session's end"])
 def test_the_stamp_pattern_catches_work_items(line: str) -> None:
     assert WORK_STAMPS.search(line)

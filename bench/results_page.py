@@ -957,16 +957,22 @@ def load_results(root: Path = RESULTS) -> Files:
     return files
 
 
+def safely(renderer: Callable[[Files], list[str]], files: Files) -> list[str] | None:
+    """The renderer's lines, or None when a value of an unexpected type or shape stopped it."""
+    try:
+        return renderer(files)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, ZeroDivisionError):
+        return None
+
+
 def render(files: Files) -> str:
     lines = HEADER.splitlines() + [""]
     used: set[Path] = set()
     for title, caption, claims, renderer in SECTIONS:
         mine = [(p, d) for p, d in files if claims(p, d)]
-        body: list[str] = []
-        try:
-            body = renderer(mine)
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError, ZeroDivisionError):
-            body = []
+        body = safely(renderer, mine)
+        if body is None:  # a file of a shape the renderer does not expect: the section without it
+            body = [line for f in mine for line in safely(renderer, [f]) or []]
         if body:
             lines += [f"## {title}", ""] + ([caption, ""] if caption else []) + body
             used |= {p for p, _ in mine if p.name in "\n".join(body)}
