@@ -8,6 +8,10 @@ from __future__ import annotations
 import datetime as dt
 
 DAY = 86400  # seconds
+# The days the pipeline handles: config dates and event days lie in [FIRST_DAY, END_DAY). Nanosecond timestamps
+# (numpy datetime64[ns], pandas, Arrow's ns unit) end on 2262-04-11 at 23:47:16, so that day is left out whole.
+FIRST_DAY = dt.date(1900, 1, 1)
+END_DAY = dt.date(2262, 4, 11)
 
 
 def epoch_seconds(day: dt.date) -> int:

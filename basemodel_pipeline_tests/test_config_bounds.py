@@ -169,3 +169,22 @@ def test_the_data_checks_use_where_condition_parsed_not_pasted(tiny_config: Path
     result = runner.invoke(app, ["validate", str(tiny_config)])
     assert result.exit_code == 0, result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("data_start_date", "1800-01-01"),
+        ("training_end_date", "9999-12-31"),
+        ("validation_start_date", "2262-05-01"),
+    ],
+)
+def test_dates_outside_what_timestamps_can_hold_are_one_line(
+    tiny_config: Path, field: str, value: str
+) -> None:
+    """Before: training_end_date 9999-12-31 ended `validate` in an OverflowError traceback. Config dates lie in
+    [1900-01-01, 2262-04-11): nanosecond timestamps end on 2262-04-11."""
+    text = tiny_config.read_text()
+    old = next(line for line in text.splitlines() if line.startswith(f"  {field}:"))
+    tiny_config.write_text(text.replace(old, f"  {field}: {value}"))
+    _validate_fails(tiny_config, f"data_params.{field}", value, "1900-01-01", "2262-04-11")

@@ -268,13 +268,13 @@ def test_day_files_are_deterministic_with_many_threads_and_row_groups(tmp_path: 
     assert keys == sorted(keys, key=lambda r: (r["ts"], r["entity"]))
 
 
-def _stamp_future_events(config: Path, n: int = 20) -> None:
-    """n events of the source re-stamped 2100-01-01 (a broken clock upstream)."""
+def _stamp_future_events(config: Path, n: int = 20, when: dt.datetime = dt.datetime(2100, 1, 1, 12)) -> None:
+    """n events of the source re-stamped 2100-01-01 (a broken clock upstream), or `when`."""
     path = config.parent / "data" / "transactions.parquet"
     table = pq.read_table(path)
     future = table.slice(0, n)
     column = "transaction_timestamp"
-    stamps = pa.array([dt.datetime(2100, 1, 1, 12)] * n, type=table.schema.field(column).type)
+    stamps = pa.array([when] * n, type=table.schema.field(column).type)
     future = future.set_column(future.schema.get_field_index(column), column, stamps)
     pq.write_table(pa.concat_tables([table, future]), path)
 
@@ -305,3 +305,93 @@ def test_future_events_policy_error_and_keep(tiny_config: Path) -> None:
     tiny_config.write_text(text.replace("future_events: error", "future_events: keep"))
     meta = run_extract(load_config(tiny_config), "transactions")["transactions"]
     assert "future_events_dropped" not in meta and (Path(meta["path"]) / "2100-01-01.parquet").exists()
+
+
+def _future_events_policy(config: Path, policy: str) -> None:
+    text = config.read_text().replace(
+        "  split_interval_days: 7", f"  split_interval_days: 7\n  future_events: {policy}"
+    )
+    config.write_text(text)
+
+
+def test_an_event_at_the_end_of_time_is_one_line_not_an_overflow(tiny_config: Path) -> None:
+    """Before: one event at 9999-12-31 ended `validate` and `extract` in an OverflowError traceback. Now
+    `validate` passes on the data's real end and `extract` drops it with one warning line; with
+    future_events: keep it is still dropped (no timestamp the pipeline stores reaches past 2262-04-10), and with
+    error the extract fails with one line before writing a day."""
+    from typer.testing import CliRunner
+
+    from basemodel_pipeline.cli import app
+
+    _stamp_future_events(tiny_config, n=1, when=dt.datetime(9999, 12, 31, 12))
+    runner = CliRunner()
+    result = runner.invoke(app, ["validate", str(tiny_config)])
+    assert result.exit_code == 0 and "Traceback" not in result.output, (result.output, result.exception)
+    result = runner.invoke(app, ["extract", str(tiny_config), "--source", "transactions"])
+    assert result.exit_code == 0, (result.output, result.exception)
+    logged = " ".join(result.stderr.split())  # the log line, unwrapped
+    assert logged.count("warning:") == 1 and "1 events are stamped after" in logged, logged
+    assert "(9999-12-31..9999-12-31)" in logged and "They were dropped" in logged
+    extracts = tiny_config.parent / "extracts" / "transactions"
+    assert max(p.stem for p in extracts.glob("*.parquet")) < "2024"
+
+    _future_events_policy(tiny_config, "keep")
+    result = runner.invoke(app, ["extract", str(tiny_config), "--source", "transactions"])
+    assert result.exit_code == 0, (result.output, result.exception)
+    logged = " ".join(result.stderr.split())
+    assert logged.count("warning:") == 1 and "1 events are stamped on or after 2262-04-11" in logged, logged
+    assert max(p.stem for p in extracts.glob("*.parquet")) < "2024"
+
+    tiny_config.write_text(tiny_config.read_text().replace("future_events: keep", "future_events: error"))
+    before = {p.name: p.stat().st_mtime_ns for p in extracts.glob("*.parquet")}
+    result = runner.invoke(app, ["extract", str(tiny_config), "--source", "transactions"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]  # and the progress bar
+    assert len(lines) == 1 and "1 events are stamped after" in lines[0], result.stderr
+    assert "(9999-12-31..9999-12-31)" in lines[0]
+    assert {p.name: p.stat().st_mtime_ns for p in extracts.glob("*.parquet")} == before
+
+
+def _counted_queries(cfg, monkeypatch: pytest.MonkeyPatch) -> int:
+    """Source queries the extract of transactions runs (one per chunk of days)."""
+    from basemodel_pipeline.sources import extract
+
+    calls = []
+    real = extract.query_for
+
+    def counting(*args: object, **kwargs: object) -> str:
+        calls.append(args[3] if len(args) > 3 else kwargs.get("days"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(extract, "query_for", counting)
+    run_extract(cfg, "transactions")
+    monkeypatch.undo()
+    return len(calls)
+
+
+@pytest.mark.parametrize("policy", ["drop", "keep"])
+def test_a_handful_of_far_future_events_adds_no_chunks_to_the_extract(
+    tiny_config: Path, monkeypatch: pytest.MonkeyPatch, policy: str
+) -> None:
+    """Before: 20 events at 2100-01-01 made the extract query every 31-day chunk up to 2100 (about 900
+    queries: 2 s became 49 s), although they were dropped at the end. Chunks now end at the data's real end
+    (drop), and an empty chunk skips ahead to the next event day (keep)."""
+    from basemodel_pipeline.sources import day_bound
+    from basemodel_pipeline.sources.extract import chunks
+
+    _future_events_policy(tiny_config, policy)
+    baseline = _counted_queries(load_config(tiny_config), monkeypatch)
+    _stamp_future_events(tiny_config)
+    cfg = load_config(tiny_config)
+    queries = _counted_queries(cfg, monkeypatch)
+    extracts = Path(cfg.workspace) / "extracts" / "transactions"
+    if policy == "drop":
+        assert queries == baseline
+        assert not (extracts / "2100-01-01.parquet").exists()
+    else:
+        assert queries <= baseline + 2, (queries, baseline)
+        assert (extracts / "2100-01-01.parquet").exists()
+    # a day range asked up to the end of time is cut at the last day an extract can hold
+    src, start = cfg.source("transactions"), cfg.data_params.data_start_date
+    parts = chunks(cfg, src, (start, dt.date(9999, 12, 31)))
+    assert parts[-1][1] == day_bound(cfg)

@@ -6,9 +6,10 @@ import datetime as dt
 import re
 from typing import Annotated, Literal
 
-from pydantic import Field, PositiveInt, ValidationError, model_validator
+from pydantic import Field, PositiveInt, ValidationError, field_validator, model_validator
 
 from basemodel_pipeline.config.base import Strict
+from basemodel_pipeline.dates import END_DAY, FIRST_DAY
 from basemodel_pipeline.errors import ConfigError
 
 # A date relative to the (resolved) training_end_date: "-8w", "-56d" or "-8splits" (split intervals).
@@ -50,6 +51,17 @@ class DataParams(Strict):
         description="Events stamped after tomorrow (UTC) at extract time: drop them with a count in the log "
         "and the metadata (default), fail the extract, or keep them (data that is legitimately dated ahead).",
     )
+
+    @field_validator("data_start_date", "training_start_date", "validation_start_date", "training_end_date")
+    @classmethod
+    def _in_range(cls, value: object) -> object:
+        """Dates beyond what timestamps hold (9999-12-31 overflowed date arithmetic in a traceback)."""
+        if isinstance(value, dt.date) and not FIRST_DAY <= value < END_DAY:
+            raise ValueError(
+                f"{value} lies outside the dates the pipeline handles, {FIRST_DAY} up to (not including) "
+                f"{END_DAY}, where nanosecond timestamps end: use a date in that range"
+            )
+        return value
 
     @property
     def rolling(self) -> bool:

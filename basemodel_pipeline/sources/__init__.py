@@ -2,7 +2,8 @@
 
     read_source(cfg, src, days)   Arrow record batches of a source (selection, where_condition,
                                   sql_lambdas, date column as TIMESTAMP, optional attribute joins)
-    watermark(cfg, src)           the latest event day in a source (one cheap MAX query)
+    watermark(cfg, src)           the latest event day in a source before day_bound (one cheap MAX query)
+    events_from(cfg, src, day)    how many events lie from a day on (those an extract leaves out)
     source_schema(cfg, src)       column name -> DuckDB type name
 
 The SQL is built once (sources.sql) and rendered in each backend's dialect by sqlglot.
@@ -20,9 +21,17 @@ from typing import TypeVar
 import pyarrow as pa
 
 from basemodel_pipeline.config.models import DataSource, PipelineConfig
+from basemodel_pipeline.dates import END_DAY
 from basemodel_pipeline.errors import ConfigError, DataError
 from basemodel_pipeline.sources.base import Backend, with_retry
-from basemodel_pipeline.sources.sql import Join, max_timestamp_query, resolve, source_query
+from basemodel_pipeline.sources.sql import (
+    Join,
+    count_from_query,
+    resolve,
+    source_query,
+    source_select,
+    timestamp_query,
+)
 
 T = TypeVar("T")
 DayRange = tuple[dt.date, dt.date]
@@ -168,24 +177,84 @@ def source_schema(cfg: PipelineConfig, src: DataSource) -> dict[str, str]:
     return run_with_backend(cfg, src, lambda b: b.schema())
 
 
-def watermark(cfg: PipelineConfig, src: DataSource) -> dt.date | None:
-    """The latest event day available in an event source (None when it has no events).
+def day_bound(cfg: PipelineConfig, today: dt.date | None = None) -> dt.date:
+    """The first event day extracts leave out: the day after tomorrow (UTC), so that a handful of events
+    stamped 2100 or 9999 neither move the data's end nor make the extract walk to them, unless
+    data_params.future_events is keep; END_DAY (2262-04-11, where nanosecond timestamps end) at the latest."""
+    if cfg.data_params.future_events == "keep":
+        return END_DAY
+    today = today or dt.datetime.now(dt.UTC).date()
+    return min(END_DAY, today + dt.timedelta(days=2))
 
-    One aggregate query (MAX of the date column; Parquet answers it from row-group statistics). A Dagster
-    sensor compares it with the newest extracted day to decide which days to extract.
-    """
+
+def _day(value: pa.Scalar) -> dt.date | None:
+    """The day of a timestamp or date scalar; one past Python's dates (DuckDB goes to the year 294247) is
+    date.max."""
+    try:
+        value = value.as_py()
+    except (ValueError, OverflowError):
+        return dt.date.max
+    if value is None:
+        return None
+    return value.date() if isinstance(value, dt.datetime) else value
+
+
+def event_day(
+    cfg: PipelineConfig,
+    src: DataSource,
+    latest: bool = True,
+    days: tuple[dt.date | None, dt.date | None] = (None, None),
+) -> dt.date | None:
+    """The latest (or earliest) event day of a source in [days[0], days[1]) (open where None); None when there
+    is none. Without `days`, one query that Parquet answers from row-group statistics."""
     if src.date_column is None:
         raise DataError(f"source '{src.name}' is of type '{src.type}'; only event sources have a watermark")
-    assert src.date_column is not None
 
     def query(backend: Backend) -> dt.date | None:
-        table = backend.execute(
-            max_timestamp_query(src, backend.table(), backend.schema(), backend.dialect)
-        ).read_all()
-        value = table.column(0)[0].as_py() if table.num_rows else None
-        if value is None:
-            return None
-        return value.date() if isinstance(value, dt.datetime) else value
+        sql = timestamp_query(
+            src, backend.table(), backend.schema(), backend.dialect, latest=latest, days=days
+        )
+        table = backend.execute(sql).read_all()
+        return _day(table.column(0)[0]) if table.num_rows else None
+
+    return run_with_backend(cfg, src, query)
+
+
+def watermark(cfg: PipelineConfig, src: DataSource) -> dt.date | None:
+    """The latest event day available in an event source (None when it has no events), before day_bound:
+    events stamped far ahead do not count (the extract drops and counts them).
+
+    One aggregate query (MAX of the date column; Parquet answers it from row-group statistics), and a second
+    one, over the days before the bound, only when the first lies beyond it. A Dagster sensor compares it
+    with the newest extracted day to decide which days to extract.
+    """
+    last = event_day(cfg, src)
+    bound = day_bound(cfg)
+    if last is None or last < bound:
+        return last
+    return event_day(cfg, src, days=(None, bound))
+
+
+def events_from(
+    cfg: PipelineConfig, src: DataSource, day: dt.date, days: DayRange | None = None
+) -> tuple[int, dt.date | None, dt.date | None]:
+    """(count, first day, last day) of a source's events from `day` on, as the extract selects them
+    (where_condition, from data_start_date, within `days` when given)."""
+
+    def query(backend: Backend) -> tuple[int, dt.date | None, dt.date | None]:
+        available = backend.schema()
+        rows = source_select(
+            src,
+            backend.table(),
+            available,
+            backend.dialect,
+            location=src.data_location.display(),
+            start=cfg.data_params.data_start_date,
+            days=days,
+        )
+        table = backend.execute(count_from_query(src, rows, day, backend.dialect)).read_all()
+        count, first, last = (table.column(i)[0] for i in range(3))
+        return int(count.as_py() or 0), _day(first), _day(last)
 
     return run_with_backend(cfg, src, query)
 

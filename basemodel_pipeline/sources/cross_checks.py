@@ -12,6 +12,7 @@ from typing import Any
 
 from basemodel_pipeline.config.models import DataSource
 from basemodel_pipeline.errors import ConfigError
+from basemodel_pipeline.sources import day_bound
 from basemodel_pipeline.sources.check_context import CheckContext
 from basemodel_pipeline.sources.parquet import is_local, quote_ident
 from basemodel_pipeline.sources.sql import resolve
@@ -108,14 +109,19 @@ class CrossChecks(CheckContext):
         )
 
     def last_day(self, src: DataSource) -> dt.date | None:
-        """The last event day of a local event source (None elsewhere: warehouses are not scanned here)."""
+        """The last event day of a local event source before day_bound, as the extract sees it (events
+        stamped 2100 or 9999 are left out), None elsewhere: warehouses are not scanned here."""
         if not is_local(src) or src.date_column is None:
             return None
         name = resolve(src.date_column.name, self.columns[src.name]) or src.date_column.name
         col = quote_ident(name)
         fmt = src.date_column.format
         expr = f"try_strptime({col}, ?)" if fmt else col
-        value = self.con.execute(f"SELECT max({expr}) FROM {self.rel(src)}", [fmt] if fmt else []).fetchone()
+        params = [fmt, fmt] if fmt else []
+        value = self.con.execute(
+            f"SELECT max({expr}) FILTER (WHERE {expr} < CAST(? AS TIMESTAMP)) FROM {self.rel(src)}",
+            [*params, day_bound(self.cfg).isoformat()],
+        ).fetchone()
         if value is None or value[0] is None:
             return None
         v = value[0]

@@ -31,9 +31,20 @@ import pyarrow.parquet as pq
 
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.config.models import DataSource, PipelineConfig
+from basemodel_pipeline.dates import END_DAY
 from basemodel_pipeline.errors import DataError
 from basemodel_pipeline.progress import Progress
-from basemodel_pipeline.sources import DayRange, damaged, query_for, run_with_backend, watermark, what
+from basemodel_pipeline.sources import (
+    DayRange,
+    damaged,
+    day_bound,
+    event_day,
+    events_from,
+    query_for,
+    run_with_backend,
+    watermark,
+    what,
+)
 from basemodel_pipeline.sources.base import Backend
 from basemodel_pipeline.sources.parquet import is_local
 from basemodel_pipeline.sources.sql import quote_ident, quote_literal
@@ -90,14 +101,22 @@ def _extract(
 
         return run
 
+    future = 0
     try:
         damaged.check_source(src, deep=False)  # footers: a truncated file fails before any day is written
         if src.type != "event":
             written = run_with_backend(cfg, src, attempt(None))
         else:
+            future = beyond_bound(cfg, src, days, progress)  # before any day is written: `error` fails here
             written = []
-            for chunk in chunks(cfg, src, days):  # one query and one retry unit per chunk of days
-                written += run_with_backend(cfg, src, attempt(chunk))
+            parts = chunks(cfg, src, days)
+            i = 0
+            while i < len(parts):  # one query and one retry unit per chunk of days
+                got = run_with_backend(cfg, src, attempt(parts[i]))
+                written += got
+                i += 1
+                if not got and i < len(parts):  # an empty chunk: skip the chunks before the next event day
+                    i = next_chunk(cfg, src, parts, i)
             for name in written if staged is not None else []:  # every chunk written: publish them all
                 os.replace(staged / name, out / name)
     except DataError:
@@ -106,12 +125,11 @@ def _extract(
     finally:
         if staged is not None:
             ws.discard_dir(staged)
-    future = 0
     if src.type == "event":
         for stale in out.glob("*.parquet"):  # days of the range that vanished from the source
             if stale.name not in written and in_range(stale.name, days):
                 stale.unlink()
-        future = future_events(cfg, src, out, progress)
+        future += future_events(cfg, src, out, progress)
         ws.fsync_dir(out)
     files = sorted(out.glob("*.parquet"))
     rows = sum(pq.read_metadata(f).num_rows for f in files)
@@ -128,26 +146,55 @@ def _extract(
     }
 
 
-def future_events(cfg: PipelineConfig, src: DataSource, out: Path, progress: Progress) -> int:
-    """Apply data_params.future_events to the day files after tomorrow (UTC): a handful of events stamped
-    2100-01-01 must not move every default "as of" date to 2100. Returns the number of events dropped."""
-    policy = cfg.data_params.future_events
-    cutoff = dt.datetime.now(dt.UTC).date() + dt.timedelta(days=1)  # a day of slack for time zones
-    ahead = [f for f in sorted(out.glob("*.parquet")) if (d := day_of_file(f)) is not None and d > cutoff]
-    if not ahead or policy == "keep":
+def beyond_bound(cfg: PipelineConfig, src: DataSource, days: DayRange | None, progress: Progress) -> int:
+    """Count the events an extract leaves out, those from day_bound on, and apply data_params.future_events
+    to them before anything is written: a handful of events stamped 2100-01-01 must neither move every default
+    "as of" date to 2100 nor make the extract walk there in 31-day chunks (the watermark stops before them);
+    events from END_DAY (2262-04-11) on are dropped whatever the policy. One query for the source's latest
+    day (from statistics); the count only when that lies beyond the bound. Returns the number dropped."""
+    bound = day_bound(cfg)
+    if (days is not None and days[1] <= bound) or (last := event_day(cfg, src)) is None or last < bound:
         return 0
-    rows = sum(pq.read_metadata(f).num_rows for f in ahead)
-    first, last = ahead[0].stem, ahead[-1].stem
-    for f in ahead:
-        f.unlink()
+    rows, first, last = events_from(cfg, src, bound, days)
+    if not rows:
+        return 0
+    if bound == END_DAY:
+        progress.log(
+            f"warning: {what(src)}: {rows} events are stamped on or after {END_DAY} ({first}..{last}), where the "
+            "timestamps the pipeline stores end; they were dropped: fix the source's timestamps or exclude "
+            "them with where_condition"
+        )
+        return rows
+    return _future(cfg, src, rows, first, last, progress)
+
+
+def _future(
+    cfg: PipelineConfig, src: DataSource, rows: int, first: object, last: object, progress: Progress
+) -> int:
+    """data_params.future_events applied to `rows` events stamped after tomorrow: fail, or warn (dropped)."""
+    cutoff = dt.datetime.now(dt.UTC).date() + dt.timedelta(days=1)  # a day of slack for time zones
     message = (
         f"{what(src)}: {rows} events are stamped after {cutoff} ({first}..{last}); fix the source's "
         "timestamps, or set data_params.future_events: keep if they are meant to be ahead"
     )
-    if policy == "error":
+    if cfg.data_params.future_events == "error":
         raise DataError(message)
     progress.log(f"warning: {message}. They were dropped")
     return rows
+
+
+def future_events(cfg: PipelineConfig, src: DataSource, out: Path, progress: Progress) -> int:
+    """Apply data_params.future_events to day files after tomorrow (UTC) that an extract keeps from an earlier
+    run (written under future_events: keep): the extract itself stops before them (beyond_bound). Returns the
+    number of events dropped."""
+    cutoff = day_bound(cfg) - dt.timedelta(days=1)
+    ahead = [f for f in sorted(out.glob("*.parquet")) if (d := day_of_file(f)) is not None and d > cutoff]
+    if not ahead or cfg.data_params.future_events == "keep":
+        return 0
+    rows = sum(pq.read_metadata(f).num_rows for f in ahead)
+    for f in ahead:
+        f.unlink()
+    return _future(cfg, src, rows, ahead[0].stem, ahead[-1].stem, progress)
 
 
 def day_of_file(path: Path) -> dt.date | None:
@@ -158,24 +205,34 @@ def day_of_file(path: Path) -> dt.date | None:
         return None
 
 
-def chunks(cfg: PipelineConfig, src: DataSource, days: DayRange | None) -> list[DayRange | None]:
+def chunks(cfg: PipelineConfig, src: DataSource, days: DayRange | None) -> list[DayRange]:
     """Day ranges to extract one by one, for every backend: chunks of CHUNK_DAYS from data_start_date to the
-    watermark (or of the range asked for), so a transient failure repeats one chunk, not the history, and no
-    single query sorts, nor DuckDB's partitioned day write buffers, years of events. The buffers of that write
-    sit outside DuckDB's memory limit: one scan of 50M local events peaked at 2,270 MB, 31-day chunks at 593 MB
-    in 0.93x the time (docs/benchmarks.md, "Memory")."""
+    watermark (or of the range asked for, up to day_bound), so a transient failure repeats one chunk, not the
+    history, and no single query sorts, nor DuckDB's partitioned day write buffers, years of events. The
+    buffers of that write sit outside DuckDB's memory limit: one scan of 50M local events peaked at 2,270 MB,
+    31-day chunks at 593 MB in 0.93x the time (docs/benchmarks.md, "Memory")."""
     if days is None:
-        last = watermark(cfg, src)
+        last = watermark(cfg, src)  # before day_bound
         if last is None:
             return []
         days = (cfg.data_params.data_start_date, last + dt.timedelta(days=1))
-    start, end = days
-    out: list[DayRange | None] = []
+    start, end = days[0], min(days[1], day_bound(cfg))
+    out: list[DayRange] = []
     while start < end:
         stop = min(end, start + dt.timedelta(days=CHUNK_DAYS))
         out.append((start, stop))
         start = stop
     return out
+
+
+def next_chunk(cfg: PipelineConfig, src: DataSource, parts: list[DayRange], i: int) -> int:
+    """After an empty chunk: the index of the first chunk from parts[i] on that holds the source's next event
+    day (len(parts) when none does). One MIN query, so a gap of years (events kept far ahead, a day range
+    asked up to 2262) costs one query instead of one per 31 days."""
+    following = event_day(cfg, src, latest=False, days=(parts[i][0], parts[-1][1]))
+    while i < len(parts) and (following is None or parts[i][1] <= following):
+        i += 1
+    return i
 
 
 def in_range(name: str, days: DayRange | None) -> bool:

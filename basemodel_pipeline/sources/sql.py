@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
+from typing import Any
 
 import sqlglot
 from sqlglot import exp
@@ -229,6 +230,13 @@ def selected_columns(src: DataSource, available: dict[str, str], location: str) 
 
 
 def source_query(
+    src: DataSource, table: exp.Expression, available: dict[str, str], dialect: str, **options: Any
+) -> str:
+    """SELECT of a source's rows in `dialect` (source_select's options)."""
+    return source_select(src, table, available, dialect, **options).sql(dialect=dialect, identify=True)
+
+
+def source_select(
     src: DataSource,
     table: exp.Expression,
     available: dict[str, str],
@@ -239,8 +247,8 @@ def source_query(
     days: tuple[dt.date, dt.date] | None = None,
     joins: list[Join] = (),  # type: ignore[assignment]
     limit: int | None = None,
-) -> str:
-    """SELECT of a source's rows in `dialect`: selected columns, sql_lambdas, the date column as TIMESTAMP,
+) -> exp.Select:
+    """SELECT of a source's rows: selected columns, sql_lambdas, the date column as TIMESTAMP,
     where_condition, events in [start, ...) and in the `days` range, LEFT JOINed attribute columns."""
     names = selected_columns(src, available, location)
     ts = None
@@ -277,13 +285,21 @@ def source_query(
         query = query.where(exp.and_(*conditions))
     if limit is not None:
         query = query.limit(limit)
-    return query.sql(dialect=dialect, identify=True)
+    return query
 
 
-def max_timestamp_query(
-    src: DataSource, table: exp.Expression, available: dict[str, str], dialect: str
+def timestamp_query(
+    src: DataSource,
+    table: exp.Expression,
+    available: dict[str, str],
+    dialect: str,
+    *,
+    latest: bool = True,
+    days: tuple[dt.date | None, dt.date | None] = (None, None),
 ) -> str:
-    """SELECT MAX(<date column as TIMESTAMP>) FROM the source."""
+    """SELECT MAX (or MIN) of the date column as TIMESTAMP FROM the source, over the events in [days[0],
+    days[1]) (either end open when None). Without `days`, answered from Parquet statistics or min-max
+    indexes when the column is a DATE/TIMESTAMP (no cast per row)."""
     assert src.date_column is not None
     actual = resolve(src.date_column.name, available)
     if actual is None:
@@ -292,13 +308,29 @@ def max_timestamp_query(
         raise DataError(
             f"source '{src.name}': date column '{src.date_column.name}' not found; available: {', '.join(available)}"
         )
-    if not src.date_column.format and available[actual].upper().startswith(("TIMESTAMP", "DATE")):
-        # MAX of the raw column: answered from Parquet statistics / min-max indexes, no cast per row
-        latest: exp.Expression = exp.cast(exp.Max(this=column(actual)), timestamp_type(dialect))
-    else:
-        latest = exp.Max(this=timestamp_expr(src, available[actual], dialect, column_name=actual))
-    query = exp.select(exp.alias_(latest, "watermark", quoted=True))
-    return query.from_(exp.alias_(table, SOURCE_ALIAS, table=True)).sql(dialect=dialect, identify=True)
+    agg = exp.Max if latest else exp.Min
+    raw = not src.date_column.format and available[actual].upper().startswith(("TIMESTAMP", "DATE"))
+    ts = column(actual) if raw else timestamp_expr(src, available[actual], dialect, column_name=actual)
+    value = exp.cast(agg(this=ts), timestamp_type(dialect)) if raw else agg(this=ts)
+    query = exp.select(exp.alias_(value, "watermark", quoted=True))
+    query = query.from_(exp.alias_(table, SOURCE_ALIAS, table=True))
+    conditions = [exp.GTE(this=ts.copy(), expression=day_literal(days[0], dialect))] if days[0] else []
+    if days[1] is not None:
+        conditions.append(exp.LT(this=ts.copy(), expression=day_literal(days[1], dialect)))
+    if conditions:
+        query = query.where(exp.and_(*conditions))
+    return query.sql(dialect=dialect, identify=True)
+
+
+def count_from_query(src: DataSource, rows: exp.Select, day: dt.date, dialect: str) -> str:
+    """SELECT count, first and last timestamp of the rows of `rows` (a source_select) from `day` on."""
+    assert src.date_column is not None
+    ts = column(src.date_column.name, "q")
+    query = exp.select(exp.Count(this=exp.Star()), exp.Min(this=ts), exp.Max(this=ts.copy()))
+    query = query.from_(rows.subquery("q")).where(
+        exp.GTE(this=ts.copy(), expression=day_literal(day, dialect))
+    )
+    return query.sql(dialect=dialect, identify=True)
 
 
 def schema_query(table: exp.Expression, dialect: str) -> str:
