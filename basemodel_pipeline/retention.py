@@ -17,9 +17,11 @@ Beyond those counts, whatever is still in use is always kept:
 * the foundation version each kept scenario checkpoint was fine-tuned from (its model.json), and the one
   each kept embedding (or prediction) was made from.
 
-A checkpoint root without a valid LATEST is left alone entirely. Only names written by the pipeline are
-considered (versions like 20240301T020000123456Z, as-of dates like 2024-03-01); hidden directories (a
-writer's staging directory) and anything else are never touched.
+A checkpoint root without a valid LATEST is left alone entirely. Only what the pipeline wrote is considered:
+directories with its names (versions like 20240301T020000123456Z, as-of dates like 2024-03-01) holding the
+manifest its writers publish with; hidden directories (a writer's staging directory), directories that only
+look like its own (a user's, on a volume a symlinked directory leads to) and anything else are never touched.
+Symlinked directories are followed.
 
 Deletion renames the directory to a hidden ``.<name>.pruned.tmp`` beside it (one atomic rename: a reader
 sees the whole directory or none) and then removes that; a leftover of an interrupted prune is removed by
@@ -46,6 +48,7 @@ KINDS = ("foundation", "scenario", "predictions", "embeddings")
 VERSION = ws.VERSION_NAME  # checkpoint version directories, as workspace.new_version() names them
 AS_OF = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 TRASH_SUFFIX = ".pruned.tmp"
+MANIFEST = "manifest.json"  # what every writer of checkpoints, predictions and embeddings publishes with
 NEWER_THAN_LATEST = "newer than LATEST (a run publishing it)"
 
 
@@ -105,10 +108,13 @@ def dir_bytes(path: Path) -> int:
 
 
 def _children(parent: Path, pattern: re.Pattern[str]) -> list[Path]:
-    """Subdirectories of `parent` whose names match `pattern`, oldest (smallest name) first."""
+    """The pipeline's own subdirectories of `parent`, oldest (smallest name) first: a name as the pipeline
+    writes them (`pattern`) and the manifest every writer leaves in what it published. A directory that
+    only looks like one (a user's own, on a volume `parent` links to) is never considered."""
     if not parent.is_dir():
         return []
-    return sorted((p for p in parent.iterdir() if p.is_dir() and pattern.match(p.name)), key=lambda p: p.name)
+    own = (p for p in parent.iterdir() if p.is_dir() and pattern.match(p.name) and (p / MANIFEST).is_file())
+    return sorted(own, key=lambda p: p.name)
 
 
 def _groups(parent: Path) -> list[Path]:

@@ -241,9 +241,15 @@ def test_the_checker_sees_lazy_imports_and_cycles() -> None:
     assert cycles({"a": ["b"], "b": []}) == []
 
 
+# The one private import, and why: per-day data versions of a ranged extract have no public API in Dagster
+# 1.13 (dagster-io/dagster#34013); test_orchestration_sensors.py::
+# test_overlapping_ranges_keep_each_days_version_and_only_a_changed_day_rebuilds_the_cache fails if it stops working.
+PRIVATE_DAGSTER_ALLOWED = {"defs.shared.execution: dagster._core.definitions.source_asset"}
+
+
 def test_no_private_dagster_imports() -> None:
     """The Dagster layer uses Dagster's public API (`import dagster as dg`), never `dagster._core` and the like:
-    private modules move between releases without notice."""
+    private modules move between releases without notice (PRIVATE_DAGSTER_ALLOWED: the one exception)."""
     bad = []
     for module, path in modules().items():
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -251,6 +257,7 @@ def test_no_private_dagster_imports() -> None:
             if isinstance(node, ast.ImportFrom) and not node.level:
                 names = [node.module or ""]
             bad += [f"{module or PACKAGE}: {n}" for n in names if n.startswith("dagster._")]
+    bad = [b for b in bad if b not in PRIVATE_DAGSTER_ALLOWED]
     assert not bad, "private Dagster imports:\n" + "\n".join(sorted(bad))
 
 

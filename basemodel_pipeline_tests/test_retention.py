@@ -271,3 +271,39 @@ def test_dagster_retention_asset_and_daily_schedule_in_a_real_instance(
         assert F[1] not in names(ws.foundation_root(cfg)) and F[0] in names(ws.foundation_root(cfg))
         records = instance.fetch_materializations(dg.AssetKey("workspace_retention"), limit=5).records
         assert len(records) == 2
+
+
+def test_prune_through_symlinked_directories_removes_only_what_the_pipeline_wrote(
+    tiny_config: Path, tmp_path: Path
+) -> None:
+    """predictions/<scenario> and checkpoints/scenarios/<name> are symlinks to another volume that also holds
+    the user's own directories with the pipeline's names (dates, version names, no manifest): prune follows
+    the links, removes the pipeline's old versions and never a directory it did not write."""
+    cfg = with_retention(tiny_config, keep_checkpoints=1, keep_predictions=1, keep_embeddings=1)
+    root = Path(cfg.workspace)
+    elsewhere = tmp_path / "other_volume"
+    for link, target in (
+        (root / "predictions" / "churn", elsewhere / "predictions"),
+        (ws.scenario_root(cfg, "churn"), elsewhere / "checkpoints"),
+    ):
+        target.mkdir(parents=True)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(target, target_is_directory=True)
+    foreign = [
+        elsewhere / "predictions" / "2023-06-01",
+        elsewhere / "checkpoints" / "20230601T000000000000Z",
+    ]
+    for d in foreign:
+        d.mkdir()
+        (d / "notes.txt").write_text("the user's own")
+    f = foundation(cfg)
+    S = [scenario(cfg, "churn", f) for _ in range(2)]
+    for i in range(2):
+        output(cfg, "predictions", "churn", dt.date(2024, 1, 1 + i), model_version=S[1])
+
+    deleted = {e.label for e in prune(cfg).delete}
+
+    assert deleted == {f"scenario churn/{S[0]}", "predictions churn/2024-01-01"}
+    assert all((d / "notes.txt").read_text() == "the user's own" for d in foreign)
+    assert names(elsewhere / "predictions") == {"2023-06-01", "2024-01-02"}
+    assert ws.latest_scenario_dir(cfg, "churn").name == S[1]

@@ -395,3 +395,32 @@ def test_a_handful_of_far_future_events_adds_no_chunks_to_the_extract(
     src, start = cfg.source("transactions"), cfg.data_params.data_start_date
     parts = chunks(cfg, src, (start, dt.date(9999, 12, 31)))
     assert parts[-1][1] == day_bound(cfg)
+
+
+def test_a_symlinked_extract_directory_keeps_files_the_extract_did_not_write(
+    tiny_config: Path, tmp_path: Path
+) -> None:
+    """extracts/<source> is a symlink to another volume where the user keeps Parquet files of their own (one
+    named like a day file): the extract never deletes them and refuses to run beside them (the cache would
+    read them as data), in one line naming them; moved away, the extract runs and keeps its record."""
+    cfg = load_config(tiny_config)
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    link = Path(cfg.workspace) / "extracts" / "transactions"
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(volume, target_is_directory=True)
+    run_extract(cfg, "transactions")
+    days = day_files(cfg)
+    theirs = {"2001-01-01.parquet": b"mine", "backup.parquet": b"also mine"}
+    for name, data in theirs.items():
+        (volume / name).write_bytes(data)
+
+    with pytest.raises(
+        UserError, match=r"2001-01-01\.parquet and 1 more: not written by the extract of source"
+    ):
+        run_extract(cfg, "transactions")
+    assert all((volume / n).read_bytes() == d for n, d in theirs.items())  # nothing of theirs touched
+    for name in theirs:
+        (volume / name).rename(tmp_path / name)
+    run_extract(cfg, "transactions")
+    assert set(day_files(cfg)) == set(days)  # the same day files, rewritten

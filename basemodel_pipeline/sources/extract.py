@@ -20,6 +20,7 @@ workspace.claim_tmp); leftovers of killed runs are removed by the next extract.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -32,7 +33,7 @@ import pyarrow.parquet as pq
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.config.models import DataSource, PipelineConfig
 from basemodel_pipeline.dates import END_DAY
-from basemodel_pipeline.errors import DataError
+from basemodel_pipeline.errors import DataError, UserError
 from basemodel_pipeline.progress import Progress
 from basemodel_pipeline.sources import (
     DayRange,
@@ -53,6 +54,7 @@ DAY_COLUMN = "__day"
 CHUNK_DAYS = 31
 STREAM_VIEW = "__batches"
 LOCK_FILE = ".extract.lock"
+OWN_RECORD = ".files.json"  # the names of the files this source's extracts wrote: all they may delete
 LOCK_TIMEOUT_S = 3600.0  # how long an extract waits for another extract of the same source
 
 
@@ -70,7 +72,44 @@ def extract_source(
     out.mkdir(parents=True, exist_ok=True)
     with ws.exclusive_lock(out / LOCK_FILE, f"extract of source {src.name}", lock_timeout_s, progress.log):
         ws.clean_stale_tmp(out)  # nobody else writes here now: any temporary is a killed run's
-        return _extract(cfg, src, progress, days, out)
+        own = own_files(out)
+        refuse_foreign(out, src, own)
+        result = _extract(cfg, src, progress, days, out)
+        record_own(out, {f.name for f in out.glob("*.parquet")})
+        return result
+
+
+def own_files(out: Path) -> set[str] | None:
+    """The file names the extracts of this directory wrote (OWN_RECORD); None before the first record."""
+    try:
+        return set(json.loads((out / OWN_RECORD).read_text())["files"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DataError(f"{out / OWN_RECORD}: unreadable ({exc}); delete it and extract again") from None
+
+
+def record_own(out: Path, names: set[str]) -> None:
+    ws.atomic_write_text(out / OWN_RECORD, json.dumps({"files": sorted(names)}, indent=1))
+
+
+def refuse_foreign(out: Path, src: DataSource, own: set[str] | None) -> None:
+    """Refuse a directory holding *.parquet files the extract did not write (the cache reads every one as
+    data, and the extract would delete a day file it finds stale): a name it never writes, or, once it keeps
+    a record, a day file not in the record. Nothing of them is touched; one line names them."""
+    event = src.type == "event"
+    foreign = sorted(
+        f.name
+        for f in out.glob("*.parquet")
+        if (day_of_file(f) is None if event else f.name != "table.parquet")
+        or (own is not None and f.name not in own)
+    )
+    if foreign:
+        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+        raise UserError(
+            f"{out / foreign[0]}{more}: not written by the extract of source {src.name}; move them out of {out} "
+            "(the cache would read them as data), then extract again"
+        )
 
 
 def _extract(
