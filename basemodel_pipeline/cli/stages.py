@@ -32,7 +32,8 @@ from basemodel_pipeline.progress import Progress
 
 @app.command()
 def validate(config: ConfigArg) -> None:
-    """Check the config: YAML, fields, references, and (when the data is readable) that it fits the data."""
+    """Check the config: YAML, fields, references, (when the data is readable) that it fits the data, and that
+    each Python target's module imports."""
     with user_errors():
         cfg = load_config(config)
         try:
@@ -41,6 +42,11 @@ def validate(config: ConfigArg) -> None:
             check_config_against_data = None
         if check_config_against_data is not None:
             check_config_against_data(cfg, config)
+        for sc in cfg.scenarios:  # a python target's module imports (within target.timeout_s)
+            if sc.target.kind == "python":
+                from basemodel_pipeline.scenarios.python_target import load_function
+
+                load_function(sc)
     table = Table(title=f"{config}: OK", title_justify="left")
     for col in ("kind", "name", "details"):
         table.add_column(col)

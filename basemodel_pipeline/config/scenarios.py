@@ -15,6 +15,7 @@ from pydantic import Field, model_validator
 from basemodel_pipeline.config.base import ColumnName, Name, Strict
 
 TASKS = ("binary", "multiclass", "multilabel", "regression", "recommendation")
+TARGET_TIMEOUT_S = 10.0  # a python target's import and each call (per example: milliseconds, as a rule)
 # multilabel LightGBM: rows one per-label booster trains on (docs/scenarios.md, "The cost of LightGBM")
 LIGHTGBM_MAX_ROWS = 10_000
 CandidateName = Literal[
@@ -162,6 +163,12 @@ class PythonTarget(Strict):
         default_factory=list, description="Class names (multiclass and multilabel: the output order)."
     )
     active_in_last_days: int | None = Field(default=None, gt=0)
+    timeout_s: float = Field(
+        default=TARGET_TIMEOUT_S,
+        gt=0,
+        description="Time limit, in seconds, of importing the module and of each call of the function (once per "
+        "example); past it the stage stops with one line naming the function.",
+    )
 
     def columns(self) -> list[tuple[str, str]]:
         return []

@@ -7,8 +7,12 @@ must return, per task:
     binary       0 or 1 (a scalar or shape [1])         regression   a finite number (scalar or [1])
     multiclass   a class index in [0, C) or a class name multilabel   0/1 array of shape [C]
 
-or ``None`` to drop the example. A function that raises, returns another shape, or NaN/inf stops training
-with an error naming the scenario and the first offending entity and split date.
+or ``None`` to drop the example. The module is trusted code: it runs in this process with the pipeline's
+permissions (docs/scenarios.md, "Python targets"). Its import and each call are stopped after
+``target.timeout_s`` (scenarios/time_limit.py). A module that fails to import, a function that raises
+(SystemExit too), runs past the limit, returns another shape, or NaN/inf stops the stage with one line naming
+the scenario and the function (and the first offending entity and split date); the original exception is
+chained as the error's cause for library callers and logs.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ from __future__ import annotations
 import datetime as dt
 import importlib
 import inspect
+import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,20 +34,58 @@ from basemodel_pipeline.dates import DAY, epoch_seconds
 from basemodel_pipeline.errors import ConfigError, DataError
 from basemodel_pipeline.scenarios.events import Events, SourceEvents, TargetContext
 from basemodel_pipeline.scenarios.examples import Examples, TargetSpec, candidate_pairs
+from basemodel_pipeline.scenarios.time_limit import TimeLimit, TimeLimitExceeded
 from basemodel_pipeline.tasks import task_for
+
+USER_ERRORS = (Exception, SystemExit)  # what user code may raise that ends as one line (not Ctrl-C)
+
+
+def described(err: BaseException, file: str | None = None) -> tuple[str, str]:
+    """(`KeyError: 'x'`, ` (raised at targets.py:12)`), one line: where in `file` (the user's module) it was
+    raised (the innermost frame there, else the innermost frame), or where a SyntaxError points ('' unknown)."""
+    text = " ".join(str(err.msg if isinstance(err, SyntaxError) else err).split())
+    text = text if len(text) <= 200 else text[:197] + "..."
+    at = None
+    if isinstance(err, SyntaxError) and err.filename:
+        at = (err.filename, err.lineno)
+    else:
+        frames = traceback.extract_tb(err.__traceback__)
+        own = [f for f in frames if file is not None and f.filename == file]
+        if own or frames:
+            frame = (own or frames)[-1]
+            at = (frame.filename, frame.lineno)
+    origin = f" (raised at {Path(at[0]).name}:{at[1]})" if at else ""
+    return f"{type(err).__name__}{': ' + text if text else ''}", origin
 
 
 def load_function(scenario: Scenario) -> Callable[..., Any]:
+    """The target function, imported within target.timeout_s; ConfigError (one line) when the module cannot
+    be imported, fails while importing, or has no such function."""
     target = scenario.target
     assert isinstance(target, PythonTarget)
     module_name, _, name = target.function.partition(":")
+    where = f"scenario '{scenario.name}': target.function '{target.function}'"
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
+        with TimeLimit(target.timeout_s) as limit:
+            module = limit.call(importlib.import_module, module_name)
+    except TimeLimitExceeded:
         raise ConfigError(
-            f"scenario '{scenario.name}': target.function '{target.function}': cannot import module "
-            f"'{module_name}' ({err}); put it next to the config file or on PYTHONPATH"
+            f"{where}: importing module '{module_name}' took longer than {target.timeout_s:g} s "
+            "(target.timeout_s); make its import fast (no work at module level) or raise target.timeout_s"
         ) from None
+    except ModuleNotFoundError as err:
+        if err.name != module_name and not module_name.startswith(f"{err.name}."):
+            what, origin = described(err)
+            raise ConfigError(f"{where}: importing module '{module_name}' raised {what}{origin}") from err
+        raise ConfigError(
+            f"{where}: cannot import module '{module_name}' ({err}); put it next to the config file or on "
+            "PYTHONPATH"
+        ) from None
+    except USER_ERRORS as err:
+        what, origin = described(err)
+        raise ConfigError(
+            f"{where}: importing module '{module_name}' raised {what}{origin}; fix the module"
+        ) from err
     fn = getattr(module, name, None)
     if not callable(fn):
         raise ConfigError(
@@ -88,39 +132,46 @@ def python_examples(cache: EventCache, scenario: Scenario, spec: TargetSpec, tim
     where = f"scenario '{scenario.name}': target function {target.function}"
     task = task_for(spec)
     keep, labels = [], []
-    for i in range(len(e)):
-        ti = int(t[i])
-        history = Events(
-            {
-                n: SourceEvents(s, np.arange(s.offsets[e[i]], p0[i]), ti, False)
-                for n, (s, p0, _) in bounds.items()
-            }
-        )
-        future = Events(
-            {n: SourceEvents(s, np.arange(p0[i], p1[i]), ti, True) for n, (s, p0, p1) in bounds.items()}
-        )
-        entity_id = ids[e[i]].item() if isinstance(ids[e[i]], np.generic) else ids[e[i]]
-        split = dt.datetime.fromtimestamp(ti, dt.UTC)
-        ctx = TargetContext(
-            scenario.name,
-            entity_id,
-            split,
-            target.horizon_days,
-            ti + horizon <= data_end,
-            tuple(spec.classes),
-        )
-        try:
-            value = fn(history, future, {c: v[e[i]] for c, v in attrs.items()}, ctx)
-        except Exception as err:
-            raise DataError(
-                f"{where} raised {type(err).__name__}: {err} for entity {entity_id} at split {split.date()}"
-            ) from err
-        if value is None:
-            continue
-        try:
-            labels.append(task.check_label(value))
-        except ValueError as err:
-            raise DataError(f"{where} {err} for entity {entity_id} at split {split.date()}") from None
-        keep.append(i)
+    file = getattr(inspect.getmodule(fn), "__file__", None)
+    with TimeLimit(target.timeout_s) as limit:
+        for i in range(len(e)):
+            ti = int(t[i])
+            history = Events(
+                {
+                    n: SourceEvents(s, np.arange(s.offsets[e[i]], p0[i]), ti, False)
+                    for n, (s, p0, _) in bounds.items()
+                }
+            )
+            future = Events(
+                {n: SourceEvents(s, np.arange(p0[i], p1[i]), ti, True) for n, (s, p0, p1) in bounds.items()}
+            )
+            entity_id = ids[e[i]].item() if isinstance(ids[e[i]], np.generic) else ids[e[i]]
+            split = dt.datetime.fromtimestamp(ti, dt.UTC)
+            ctx = TargetContext(
+                scenario.name,
+                entity_id,
+                split,
+                target.horizon_days,
+                ti + horizon <= data_end,
+                tuple(spec.classes),
+            )
+            at = f"for entity {entity_id} at split {split.date()}"
+            try:
+                value = limit.call(fn, history, future, {c: v[e[i]] for c, v in attrs.items()}, ctx)
+            except TimeLimitExceeded:
+                raise DataError(
+                    f"{where} took longer than {target.timeout_s:g} s (target.timeout_s) {at}; make it faster, "
+                    "or raise target.timeout_s if it needs the time"
+                ) from None
+            except USER_ERRORS as err:
+                what, origin = described(err, file)
+                raise DataError(f"{where} raised {what} {at}{origin}") from err
+            if value is None:
+                continue
+            try:
+                labels.append(task.check_label(value))
+            except ValueError as err:
+                raise DataError(f"{where} {err} {at}") from None
+            keep.append(i)
     idx = np.asarray(keep, dtype=np.int64)
     return Examples(e[idx], t[idx], task.stack_labels(labels))
