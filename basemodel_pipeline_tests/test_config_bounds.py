@@ -188,3 +188,17 @@ def test_dates_outside_what_timestamps_can_hold_are_one_line(
     old = next(line for line in text.splitlines() if line.startswith(f"  {field}:"))
     tiny_config.write_text(text.replace(old, f"  {field}: {value}"))
     _validate_fails(tiny_config, f"data_params.{field}", value, "1900-01-01", "2262-04-11")
+
+
+def test_the_finite_check_applies_where_condition_as_its_message_advises(tiny_config: Path) -> None:
+    """A NaN amount in a row that where_condition excludes (quantity 0 with `quantity > 0`) failed `validate`,
+    whose message says to exclude such rows with where_condition: the finite check read every row."""
+    path = tiny_config.parent / "data" / "transactions.parquet"
+    table = pq.read_table(path)
+    row = table.column("quantity").to_pylist().index(0)
+    values = table.column("sales_value").to_pylist()
+    values[row] = float("nan")
+    column = table.schema.get_field_index("sales_value")
+    pq.write_table(table.set_column(column, "sales_value", pa.array(values)), path)
+    result = runner.invoke(app, ["validate", str(tiny_config)])
+    assert result.exit_code == 0, result.output

@@ -71,16 +71,18 @@ class CheckContext:
             return read_parquet_sql(src.data_location.path, **options)
         return quote_ident(f"sample_{src.name}")
 
-    def condition(self, src: DataSource) -> str:
-        """`WHERE (<where_condition>)` in DuckDB SQL for a query over `self.rel(src)` ('' without one): parsed
-        in the source's dialect and rendered, never pasted (a trailing `-- comment` would swallow what follows)."""
-        if not src.where_condition:
-            return ""
-        from basemodel_pipeline.sources import backend_class
+    def kept(self, src: DataSource, *conditions: str) -> str:
+        """` WHERE (<condition>) AND ... AND (<where_condition>)` in DuckDB SQL for a query over
+        `self.rel(src)` ('' with neither): where_condition parsed in the source's dialect and rendered, never
+        pasted (a trailing `-- comment` would swallow what follows)."""
+        parts = list(conditions)
+        if src.where_condition:
+            from basemodel_pipeline.sources import backend_class
 
-        dialect = backend_class(src.data_location.database_type).dialect
-        node = parse_fragment(src, src.where_condition, dialect, "where_condition", table=None)
-        return f" WHERE ({node.sql(dialect='duckdb')})"
+            dialect = backend_class(src.data_location.database_type).dialect
+            node = parse_fragment(src, src.where_condition, dialect, "where_condition", table=None)
+            parts.append(node.sql(dialect="duckdb"))
+        return " WHERE " + " AND ".join(f"({p})" for p in parts) if parts else ""
 
     def keys_rel(self, src: DataSource, columns: list[str]) -> str:
         """Every key of a non-local source (one column query, up to KEY_ROWS rows), as a DuckDB table."""

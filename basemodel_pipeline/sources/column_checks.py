@@ -49,7 +49,7 @@ class ColumnChecks(CheckContext):
         *counts, total = self.con.execute(
             "SELECT "
             + ", ".join(f"count(*) FILTER (WHERE {quote_ident(c)} IS NULL)" for c in named.values())
-            + f", count(*) FROM {self.rel(src)}{self.condition(src)}"
+            + f", count(*) FROM {self.rel(src)}{self.kept(src)}"
         ).fetchone() or (0,)
         for (field, column), n in zip(named.items(), counts, strict=False):
             if n and (field == "main_entity_column" or n == total):
@@ -61,7 +61,8 @@ class ColumnChecks(CheckContext):
 
     def check_finite(self, where: str, src: DataSource) -> None:
         """Floating columns hold finite values that fit the cache's float32: NaN, +-inf or 1e308 would pass
-        into the cache and end training in a non-finite loss. NULL is a missing value and is fine."""
+        into the cache and end training in a non-finite loss. NULL is a missing value and is fine, and so are
+        rows that where_condition excludes."""
         floats = [c for c, t in self.columns[src.name].items() if t.upper() in ("DOUBLE", "FLOAT", "REAL")]
         if not floats:
             return
@@ -69,7 +70,7 @@ class ColumnChecks(CheckContext):
         counts = self.con.execute(
             "SELECT "
             + ", ".join(f"count(*) FILTER (WHERE {cond})" for cond in bad.values())
-            + f" FROM {self.rel(src)}"
+            + f" FROM {self.rel(src)}{self.kept(src)}"
         ).fetchone()
         for (column, cond), n in zip(bad.items(), counts or (), strict=False):
             if n:
@@ -82,7 +83,7 @@ class ColumnChecks(CheckContext):
 
     def bad_example(self, src: DataSource, column: str, cond: str) -> str:
         row = self.con.execute(
-            f"SELECT {quote_ident(column)} FROM {self.rel(src)} WHERE {cond} LIMIT 1"
+            f"SELECT {quote_ident(column)} FROM {self.rel(src)}{self.kept(src, cond)} LIMIT 1"
         ).fetchone()
         return f"{column} = {row[0]}" if row else "?"
 
