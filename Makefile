@@ -7,7 +7,7 @@ WORKSPACE ?= demo_workspace
 HOST ?= 127.0.0.1
 PORT ?= 3000
 
-.PHONY: venv demo test lint ui bench results clean-demo peers-venv engine engine-stop
+.PHONY: venv demo test test-fast lint ui bench results clean-demo peers-venv engine engine-stop
 
 $(STAMP): requirements.lock pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check basemodel_pipeline basemodel_pipeline_tests bench
 	$(BIN)/python -m pytest -n 2 -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+
+# the development loop: unit-sized modules only (basemodel_pipeline_tests/conftest.py FAST_MODULES)
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -n 2 -q -m "not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check basemodel_pipeline basemodel_pipeline_tests bench

@@ -24,6 +24,54 @@ except ImportError:  # pragma: no cover - fakesnow is in requirements.lock
     _fakesnow_server = None
 
 
+# ---------------------------------------------------------------- the development loop and a busy machine
+
+# `make test-fast` runs these modules only (-m "not slow"): unit-sized tests, under 3 minutes on two quiet
+# cores. Every other module (a trained foundation, Dagster runs, warehouses' emulators, containers) is marked
+# `slow` and runs in `make test`. A new module is slow until it is listed here.
+FAST_MODULES = {
+    "test_architecture",
+    "test_code_versions",
+    "test_config",
+    "test_cooccurrence",
+    "test_damaged_files",
+    "test_demo_datasets",
+    "test_evaluation",
+    "test_feature_kernels",
+    "test_features",
+    "test_fuzz_user_errors",
+    "test_inference_state",
+    "test_outputs",
+    "test_results_page",
+    "test_scenarios_config",
+    "test_scenarios_targets",
+    "test_selection",
+    "test_sources_config",
+    "test_sources_extract",
+    "test_sources_retry",
+    "test_sources_suggest",
+    "test_sources_support",
+    "test_sources_volume",
+    "test_tasks",
+    "test_test_windows",
+    "test_workspace",
+}
+# Deadlines of tests that wait for something (a server, a run, a child process) are what a quiet machine needs
+# times this factor, so a machine four times slower (a loaded CI runner) fails none of them.
+TIME_SCALE = float(os.environ.get("BASEMODEL_TEST_TIME_SCALE", "4"))
+
+
+def patient(seconds: float) -> float:
+    """A wait's deadline: `seconds` (enough on a quiet machine) times TIME_SCALE."""
+    return seconds * TIME_SCALE
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.module is not None and item.module.__name__.rpartition(".")[2] not in FAST_MODULES:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(autouse=True)
 def _no_leaked_definitions_state():
     """Each test starts without a DefsStateStorage left in Dagster's context variable by an earlier test's

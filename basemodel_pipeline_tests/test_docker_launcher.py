@@ -29,7 +29,7 @@ from basemodel_pipeline.defs.shared.partitions import scenarios_partitions
 from basemodel_pipeline.defs.shared.resources import BasemodelConfigResource, QualityGates
 from basemodel_pipeline.pipeline import run_cache, run_extract
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = pytest.mark.timeout(1800)
 
 IMAGE = "basemodel-trainer:latest"
 CUDA_IMAGE = "basemodel-trainer-cuda:latest"  # deploy/local-engine.sh cuda-trainer

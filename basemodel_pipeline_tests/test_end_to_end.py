@@ -11,7 +11,7 @@ from basemodel_pipeline.config import load_config
 from basemodel_pipeline.defs import build_definitions
 from basemodel_pipeline.defs.materialize import RunFailed, materialize_all
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(1800)
 
 
 def test_whole_graph_materializes(tiny_config: Path) -> None:

@@ -17,7 +17,7 @@ from basemodel_pipeline.defs.materialize import materialize_all
 from basemodel_pipeline.defs.shared.execution import latest_metadata
 from basemodel_pipeline.defs.shared.launcher import Launcher
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = pytest.mark.timeout(1800)
 BASELINES, MODEL = dg.AssetKey("scenario_baselines"), dg.AssetKey("scenario_model")
 
 

@@ -149,7 +149,7 @@ def test_data_parallel_stages_run_under_torchrun(gpu_launcher: Launcher) -> None
     assert Launcher(backend="docker", gpus=1).processes("pretrain") == 1
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(1800)
 def test_pretrain_under_torchrun_reports_once_through_pipes(tiny_config: Path) -> None:
     """Two CPU processes (gloo) train one foundation; rank 0 alone speaks Pipes: one materialization."""
     cfg = load_config(tiny_config)

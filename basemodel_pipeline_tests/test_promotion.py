@@ -96,7 +96,7 @@ def _model_version(predictions: dict) -> str:
     return json.loads((Path(predictions["path"]).parent / ws.PROVENANCE).read_text())["model_version"]
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1800)
 def test_a_retrain_its_gates_reject_leaves_latest_predictions_and_summary_alone(tiny_config: Path) -> None:
     raw = yaml.safe_load(tiny_config.read_text())
     raw["scenarios"] = [s for s in raw["scenarios"] if s["name"] == "churn"]
