@@ -34,6 +34,8 @@ lint: $(STAMP)
 
 ui: $(STAMP)
 	@mkdir -p $(abspath $(WORKSPACE))/dagster_home
+	@test ! -f $(abspath $(WORKSPACE))/config.yaml || DAGSTER_HOME=$(abspath $(WORKSPACE))/dagster_home \
+		$(BIN)/basemodel sync-partitions $(abspath $(WORKSPACE))/config.yaml
 	DAGSTER_HOME=$(abspath $(WORKSPACE))/dagster_home BASEMODEL_CONFIG=$(abspath $(WORKSPACE))/config.yaml \
 		$(BIN)/dagster dev -m basemodel_pipeline.definitions -h $(HOST) -p $(PORT)
 

@@ -54,11 +54,12 @@ def prune(
 
 @app.command()
 def verify(config: ConfigArg) -> None:
-    """Check the workspace's cache, checkpoints, per-entity states and predictions against the checksums
-    recorded when they were written, and states and predictions against the current cache.
+    """Check the workspace's extracts, cache, checkpoints, per-entity states, predictions (and subsets) and
+    embeddings against the sizes and sha256 recorded when they were written, and states, predictions and
+    embeddings against the current cache.
 
-    One line per artifact (ok / FAILED and what to do / stale: built from older cache content / absent);
-    exit code 1 when one is damaged (stale ones are not damaged)."""
+    One line per artifact (ok / FAILED and what to do / stale: built from older cache content / absent: never
+    made); exit code 1 when one is damaged or its manifest is missing (stale ones are not damaged)."""
     from basemodel_pipeline.verify import verify_workspace
 
     with user_errors():
@@ -86,6 +87,23 @@ def summary_table(summary_file: Path) -> Table:
             *(f"{c:.4f}" if isinstance(c, float) else "-" for c in cells),
         )
     return table
+
+
+@app.command("sync-partitions")
+def sync_partitions(config: ConfigArg) -> None:
+    """Register one Dagster partition per scenario of CONFIG in the instance of $DAGSTER_HOME (and drop those
+    no longer in it), so runs can be launched from the UI even while the sensors are stopped."""
+    import dagster as dg
+
+    from basemodel_pipeline.defs.shared.partitions import sync_scenario_partitions
+
+    with user_errors():
+        cfg = load_config(config)
+    with dg.DagsterInstance.get() as instance:
+        added, removed = sync_scenario_partitions(instance, [sc.name for sc in cfg.scenarios])
+    out.print(
+        f"scenario partitions: added {', '.join(added) or 'none'}; removed {', '.join(removed) or 'none'}"
+    )
 
 
 @app.command()

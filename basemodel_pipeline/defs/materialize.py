@@ -20,7 +20,7 @@ import dagster as dg
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.defs import build_assets, build_checks
 from basemodel_pipeline.defs.extracts.sensors import range_tags
-from basemodel_pipeline.defs.shared.partitions import scenarios_partitions
+from basemodel_pipeline.defs.shared.partitions import sync_scenario_partitions
 from basemodel_pipeline.defs.shared.resources import resources_for
 from basemodel_pipeline.errors import UserError
 
@@ -118,10 +118,7 @@ def materialize_all(
     """Materialize every asset for `config_path`; raise RunFailed with the failing step's message."""
     config_path = str(Path(config_path).resolve())
     scenarios = [sc.name for sc in load_config(config_path).scenarios]
-    existing = set(instance.get_dynamic_partitions(scenarios_partitions.name))
-    missing = [name for name in scenarios if name not in existing]
-    if missing:
-        instance.add_dynamic_partitions(scenarios_partitions.name, missing)
+    sync_scenario_partitions(instance, scenarios)
 
     assets = build_assets(config_path)
     checks = build_checks(config_path)
