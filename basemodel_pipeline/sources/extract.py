@@ -14,13 +14,14 @@ One writer per source: an extract holds an flock on extracts/<source>/.extract.l
 kernel releases it if the process dies). A second extract of the same source (a full one and a day range,
 two Dagster runs) logs "another extract of source X is running (pid N); waiting ..." and waits up to
 LOCK_TIMEOUT_S, then fails with that line. Staging and spill directories are per run (owned temporaries,
-workspace.claim_tmp); leftovers of killed runs are removed by the next extract.
+workspace.claim_tmp); leftovers of killed runs are removed by the next extract. The files it wrote, with
+their sizes and sha256, are recorded in extracts/<source>/.files.json (sources/extract_record.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -47,6 +48,13 @@ from basemodel_pipeline.sources import (
     what,
 )
 from basemodel_pipeline.sources.base import Backend
+from basemodel_pipeline.sources.extract_record import (
+    begin_record,
+    finish_record,
+    in_range,
+    own_files,
+    read_record,
+)
 from basemodel_pipeline.sources.parquet import is_local
 from basemodel_pipeline.sources.sql import quote_ident, quote_literal
 
@@ -54,7 +62,6 @@ DAY_COLUMN = "__day"
 CHUNK_DAYS = 31
 STREAM_VIEW = "__batches"
 LOCK_FILE = ".extract.lock"
-OWN_RECORD = ".files.json"  # the names of the files this source's extracts wrote: all they may delete
 LOCK_TIMEOUT_S = 3600.0  # how long an extract waits for another extract of the same source
 
 
@@ -72,25 +79,17 @@ def extract_source(
     out.mkdir(parents=True, exist_ok=True)
     with ws.exclusive_lock(out / LOCK_FILE, f"extract of source {src.name}", lock_timeout_s, progress.log):
         ws.clean_stale_tmp(out)  # nobody else writes here now: any temporary is a killed run's
-        own = own_files(out)
-        refuse_foreign(out, src, own)
-        result = _extract(cfg, src, progress, days, out)
-        record_own(out, {f.name for f in out.glob("*.parquet")})
+        record = read_record(out)
+        refuse_foreign(out, src, own_files(out, record))
+        missing = begin_record(out, record, days)
+        try:
+            result = _extract(cfg, src, progress, days, out)
+        except Exception:
+            with contextlib.suppress(OSError):  # a failed run's files are whole (each was renamed in)
+                finish_record(out, missing)
+            raise
+        finish_record(out, missing)
         return result
-
-
-def own_files(out: Path) -> set[str] | None:
-    """The file names the extracts of this directory wrote (OWN_RECORD); None before the first record."""
-    try:
-        return set(json.loads((out / OWN_RECORD).read_text())["files"])
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise DataError(f"{out / OWN_RECORD}: unreadable ({exc}); delete it and extract again") from None
-
-
-def record_own(out: Path, names: set[str]) -> None:
-    ws.atomic_write_text(out / OWN_RECORD, json.dumps({"files": sorted(names)}, indent=1))
 
 
 def refuse_foreign(out: Path, src: DataSource, own: set[str] | None) -> None:
@@ -272,17 +271,6 @@ def next_chunk(cfg: PipelineConfig, src: DataSource, parts: list[DayRange], i: i
     while i < len(parts) and (following is None or parts[i][1] <= following):
         i += 1
     return i
-
-
-def in_range(name: str, days: DayRange | None) -> bool:
-    """Whether the day file `yyyy-mm-dd.parquet` belongs to the extracted range (all days when None)."""
-    if days is None:
-        return True
-    try:
-        day = dt.date.fromisoformat(name.removesuffix(".parquet"))
-    except ValueError:
-        return False
-    return days[0] <= day < days[1]
 
 
 def _duckdb(
