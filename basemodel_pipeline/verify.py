@@ -1,15 +1,20 @@
 """`basemodel verify CONFIG`: check every artifact of a workspace against the checksums recorded when it
-was written: the current event cache version (size and sha256 of every file, no unlisted file), every
-version of the foundation and scenario checkpoints (manifest.json, model.json readable and fitting the
-weights, LATEST naming a version), the per-entity states and the scenarios' predictions (and their subsets)
-in file destinations. States and predictions are also checked against the current cache: one built from
-older cache content (a correction of days before its date) is `stale`, not damaged. One finding per
+was written: each source's extract (the sizes and sha256 in its .files.json, no unrecorded Parquet file),
+the current event cache version (size and sha256 of every file, no unlisted file), every version of the
+foundation and scenario checkpoints (manifest.json, model.json readable and fitting the weights, LATEST
+naming a version), the per-entity states, and the scenarios' predictions (and their subsets) and the
+embeddings in file destinations. States, predictions and embeddings are also checked against the current
+cache: one built from older cache content (a correction of days before its date) is `stale`, not damaged.
+
+Every artifact is written with its checksums, so a missing manifest is a failure (the files cannot be
+checked), never an unchecked `ok`; only an artifact that was never made is `absent`. One finding per
 artifact; nothing is modified. The Dagster checks call the same functions."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,28 +27,76 @@ from basemodel_pipeline.config import PipelineConfig
 from basemodel_pipeline.errors import UserError
 from basemodel_pipeline.model import checkpoint as ckpt
 from basemodel_pipeline.outputs import manifest as outputs_manifest
+from basemodel_pipeline.sources import extract_record
 from basemodel_pipeline.workspace import cache_dir
 
 MIB = 2**20
+UNCHECKABLE = "missing: the files cannot be checked"  # a deleted manifest
 
 
 @dataclass(frozen=True)
 class Finding:
-    kind: str  # cache | foundation | scenario | state | predictions
+    kind: str  # extract | cache | foundation | scenario | state | predictions | embeddings
     label: str  # what it is (a path, or a scenario and its version)
     status: str  # ok | FAILED | stale | absent
     detail: str  # the size checked, what is wrong and what to do, or how to make it
 
 
+def verify_extract(cfg: PipelineConfig, source: str) -> Finding:
+    """One source's extract: every file against the size and sha256 its record (.files.json) holds, and
+    no Parquet file the record does not hold (the cache would read it as data)."""
+    out = ws.extracts_dir(cfg, source)
+    redo = f"re-run `basemodel extract CONFIG --source {source}`"
+    found = sorted(f.name for f in out.glob("*.parquet")) if out.is_dir() else []
+    try:
+        record = extract_record.read_record(out)
+    except UserError as exc:
+        return Finding("extract", str(out), "FAILED", str(exc))
+    if record is None:
+        if not found:
+            return Finding(
+                "extract",
+                str(out),
+                "absent",
+                f"no extract yet (`basemodel extract CONFIG --source {source}`)",
+            )
+        return Finding("extract", str(out), "FAILED", f"{extract_record.OWN_RECORD} {UNCHECKABLE}; {redo}")
+    if record["pending"]:
+        spans = ", ".join(f"{a or 'start'}..{b or 'end'}" for a, b in record["pending"])
+        why = f"an extract was interrupted (days {spans}): its files are not all recorded; {redo}"
+        return Finding("extract", str(out), "FAILED", why)
+    files = record["files"]
+    problems = [f"{name}: no size or checksum recorded" for name, e in files.items() if "sha256" not in e]
+    problems += ws.file_problems(
+        out, {n: e for n, e in files.items() if "sha256" in e}, extract_record.OWN_RECORD
+    )
+    problems += [
+        f"{name}: not in {extract_record.OWN_RECORD} (not written by the extract)"
+        for name in found
+        if name not in files
+    ]
+    if problems:
+        return Finding("extract", str(out), "FAILED", f"{first(sorted(problems))}; {redo}")
+    size = sum(int(e["bytes"]) for e in files.values())
+    return Finding("extract", str(out), "ok", f"{len(files)} files, {size / MIB:.1f} MiB, sha256 checked")
+
+
 def verify_cache(cfg: PipelineConfig) -> Finding:
+    """The current cache version. The pointer cache/<fingerprint> names a version only once it is published
+    with its manifest, so a version without one lost it."""
     final = cache_dir(cfg)
-    if not (final / "manifest.json").exists():
+    redo = "rebuild it with `basemodel cache CONFIG`"
+    if not final.exists():
+        if final.is_symlink():
+            why = f"it names {os.readlink(final)}, which is missing; {redo}"
+            return Finding("cache", str(final), "FAILED", why)
         return Finding("cache", str(final), "absent", "no cache yet (`basemodel cache CONFIG` builds it)")
     version = final.resolve()
+    if not (version / "manifest.json").exists():
+        return Finding("cache", str(version), "FAILED", f"manifest.json {UNCHECKABLE}; {redo}")
     problems, files, size = manifest_problems(version, full=True)
     if problems:
-        detail = f"{first(problems)}; rebuild it with `basemodel cache CONFIG`"
-        return Finding("cache", str(version), "FAILED", detail)
+        return Finding("cache", str(version), "FAILED", f"{first(problems)}; {redo}")
     return Finding("cache", str(final), "ok", f"{files} files, {size / MIB:.1f} MiB, sha256 checked")
 
 
@@ -56,10 +109,7 @@ def verify_checkpoint(kind: str, label: str, directory: Path) -> Finding:
     except UserError as exc:
         return Finding(kind, label, "FAILED", str(exc))
     size = sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
-    how = (
-        "sha256 checked" if (directory / ckpt.MANIFEST).exists() else "no checksums recorded (older version)"
-    )
-    return Finding(kind, label, "ok", f"{size / MIB:.1f} MiB, {how}")
+    return Finding(kind, label, "ok", f"{size / MIB:.1f} MiB, sha256 checked")
 
 
 def verify_root(kind: str, name: str, root: Path, make: str) -> list[Finding]:
@@ -92,6 +142,8 @@ def verify_state(directory: Path, cache: dict[str, Any] | None) -> Finding:
     try:
         meta = json.loads((directory / "manifest.json").read_text())
         as_of = dt.date.fromisoformat(meta["as_of"])
+    except FileNotFoundError:
+        return Finding("state", str(directory), "FAILED", f"manifest.json {UNCHECKABLE}; {redo}")
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return Finding("state", str(directory), "FAILED", f"manifest.json unreadable ({exc}); {redo}")
     label = f"{directory} (as of {as_of})"
@@ -117,16 +169,16 @@ def verify_state(directory: Path, cache: dict[str, Any] | None) -> Finding:
 def verify_output(
     kind: str, label: str, directory: Path, as_of: dt.date, cache: dict[str, Any] | None, redo: str
 ) -> Finding:
-    """One output directory (predictions of a scenario as of a date, or a subset): its files against its
-    manifest.json (full sha256), then the cache content it was scored from against the current cache's."""
+    """One output directory (predictions of a scenario as of a date, a subset, embeddings as of a date): its
+    files against its manifest.json (full sha256), then the cache content it was scored from against the
+    current cache's."""
+    where = directory / outputs_manifest.MANIFEST
     try:
         manifest = outputs_manifest.read_manifest(directory)
+    except FileNotFoundError:
+        return Finding(kind, label, "FAILED", f"{where} {UNCHECKABLE}; {redo}")
     except (OSError, ValueError) as exc:
-        return Finding(
-            kind, label, "FAILED", f"{directory / outputs_manifest.MANIFEST} unreadable ({exc}); {redo}"
-        )
-    if manifest is None:
-        return Finding(kind, label, "ok", "no checksums recorded (written before manifests)")
+        return Finding(kind, label, "FAILED", f"{where} unreadable ({exc}); {redo}")
     problems = outputs_manifest.problems(directory, manifest)
     if problems:
         return Finding(kind, label, "FAILED", f"{directory}: {first(problems)}; {redo}")
@@ -161,16 +213,22 @@ def output_roots(cfg: PipelineConfig) -> list[Path]:
 def prediction_dirs(root: Path, scenario: str) -> list[tuple[str, Path, dt.date]]:
     """(label, directory, as_of) of every predictions table of a scenario under a root, and its subsets."""
     out = []
-    base = root / "predictions" / scenario
-    for d in sorted(base.iterdir()) if base.is_dir() else []:
-        try:
-            as_of = dt.date.fromisoformat(d.name)
-        except ValueError:
-            continue  # staging, shard parts, locks
+    for d, as_of in dated_dirs(root / "predictions" / scenario):
         out.append((f"{scenario} {d.name}", d, as_of))
         subsets = d / outputs_manifest.SUBSETS
         for s in sorted(subsets.iterdir()) if subsets.is_dir() else []:
             out.append((f"{scenario} {d.name} subset {s.name}", s, as_of))
+    return out
+
+
+def dated_dirs(base: Path) -> list[tuple[Path, dt.date]]:
+    """(directory, as_of) of the published as-of directories under `base` (not staging, parts or locks)."""
+    out = []
+    for d in sorted(base.iterdir()) if base.is_dir() else []:
+        try:
+            out.append((d, dt.date.fromisoformat(d.name)))
+        except ValueError:
+            continue
     return out
 
 
@@ -183,8 +241,18 @@ def verify_predictions(cfg: PipelineConfig, scenario: str, cache: dict[str, Any]
     return found
 
 
+def verify_embeddings(cfg: PipelineConfig, cache: dict[str, Any] | None) -> list[Finding]:
+    found = []
+    for root in output_roots(cfg):
+        for directory, as_of in dated_dirs(root / "embeddings"):
+            redo = f"re-run `basemodel embed CONFIG --as-of {as_of}`"
+            found.append(verify_output("embeddings", str(directory), directory, as_of, cache, redo))
+    return found
+
+
 def verify_workspace(cfg: PipelineConfig) -> list[Finding]:
-    findings = [verify_cache(cfg)]
+    findings = [verify_extract(cfg, src.name) for src in cfg.data_sources]
+    findings.append(verify_cache(cfg))
     findings += verify_root(
         "foundation", "foundation", ws.foundation_root(cfg), "`basemodel pretrain CONFIG`"
     )
@@ -198,4 +266,5 @@ def verify_workspace(cfg: PipelineConfig) -> list[Finding]:
             findings.append(verify_state(directory, cache))
     for sc in cfg.scenarios:
         findings += verify_predictions(cfg, sc.name, cache)
+    findings += verify_embeddings(cfg, cache)
     return findings

@@ -105,6 +105,24 @@ def tiny_config(tiny_dataset: Path, tmp_path: Path) -> Path:
     return Path(shutil.copy(tiny_dataset, tmp_path / "config.yaml"))
 
 
+@pytest.fixture(scope="session")
+def tiny_trained(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """config.yaml of a copy of the tiny dataset with its extracts, cache, a foundation and the 'churn'
+    scenario, made once per session: never modified (copy its directory with symlinks=True to change it)."""
+    from basemodel_pipeline.config import load_config
+    from basemodel_pipeline.pipeline import run_cache, run_extract, run_finetune, run_pretrain
+
+    d = tmp_path_factory.mktemp("trained")
+    shutil.copytree(tiny_dataset.parent / "data", d / "data")
+    config = Path(shutil.copy(tiny_dataset, d / "config.yaml"))
+    cfg = load_config(config)
+    run_extract(cfg)
+    run_cache(cfg)
+    run_pretrain(cfg)
+    run_finetune(cfg, "churn")
+    return config
+
+
 # ---------------------------------------------------------------- a real Docker engine (deploy/local-engine.sh)
 
 LOCAL_ENGINE_SOCKET = "/run/basemodel-engine/docker.sock"

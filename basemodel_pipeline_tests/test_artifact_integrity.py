@@ -17,32 +17,17 @@ from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.cli import app
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.errors import UserError
-from basemodel_pipeline.model.checkpoint import load_checkpoint
+from basemodel_pipeline.model.checkpoint import load_checkpoint, write_manifest
 from basemodel_pipeline.workspace import cache_dir
 
 runner = CliRunner()
 
 
-@pytest.fixture(scope="module")
-def trained(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A workspace with extracts, the cache, a foundation and the 'churn' scenario (never modified)."""
-    from basemodel_pipeline.pipeline import run_cache, run_extract, run_finetune, run_pretrain
-
-    d = tmp_path_factory.mktemp("trained")
-    shutil.copytree(tiny_dataset.parent / "data", d / "data")
-    config = Path(shutil.copy(tiny_dataset, d / "config.yaml"))
-    cfg = load_config(config)
-    run_extract(cfg)
-    run_cache(cfg)
-    run_pretrain(cfg)
-    run_finetune(cfg, "churn")
-    return config
-
-
 @pytest.fixture
-def workspace(trained: Path, tmp_path: Path) -> Path:
-    """A private copy of the trained workspace (times kept, the cache pointer kept a relative link)."""
-    shutil.copytree(trained.parent, tmp_path / "ws", symlinks=True)
+def workspace(tiny_trained: Path, tmp_path: Path) -> Path:
+    """A private copy of a workspace with extracts, the cache, a foundation and the 'churn' scenario (times
+    kept, the cache pointer kept a relative link)."""
+    shutil.copytree(tiny_trained.parent, tmp_path / "ws", symlinks=True)
     return tmp_path / "ws" / "config.yaml"
 
 
@@ -66,6 +51,12 @@ def verify(config: Path) -> tuple[int, list[str]]:
     return result.exit_code, [line for line in result.stdout.splitlines() if line.strip()]
 
 
+def line_of(lines: list[str], kind: str) -> str:
+    """The line of the one artifact of a kind (`extract`, `cache`, ...) in verify's output."""
+    [line] = [line for line in lines if line.split()[1] == kind]
+    return line
+
+
 def cache_file(config: Path, rel: str) -> Path:
     return cache_dir(load_config(config)).resolve() / rel
 
@@ -84,8 +75,8 @@ def test_verify_a_healthy_workspace(workspace: Path) -> None:
     code, lines = verify(workspace)
     assert code == 0, lines
     kinds = [line.split()[1] for line in lines]
-    assert lines[0].startswith("ok") and kinds[0] == "cache", lines
-    assert "foundation" in kinds and "scenario" in kinds, lines
+    assert line_of(lines, "cache").startswith("ok"), lines
+    assert {"extract", "foundation", "scenario"} <= set(kinds), lines
     assert all(line.startswith(("ok", "absent")) for line in lines), lines
     assert any(line.startswith("absent") and "department" in line for line in lines), lines
 
@@ -100,8 +91,9 @@ def test_a_cache_array_changed_in_place_is_refused_on_open_and_rebuilt_by_cache(
     one_line_error(["predict", str(workspace), "-s", "churn"], "ts.npy", "basemodel cache")
 
     code, lines = verify(workspace)
-    assert code == 1 and lines[0].startswith("FAILED") and "ts.npy" in lines[0], lines
-    assert all(line.startswith(("ok", "absent")) for line in lines[1:]), lines
+    cache = line_of(lines, "cache")
+    assert code == 1 and cache.startswith("FAILED") and "ts.npy" in cache, lines
+    assert all(line.startswith(("ok", "absent")) for line in lines if line != cache), lines
 
     result = runner.invoke(app, ["cache", str(workspace)])  # rebuilds, keeping entity indices and codes
     assert result.exit_code == 0, result.output
@@ -118,7 +110,7 @@ def test_a_truncated_cache_array_is_refused_on_open(workspace: Path) -> None:
     with pytest.raises(UserError, match="offsets.npy.*bytes"):
         EventCache(cache_dir(load_config(workspace)))
     code, lines = verify(workspace)
-    assert code == 1 and "offsets.npy" in lines[0], lines
+    assert code == 1 and "offsets.npy" in line_of(lines, "cache"), lines
 
 
 def test_an_edit_that_restores_the_time_is_found_by_verify(workspace: Path) -> None:
@@ -129,7 +121,8 @@ def test_an_edit_that_restores_the_time_is_found_by_verify(workspace: Path) -> N
     os.utime(column, ns=(before.st_atime_ns, before.st_mtime_ns))
     EventCache(cache_dir(load_config(workspace))).close()
     code, lines = verify(workspace)
-    assert code == 1 and column.name in lines[0] and "sha256" in lines[0], lines
+    cache = line_of(lines, "cache")
+    assert code == 1 and column.name in cache and "sha256" in cache, lines
 
 
 def test_a_moved_workspace_whose_times_changed_still_opens(workspace: Path) -> None:
@@ -163,21 +156,25 @@ def test_a_truncated_scenario_checkpoint(workspace: Path) -> None:
     assert code == 1 and len(bad) == 1 and "churn" in bad[0] and "bytes" in bad[0], lines
 
 
-def test_an_edited_model_json_without_checksums_is_still_one_line(workspace: Path) -> None:
-    """Checkpoints written before checksums load unverified; a broken model.json is still one line."""
+def test_an_edited_model_json_with_a_rehashed_manifest_is_still_one_line(workspace: Path) -> None:
+    """The checksums are not keyed: an edit of model.json followed by a new manifest passes them (what
+    docs/reliability.md says they cannot detect). model.json is then read as a typed record and checked
+    against the weights, so a broken one is still one line."""
     cfg = load_config(workspace)
     directory = ws.latest_scenario_dir(cfg, "churn")
-    (directory / "manifest.json").unlink()
-    load_checkpoint(directory)  # loads: nothing recorded to compare with
-    assert verify(workspace)[0] == 0
+
+    def edit(meta: dict | str) -> None:
+        (directory / "model.json").write_text(meta if isinstance(meta, str) else json.dumps(meta))
+        write_manifest(directory)
+
     meta = json.loads((directory / "model.json").read_text())
     hidden = meta["arch"]["hidden_dim"]
     meta["arch"]["hidden_dim"] = 10**9  # absurd: must not allocate it
-    (directory / "model.json").write_text(json.dumps(meta))
+    edit(meta)
     with pytest.raises(UserError, match="model.json"):
         load_checkpoint(directory)
     meta["arch"]["hidden_dim"] = "wide"  # read as a typed record (CheckpointMeta): the field is named
-    (directory / "model.json").write_text(json.dumps(meta))
+    edit(meta)
     with pytest.raises(
         UserError, match=r"model.json: unreadable \(arch.hidden_dim: Input should be a valid integer"
     ):
@@ -185,7 +182,7 @@ def test_an_edited_model_json_without_checksums_is_still_one_line(workspace: Pat
     meta["arch"]["hidden_dim"] = hidden
     target = dict(meta["target"])
     meta["target"]["log1pp"] = True  # the target's details are the task's typed record: the field is named
-    (directory / "model.json").write_text(json.dumps(meta))
+    edit(meta)
     one_line_error(
         ["predict", str(workspace), "-s", "churn"],
         "unreadable target (log1pp: Extra inputs",
@@ -193,11 +190,11 @@ def test_an_edited_model_json_without_checksums_is_still_one_line(workspace: Pat
     )
     meta["target"] = target
     del meta["target"]  # a foundation's fields under a scenario's name
-    (directory / "model.json").write_text(json.dumps(meta))
+    edit(meta)
     one_line_error(
         ["predict", str(workspace), "-s", "churn"], "not a scenario checkpoint", "basemodel finetune"
     )
-    (directory / "model.json").write_text("{not json")
+    edit("{not json")
     one_line_error(["predict", str(workspace), "-s", "churn"], "model.json", "basemodel finetune")
     code, lines = verify(workspace)
     assert code == 1 and any(line.startswith("FAILED") and "model.json" in line for line in lines), lines

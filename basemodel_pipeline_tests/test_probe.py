@@ -43,6 +43,7 @@ def test_foundation_embed_shape_dtype_and_determinism(tmp_path) -> None:
         build_model,
         load_checkpoint,
         save_checkpoint,
+        write_manifest,
     )
 
     arch = {"in_dim": 12, "hidden_dim": 32, "num_blocks": 2, "dropout": 0.5, "out_dim": 7}
@@ -59,6 +60,7 @@ def test_foundation_embed_shape_dtype_and_determinism(tmp_path) -> None:
         half = emb.numpy().astype(np.float16)
         assert half.dtype == np.float16 and np.isfinite(half).all()
         save_checkpoint(tmp_path / "ckpt", model, CheckpointMeta(kind="foundation", arch=arch))
+        write_manifest(tmp_path / "ckpt")  # as publish_checkpoint does: nothing loads unverified
         loaded, _ = load_checkpoint(tmp_path / "ckpt")
         assert torch.equal(loaded.embed(x), emb)
 
@@ -74,6 +76,7 @@ def test_input_dropout_acts_only_in_training_and_is_not_saved(tmp_path) -> None:
         build_model,
         load_checkpoint,
         save_checkpoint,
+        write_manifest,
     )
 
     arch = {"in_dim": 40, "hidden_dim": 16, "num_blocks": 1, "dropout": 0.0, "out_dim": 3}
@@ -92,6 +95,7 @@ def test_input_dropout_acts_only_in_training_and_is_not_saved(tmp_path) -> None:
     with torch.no_grad():
         torch.testing.assert_close(model(x), reference)
     save_checkpoint(tmp_path / "ckpt", model, CheckpointMeta(kind="foundation", arch=arch))
+    write_manifest(tmp_path / "ckpt")
     loaded, _ = load_checkpoint(tmp_path / "ckpt")
     assert loaded.trunk.input_dropout == 0.0
 

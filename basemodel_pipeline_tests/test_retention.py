@@ -214,10 +214,14 @@ def test_real_pipeline_outputs_record_provenance_and_survive_pruning(tiny_config
         "scenario": "churn",
         "model_version": tuned,
         "foundation_version": first,
+        "checksums": "manifest.json",  # the output says it has a manifest (verify: a missing one fails)
     }
     assert cache_versions <= set(record)
     record = ws.read_provenance(embedded) or {}
-    assert {k: v for k, v in record.items() if k not in cache_versions} == {"foundation_version": first}
+    assert {k: v for k, v in record.items() if k not in cache_versions} == {
+        "foundation_version": first,
+        "checksums": "manifest.json",
+    }
     second = pipeline.run_pretrain(cfg)["version"]
 
     plan = prune(cfg)

@@ -109,6 +109,10 @@ def build_cache(
     signature = input_signature(cfg)
     with cache_lock(final), damaged_extracts_named(cfg):
         manifest = versions.read_manifest(final)
+        if manifest is None and final.resolve().is_dir():
+            progress.log(
+                f"warning: event cache {final.resolve()}: manifest.json missing or unreadable; rebuilding it"
+            )
         if manifest and manifest.get("format_version") == FORMAT_VERSION:
             manifest = _unless_changed(final, manifest, progress)
         if manifest and manifest.get("format_version") == FORMAT_VERSION:

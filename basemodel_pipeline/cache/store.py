@@ -132,6 +132,11 @@ class EventCache:
         manifest = self.path / "manifest.json"
         if not manifest.exists():
             self.close()
+            if self.path.is_dir():  # the pointer names a version only once it is published with its manifest
+                raise UserError(
+                    f"event cache {self.path}: manifest.json missing: the files cannot be checked; rebuild it "
+                    "with `basemodel cache CONFIG`"
+                )
             raise UserError(f"no event cache at {path}; run the cache stage (`basemodel cache CONFIG`)")
         try:
             self.manifest = json.loads(manifest.read_text())

@@ -13,7 +13,7 @@
     basemodel explain CONFIG --scenario NAME [--entity ID] [--population N] [--class LABEL]
     basemodel demo [--workspace demo_workspace]   The Complete Journey end to end through Dagster
     basemodel prune --config CONFIG [--dry-run]  delete old checkpoints/predictions/embeddings (retention)
-    basemodel verify CONFIG                  check the cache and checkpoints against their checksums
+    basemodel verify CONFIG                  check every artifact against its recorded checksums
 
 A mistake the user can fix prints one red line `error: ...` on stderr and exits with code 2.
 

@@ -3,8 +3,9 @@
 A version directory holds model.safetensors, model.json (a CheckpointMeta: the TrunkConfig, the feature
 encoder, the training history and, for a scenario, its definition, target and published candidate), any
 extra files, and manifest.json, written last: {"files": {relative path: {bytes, sha256}}} of every other
-file. Loading verifies them all (checkpoints are small) and reports a changed, truncated or unreadable file
-in one line naming it and the stage that writes it again. Checkpoints written before manifests load
+file. model.json's `checksums` names the manifest, so the checkpoint itself says it has one. Loading verifies
+them all (checkpoints are small) and reports a changed, truncated or unreadable file, or a missing manifest
+(nothing could be checked), in one line naming it and the stage that writes it again: no checkpoint loads
 unverified. Every consumer reads model.json through read_meta, as a typed record, never by hand."""
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ class CheckpointMeta(BaseModel):
     foundation_version: str | None = None
     published: dict[str, Any] | None = None  # the published candidate: name and what reloads it
     metrics: dict[str, Any] | None = None
+    checksums: str | None = None  # MANIFEST: publish_checkpoint wrote the checksums of every file there
 
     def to_json(self) -> str:
         """Strict JSON (NaN as null), numpy scalars as numbers, anything else JSON lacks as text."""
@@ -112,7 +114,7 @@ def publish_checkpoint(
     final = root / version
     tmp = ws.staging_dir(final)
     try:
-        save_checkpoint(tmp, model.cpu(), meta.model_copy(update={"version": version}))
+        save_checkpoint(tmp, model.cpu(), meta.model_copy(update={"version": version, "checksums": MANIFEST}))
         for name, content in (extra_files or {}).items():
             path = tmp / name
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -143,11 +145,12 @@ def redo(directory: Path) -> str:
 
 
 def problems(directory: Path) -> list[str]:
-    """What differs from the checkpoint's manifest ([] when all matches, or when it has no manifest)."""
+    """What differs from the checkpoint's manifest ([] when all matches). Every checkpoint is published with
+    one, so a missing manifest is a problem: its files cannot be checked."""
     try:
         files = json.loads((directory / MANIFEST).read_text())["files"]
     except FileNotFoundError:
-        return []
+        return [f"{MANIFEST}: missing: the files cannot be checked"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return [f"{MANIFEST}: unreadable ({exc})"]
     return ws.file_problems(directory, files, MANIFEST)

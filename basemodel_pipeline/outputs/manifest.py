@@ -7,7 +7,8 @@ written last into the staging directory, just before it is published: every file
 the manifest itself and subsets/ (each subset has its own). `built_from` is the output's provenance.json
 (the checkpoint versions, and the cache content it was scored from: cache/history.py), so `basemodel verify`
 can tell a damaged output (a file differs from its checksum) from a stale one (built from older cache
-content)."""
+content). provenance.json also records `checksums: manifest.json`: every output directory is published with
+a manifest, so one without it (deleted) is damaged, never unchecked."""
 
 from __future__ import annotations
 
@@ -32,21 +33,22 @@ def _listed(directory: Path) -> list[Path]:
 
 
 def write_manifest(directory: Path) -> None:
-    """Record every file of a staged output directory (call it last, before publishing)."""
+    """Record every file of a staged output directory (call it last, before publishing); provenance.json
+    first says that the directory has a manifest."""
+    provenance = {**(ws.read_provenance(directory) or {}), "checksums": MANIFEST}
+    (directory / ws.PROVENANCE).unlink(missing_ok=True)  # never write through a link to a published one
+    ws.write_provenance(directory, **provenance)
     files = ws.file_records(directory, _listed(directory))
-    record: dict[str, Any] = {"files": files, "built_from": ws.read_provenance(directory) or {}}
+    record: dict[str, Any] = {"files": files, "built_from": provenance}
     target = directory / MANIFEST
     target.unlink(missing_ok=True)  # never write through a link to a published directory's manifest
     target.write_text(json.dumps(record, indent=2, sort_keys=True))
 
 
-def read_manifest(directory: Path) -> dict[str, Any] | None:
-    """The manifest of an output directory; None when it has none; ValueError when it is unreadable."""
-    try:
-        text = (directory / MANIFEST).read_text()
-    except FileNotFoundError:
-        return None
-    data = json.loads(text)
+def read_manifest(directory: Path) -> dict[str, Any]:
+    """The manifest of an output directory; FileNotFoundError when it has none (deleted), ValueError when
+    it is unreadable."""
+    data = json.loads((directory / MANIFEST).read_text())
     if not isinstance(data, dict) or not isinstance(data.get("files"), dict):
         raise ValueError("no files recorded")
     return data
