@@ -88,10 +88,12 @@ def test_default_is_parquet_in_the_workspace_and_other_formats_are_kept(tiny_con
         "manifest.json",
         "predictions.csv",
         "predictions.parquet",
+        "provenance.json",  # records that the directory has a manifest (a deleted one is then a failure)
     ]
     assert set(json.loads((day / "manifest.json").read_text())["files"]) == {
         "predictions.csv",
         "predictions.parquet",
+        "provenance.json",
     }
 
 
