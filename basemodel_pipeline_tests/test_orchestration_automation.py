@@ -7,6 +7,7 @@ trained once.
 """
 
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 
 import dagster as dg
@@ -53,13 +54,15 @@ def _materialized(
     partition: str | None = None,
     checks: bool | None = True,
     version: str | None = None,
+    metadata: Mapping[str, object] | None = None,
 ) -> None:
-    """A materialization (new content: a new data version unless `version` is given) and its blocking checks'
-    evaluations, as a finished run records them: passed, failed (`checks=False`) or none (`checks=None`)."""
+    """A materialization (new content: a new data version unless `version` is given; with the step's
+    `metadata`) and its blocking checks' evaluations, as a finished run records them: passed, failed
+    (`checks=False`) or none (`checks=None`)."""
     key = dg.AssetKey.from_user_string(key) if isinstance(key, str) else key
     tags = {DATA_VERSION_TAG: version or uuid.uuid4().hex}
     instance.report_runless_asset_event(
-        dg.AssetMaterialization(asset_key=key, partition=partition, tags=tags)
+        dg.AssetMaterialization(asset_key=key, partition=partition, tags=tags, metadata=metadata)
     )
     (record,) = instance.fetch_materializations(
         dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition] if partition else None), limit=1
@@ -130,7 +133,9 @@ def test_new_scenario_partition_requests_exactly_one_run(defs: dg.Definitions) -
         assert again.total_requested == 0
 
 
-def test_new_cache_rescores_and_leaves_retraining_to_the_policy(defs: dg.Definitions) -> None:
+def test_a_new_cache_is_left_to_the_retrain_sensor(defs: dg.Definitions) -> None:
+    """Retraining and scoring a new cache are scenario_retrain_sensor's, per policy; the automation scores a new
+    model (test_orchestration_scoring: once per scenario, model and cache)."""
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("scenarios", ["churn"])
         _everything_materialized(instance, ["churn"])
@@ -139,12 +144,10 @@ def test_new_cache_rescores_and_leaves_retraining_to_the_policy(defs: dg.Definit
         _materialized(instance, extract_key("transactions"), "2023-01-03")  # a new day landed
         tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=first.cursor)
         assert tick.get_num_requested(dg.AssetKey("event_cache")) == 1
-        assert tick.get_num_requested(PREDICTIONS) == 0  # waits for the cache requested on this tick
 
         _materialized(instance, "event_cache")
         after = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor)
-        assert after.get_requested_partitions(PREDICTIONS) == {"churn"}  # today's scores on the new data
-        assert after.get_num_requested(MODEL) == 0  # retraining is scenario_retrain_sensor's, per policy
+        assert after.get_num_requested(PREDICTIONS) == after.get_num_requested(MODEL) == 0
         assert after.get_num_requested(dg.AssetKey("foundation_model")) == 0  # weekly, not per cache
 
 
@@ -158,8 +161,8 @@ def test_a_scenario_trained_before_its_checks_existed_is_still_rescored(defs: dg
             _materialized(instance, key, "churn", checks=None)
         first = dg.evaluate_automation_conditions(defs=defs, instance=instance)
 
-        _materialized(instance, "event_cache")
-        tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=first.cursor)
+        released = _with_spec(defs, PREDICTIONS, code_version="next-release")  # a release of the scores' code
+        tick = dg.evaluate_automation_conditions(defs=released, instance=instance, cursor=first.cursor)
         assert tick.get_requested_partitions(PREDICTIONS) == {"churn"}
 
 
@@ -197,17 +200,18 @@ def test_an_unchanged_data_version_triggers_nothing(defs: dg.Definitions) -> Non
         tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=first.cursor)
         assert tick.total_requested == 0
 
-        _materialized(instance, "event_cache", version="cache-v2")  # new content: rescored
+        _materialized(instance, "event_cache", version="cache-v2")  # new content: new embeddings
         tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor)
-        assert tick.get_requested_partitions(PREDICTIONS) == {"churn"}
+        assert tick.get_num_requested(dg.AssetKey("entity_embeddings")) == 1
 
 
-def _with_code_version(defs: dg.Definitions, key: dg.AssetKey, version: str) -> dg.Definitions:
-    """The same definitions, with one asset's code version replaced (a release that changed its code)."""
+def _with_spec(defs: dg.Definitions, key: dg.AssetKey, **attributes: object) -> dg.Definitions:
+    """The same definitions, with attributes of one asset's spec replaced (a release that changed its code:
+    `code_version`; another `automation_condition`)."""
     assets = []
     for asset in defs.assets or []:
         if isinstance(asset, dg.AssetsDefinition) and key in asset.keys:
-            asset = asset.map_asset_specs(lambda spec: spec.replace_attributes(code_version=version))
+            asset = asset.map_asset_specs(lambda spec: spec.replace_attributes(**attributes))
         assets.append(asset)
     return dg.Definitions(
         assets=assets,
@@ -228,7 +232,7 @@ def test_every_asset_has_a_code_version_and_a_new_one_retrains(defs: dg.Definiti
         first = dg.evaluate_automation_conditions(defs=defs, instance=instance)
         assert first.total_requested == 0
 
-        released = _with_code_version(defs, MODEL, "next-release")
+        released = _with_spec(defs, MODEL, code_version="next-release")
         tick = dg.evaluate_automation_conditions(defs=released, instance=instance, cursor=first.cursor)
         assert tick.get_requested_partitions(MODEL) == {"churn", "department_propensity"}
         assert tick.get_num_requested(dg.AssetKey("foundation_model")) == 0

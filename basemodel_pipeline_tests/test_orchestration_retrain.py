@@ -1,7 +1,6 @@
 """Retrain policy per scenario (defs/models/retrain.py): a new cache retrains every_cache scenarios, weekly ones
 once their model is old enough, drift ones when the population scored on the new cache drifted."""
 
-import time
 from pathlib import Path
 
 import dagster as dg
@@ -13,6 +12,7 @@ from basemodel_pipeline.dates import DAY
 from basemodel_pipeline.defs import build_definitions
 from basemodel_pipeline.defs.models.retrain import Latest, retrain_reason
 from basemodel_pipeline.defs.shared.resources import BasemodelConfigResource
+from basemodel_pipeline_tests.test_orchestration_automation import _materialized
 
 NOW = 1_800_000_000.0
 
@@ -72,28 +72,62 @@ def test_the_sensor_retrains_what_the_policy_says(tiny_config: Path, monkeypatch
         instance.add_dynamic_partitions("scenarios", ["churn", "department_propensity"])
         _materialize(instance, "event_cache", version="c1")
         for name in ("churn", "department_propensity"):
-            _materialize(instance, "scenario_model", name, cache_data_version="c1")
+            _materialize(instance, "scenario_model", name, cache_data_version="c1", version=f"m1-{name}")
+            _materialize(instance, "predictions", name, model_version=f"m1-{name}", cache_data_version="c1")
         assert not _tick(defs, instance, tiny_config).run_requests  # trained on the current cache
 
-        time.sleep(0.01)
         _materialize(instance, "event_cache", version="c2")  # new data
-        tick = _tick(defs, instance, tiny_config)
-        (request,) = tick.run_requests
-        assert request.partition_key == "churn" and request.run_key == "retrain:churn:c1->c2"
-        assert request.tags["basemodel/trigger"] == "retrain_every_cache"
-        assert set(request.asset_selection or []) == {
+        retrain, score = sorted(_tick(defs, instance, tiny_config).run_requests, key=lambda r: str(r.run_key))
+        assert retrain.partition_key == "churn" and retrain.run_key == "retrain:churn:c1->c2"
+        assert retrain.tags["basemodel/trigger"] == "retrain_every_cache"
+        assert set(retrain.asset_selection or []) == {
             dg.AssetKey(k) for k in ("scenario_baselines", "scenario_model", "predictions")
         }
+        # the drift scenario is not retrained yet: its served model scores the new cache, which measures the drift
+        assert score.run_key == "score:department_propensity:m1-department_propensity@c2"
+        assert score.partition_key == "department_propensity"
+        assert set(score.asset_selection or []) == {dg.AssetKey("predictions")}
+        assert score.tags["basemodel/trigger"] == "score_new_cache"
 
-        _materialize(instance, "predictions", "department_propensity", drift_psi=0.05)  # scored: stable
-        assert [r.partition_key for r in _tick(defs, instance, tiny_config).run_requests] == ["churn"]
-        _materialize(instance, "predictions", "department_propensity", drift_psi=0.31)  # drifted
+        scored = {"model_version": "m1-department_propensity", "cache_data_version": "c2"}
+        _materialize(instance, "predictions", "department_propensity", drift_psi=0.05, **scored)  # stable
+        assert [r.run_key for r in _tick(defs, instance, tiny_config).run_requests] == [
+            "retrain:churn:c1->c2"
+        ]
+        _materialize(instance, "predictions", "department_propensity", drift_psi=0.31, **scored)  # drifted
         keys = {r.partition_key for r in _tick(defs, instance, tiny_config).run_requests}
         assert keys == {"churn", "department_propensity"}
 
         _materialize(instance, "scenario_model", "churn", cache_data_version="c2")  # the retrain ran
         keys = {r.partition_key for r in _tick(defs, instance, tiny_config).run_requests}
         assert keys == {"department_propensity"}
+
+
+def test_scores_of_a_new_cache_wait_for_its_blocking_check(
+    tiny_config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The served model scores a new cache only once the cache's blocking check passed on it."""
+    monkeypatch.delenv("BASEMODEL_PUBLISH_URL", raising=False)
+    cfg = yaml.safe_load(tiny_config.read_text())
+    cfg["scenarios"] = [{**sc, "retrain": {"when": "weekly", "min_days": 7}} for sc in cfg["scenarios"]]
+    tiny_config.write_text(yaml.safe_dump(cfg))
+    defs = build_definitions(str(tiny_config), env="ci")
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("scenarios", ["churn"])
+        _materialized(instance, "event_cache", version="c1")
+        _materialize(instance, "scenario_model", "churn", cache_data_version="c1", version="m1")
+        _materialize(instance, "predictions", "churn", model_version="m1", cache_data_version="c1")
+
+        _materialized(instance, "event_cache", version="c2", checks=False)  # manifest_sha256 failed
+        tick = _tick(defs, instance, tiny_config)
+        assert not tick.run_requests
+        assert "scores wait for the cache's blocking check to pass: churn" in (tick.skip_message or "")
+        evaluation = dg.AssetCheckEvaluation(
+            asset_key=dg.AssetKey("event_cache"), check_name="manifest_sha256", passed=True
+        )
+        instance.report_runless_asset_event(evaluation)  # run again after a repair: it passes
+        (request,) = _tick(defs, instance, tiny_config).run_requests
+        assert request.run_key == "score:churn:m1@c2"
 
 
 def test_a_model_trained_while_the_foundation_changed_is_retrained_once_more(

@@ -355,6 +355,7 @@ def predict(
             "as_of": as_of.isoformat(),
             "precision": scorer.precision,
             "model_version": scorer.meta.version,
+            **cache_provenance(cache.manifest, as_of),  # what scenario_retrain_sensor compares
             "wall_s": round(wall, 2),
             "scoring_s": round(scoring_s, 2),
             "inference_entities_per_s": round(len(entity) / max(scoring_s, 1e-9), 1),

@@ -169,14 +169,10 @@ def merge_shards(
             "re-run the stale ones"
         )
     version = versions.pop()
+    provenance = cache_provenance(cache.manifest, as_of)
     writer = open_writer(cfg, "predictions", scenario, as_of, destination)
     if getattr(writer, "directory", None) is not None:  # file destinations: what retention must keep
-        ws.write_provenance(
-            writer.directory,
-            scenario=scenario,
-            model_version=version,
-            **cache_provenance(cache.manifest, as_of),
-        )
+        ws.write_provenance(writer.directory, scenario=scenario, model_version=version, **provenance)
     with writer:
         for f in files:
             pf = pq.ParquetFile(f)
@@ -186,4 +182,4 @@ def merge_shards(
         if writer.rows == 0:  # every shard empty: still the table's columns
             writer.write(pq.read_table(files[0]).replace_schema_metadata(None))
         info = writer.close()
-    return {**info, "as_of": as_of.isoformat(), "shards": k, "model_version": version}
+    return {**info, "as_of": as_of.isoformat(), "shards": k, "model_version": version, **provenance}

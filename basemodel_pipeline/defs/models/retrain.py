@@ -1,4 +1,5 @@
-"""Retraining on new data: which scenarios a new foundation or a new cache retrains.
+"""Retraining and scoring on new data: which scenarios a new foundation or a new cache retrains, and which
+it only rescores.
 
 Every tick compares, per scenario, the versions its latest model was trained on (recorded in the
 scenario_model materialization as `foundation_version` and `cache_data_version`) with the current ones:
@@ -11,11 +12,18 @@ scenario_model materialization as `foundation_version` and `cache_data_version`)
                        drift_threshold (the mean PSI of the input features against the population the
                        model was first scored on)
 
+A retrain is one run: baselines, model, scores. This sensor also owns scoring a new cache: a scenario that is
+not retrained for it (its policy holds it, or its retrain for this cache ended without a model) gets a run of
+its scores alone, with the model it serves, once its latest scores (metadata `model_version`,
+`cache_data_version`) are of that model on an older cache and the cache's blocking check passed. A new model
+is scored by the automation instead (defs/shared/conditions.py: SCORES), so each (scenario, served model,
+cache) is scored once.
+
 Because the comparison is between versions, not events: an unchanged cache retrains nothing; a run that read
-inputs which changed under it records the old versions, so it is retrained once more; the run key
-`retrain:<scenario>:<trained on>-><current>` never asks twice for the same pair. Nothing is requested while the
-cache or the foundation is being rebuilt, nor for a scenario whose own run is queued or running (its result is
-compared on the next tick).
+inputs which changed under it records the old versions, so it is retrained once more; the run keys
+`retrain:<scenario>:<trained on>-><current>` and `score:<scenario>:<served model>@<cache>` never ask twice for
+the same versions. Nothing is requested while the cache or the foundation is being rebuilt, nor for a scenario
+whose own run (one that trains or scores it) is queued or running: its result is compared on the next tick.
 """
 
 from __future__ import annotations
@@ -36,7 +44,9 @@ CACHE, FOUNDATION = dg.AssetKey("event_cache"), dg.AssetKey("foundation_model")
 BASELINES, MODEL = dg.AssetKey("scenario_baselines"), dg.AssetKey("scenario_model")
 PREDICTIONS = dg.AssetKey("predictions")
 RETRAIN_ASSETS = [BASELINES, MODEL, PREDICTIONS]  # one run: the CPU step, the GPU step, the scores
+CACHE_CHECK = dg.AssetCheckKey(CACHE, "manifest_sha256")  # the cache's blocking check
 DATA_VERSION_TAG = "dagster/data_version"
+RUN_KEY_TAG = "dagster/run_key"
 ACTIVE = [
     dg.DagsterRunStatus.QUEUED,
     dg.DagsterRunStatus.NOT_STARTED,
@@ -57,6 +67,22 @@ class Latest:
     scored_at: float = 0.0  # when those predictions were materialized
     foundation_used: str | None = None  # foundation version of the latest model
     foundation_now: str | None = None  # the foundation's current version
+    served: str | None = None  # the model version served (LATEST) after the latest model's gates
+    scored_model: str | None = None  # model version of the latest predictions
+    scored_cache: str | None = None  # cache data version they were scored on
+
+    def trained_before_cache(self) -> bool:
+        return bool(self.trained_on and self.cache_now and self.trained_on != self.cache_now)
+
+    def scored_on_current_cache(self) -> bool:
+        if self.scored_cache is not None:
+            return self.scored_cache == self.cache_now
+        return self.scored_at >= self.cache_at  # scores that do not record their cache version
+
+    def scored_served_model(self) -> bool:
+        if self.scored_model is not None and self.served is not None:
+            return self.scored_model == self.served
+        return self.scored_at >= self.trained_at  # scores that do not record their model version
 
 
 def retrain_reason(policy: RetrainPolicy, latest: Latest, now: float) -> str | None:
@@ -71,11 +97,22 @@ def retrain_reason(policy: RetrainPolicy, latest: Latest, now: float) -> str | N
     if policy.when == "weekly":
         age = (now - latest.trained_at) / DAY
         return f"{changed}; model {age:.1f} days old" if age >= policy.min_days else None
-    if latest.drift is None or latest.scored_at < latest.cache_at:
+    if latest.drift is None or not latest.scored_on_current_cache():
         return None  # waiting for the predictions on the new cache to measure the drift
     if latest.drift >= policy.drift_threshold:
         return f"{changed}; drift_psi {latest.drift:.3f} >= {policy.drift_threshold}"
     return None
+
+
+def score_reason(latest: Latest) -> str | None:
+    """Why the served model should score the new cache in a run of its own, or None: its latest scores are of
+    that model on an older cache. A scenario never trained, or whose model changed since its latest scores, is
+    the automation's (a new model is scored once its checks passed; a rejected one never)."""
+    if latest.trained_on is None or latest.cache_now is None or latest.served is None:
+        return None
+    if not latest.scored_served_model() or latest.scored_on_current_cache():
+        return None
+    return f"model {latest.served} scored on cache {latest.scored_cache or 'before'} -> {latest.cache_now}"
 
 
 def _record(
@@ -107,6 +144,18 @@ def _version(record: dg.EventLogRecord | None) -> str | None:
     return mat.tags.get(DATA_VERSION_TAG) if mat and mat.tags else None
 
 
+def _served(model: dg.EventLogRecord | None) -> str | None:
+    """The version served after this model's gates: itself when promoted, else the one before it."""
+    served = _value(model, "serving_version")
+    if served is None and _value(model, "promoted") is not False:
+        served = _value(model, "version") or _version(model)
+    return str(served) if served else None
+
+
+def _text(value: object) -> str | None:
+    return str(value) if value else None
+
+
 def latest_state(instance: dg.DagsterInstance, scenario: str) -> Latest:
     cache, model = _record(instance, CACHE, None), _record(instance, MODEL, scenario)
     scored = _record(instance, PREDICTIONS, scenario)
@@ -121,18 +170,60 @@ def latest_state(instance: dg.DagsterInstance, scenario: str) -> Latest:
         scored_at=scored.timestamp if scored else 0.0,
         foundation_used=str(used) if used else None,
         foundation_now=_version(_promoted(instance, FOUNDATION)),
+        served=_served(model),
+        scored_model=_text(_value(scored, "model_version")),
+        scored_cache=_text(_value(scored, "cache_data_version")),
     )
 
 
+def cache_verified(instance: dg.DagsterInstance) -> bool:
+    """The cache's blocking check passed on its latest materialization (or has never run: a cache from before
+    the check existed). One not run on that update yet, running or failed holds the scores back, as the
+    automation's gate does."""
+    execution = instance.event_log_storage.get_latest_asset_check_execution_by_key([CACHE_CHECK]).get(
+        CACHE_CHECK
+    )
+    cache = _record(instance, CACHE, None)
+    if execution is None or cache is None:
+        return True
+    evaluation = execution.evaluation
+    if evaluation is None or not evaluation.passed:
+        return False
+    target = evaluation.target_materialization_data
+    if target is not None:
+        return target.storage_id == cache.storage_id
+    evaluated_at = execution.event.timestamp if execution.event else execution.create_timestamp
+    return evaluated_at >= cache.timestamp  # executed by hand (from the UI) after that materialization
+
+
 def busy(instance: dg.DagsterInstance) -> tuple[set[str], set[str]]:
-    """(upstream assets being rebuilt: event_cache / foundation_model, scenarios with a queued or running run)."""
+    """(upstream assets being rebuilt: event_cache / foundation_model, scenarios with a queued or running run
+    that trains or scores them)."""
     upstream, scenarios = set(), set()
     for run in instance.get_runs(filters=dg.RunsFilter(statuses=ACTIVE)):
         keys = set(run.asset_selection or [])
         upstream |= {k.to_user_string() for k in keys & {CACHE, FOUNDATION}}
-        if keys & {BASELINES, MODEL} and run.tags.get("dagster/partition"):
+        if keys & {BASELINES, MODEL, PREDICTIONS} and run.tags.get("dagster/partition"):
             scenarios.add(run.tags["dagster/partition"])
     return upstream, scenarios
+
+
+def _launched(instance: dg.DagsterInstance, run_key: str) -> bool:
+    """A run with this run key exists (the daemon launches a sensor's run key once)."""
+    return bool(instance.get_runs(filters=dg.RunsFilter(tags={RUN_KEY_TAG: run_key}), limit=1))
+
+
+def _retrain_request(scenario: str, policy: str, latest: Latest, reason: str) -> dg.RunRequest:
+    if reason.startswith("foundation"):
+        pair, trigger = f"{latest.foundation_used}->{latest.foundation_now}", "retrain_foundation"
+    else:
+        pair, trigger = f"{latest.trained_on}->{latest.cache_now}", f"retrain_{policy}"
+    return dg.RunRequest(
+        run_key=f"retrain:{scenario}:{pair}",
+        asset_selection=RETRAIN_ASSETS,
+        partition_key=scenario,
+        tags={"basemodel/trigger": trigger},
+    )
 
 
 def build_retrain_sensor(default_status: dg.DefaultSensorStatus) -> dg.SensorDefinition:
@@ -146,39 +237,47 @@ def build_retrain_sensor(default_status: dg.DefaultSensorStatus) -> dg.SensorDef
         context: dg.SensorEvaluationContext, basemodel_config: BasemodelConfigResource
     ) -> dg.SensorResult | dg.SkipReason:
         """Retrain the scenarios whose model predates the foundation, or the cache as their `retrain` policy
-        says."""
+        says; score the new cache with the served model of the others."""
         if not Path(basemodel_config.config_path).is_file():
             return dg.SkipReason(f"config {basemodel_config.config_path} does not exist yet")
         upstream, running = busy(context.instance)
         if upstream:
             return dg.SkipReason(f"waiting for {', '.join(sorted(upstream))} to finish")
         existing = set(context.instance.get_dynamic_partitions(scenarios_partitions.name))
-        requests, waiting = [], []
+        verified = cache_verified(context.instance)
+        requests, held, unverified = [], [], []
         for sc in load_config(basemodel_config.config_path).scenarios:
             if sc.name not in existing or sc.name in running:
                 continue
             latest = latest_state(context.instance, sc.name)
             reason = retrain_reason(sc.retrain, latest, time.time())
-            if reason is None:
-                if latest.trained_on and latest.cache_now and latest.trained_on != latest.cache_now:
-                    waiting.append(f"{sc.name} ({sc.retrain.when})")
+            retrain = _retrain_request(sc.name, sc.retrain.when, latest, reason) if reason else None
+            if retrain is not None and not _launched(context.instance, str(retrain.run_key)):
+                context.log.info(f"retraining {sc.name}: {reason}")
+                requests.append(retrain)
                 continue
-            context.log.info(f"retraining {sc.name}: {reason}")
-            if reason.startswith("foundation"):
-                pair, trigger = f"{latest.foundation_used}->{latest.foundation_now}", "retrain_foundation"
-            else:
-                pair, trigger = f"{latest.trained_on}->{latest.cache_now}", f"retrain_{sc.retrain.when}"
-            requests.append(
-                dg.RunRequest(
-                    run_key=f"retrain:{sc.name}:{pair}",
-                    asset_selection=RETRAIN_ASSETS,
-                    partition_key=sc.name,
-                    tags={"basemodel/trigger": trigger},
+            # not retrained for these versions (its policy holds it, or its retrain ran and trained no model
+            # on them): the model it serves scores the new cache
+            if reason is None and latest.trained_before_cache():
+                held.append(f"{sc.name} ({sc.retrain.when})")
+            scoring = score_reason(latest)
+            if scoring is not None and not verified:
+                unverified.append(sc.name)
+            elif scoring is not None:
+                context.log.info(f"scoring {sc.name}: {scoring}")
+                requests.append(
+                    dg.RunRequest(
+                        run_key=f"score:{sc.name}:{latest.served}@{latest.cache_now}",
+                        asset_selection=[PREDICTIONS],
+                        partition_key=sc.name,
+                        tags={"basemodel/trigger": "score_new_cache"},
+                    )
                 )
-            )
         if not requests:
-            detail = f"; older than the cache, held by their policy: {', '.join(waiting)}" if waiting else ""
-            return dg.SkipReason(f"no scenario to retrain{detail}")
+            detail = f"; older than the cache, held by their policy: {', '.join(held)}" if held else ""
+            if unverified:
+                detail += f"; scores wait for the cache's blocking check to pass: {', '.join(unverified)}"
+            return dg.SkipReason(f"no scenario to retrain or score{detail}")
         return dg.SensorResult(run_requests=requests)
 
     return scenario_retrain_sensor

@@ -3,7 +3,7 @@
 import dagster as dg
 
 from basemodel_pipeline.defs.models.assets import GPU_POOL, TRAIN_TAGS, foundation_model, scenario_model
-from basemodel_pipeline.defs.shared.conditions import gated_eager
+from basemodel_pipeline.defs.shared.conditions import SCORES, gated_eager
 from basemodel_pipeline.defs.shared.execution import run_entrypoint
 from basemodel_pipeline.defs.shared.launcher import Launcher
 from basemodel_pipeline.defs.shared.partitions import scenarios_partitions
@@ -38,7 +38,7 @@ class ScoringConfig(dg.Config):
     group_name="predictions",
     kinds={"pytorch", "parquet"},
     pool=GPU_POOL,
-    automation_condition=gated_eager("scenario_model"),
+    automation_condition=SCORES,
     code_version=code_version("predictions"),
     op_tags=SCORE_TAGS,
 )
@@ -53,6 +53,8 @@ def predictions(
     Runs `python -m basemodel_pipeline.entrypoints.predict` through Dagster Pipes (scenario = partition key), only
     after the scenario's blocking checks (test metric above its floor and above popularity) passed. As of the
     latest day the features come from the per-entity state, advanced with the days the cache gained.
+    Automation: after a new model or a release of this code; a new cache through scenario_retrain_sensor (in
+    the scenario's retrain run, or alone when its policy does not retrain it), once per model and cache.
     """
     return run_entrypoint(context, launcher, "predict", basemodel_config.config_path, config.args())
 

@@ -22,7 +22,10 @@ gates decide.
                       cache and the foundation; data changes retrain them through scenario_retrain_sensor
                       (models/retrain.py): a new foundation always, a new cache per the scenario's `retrain`
                       policy, and again when a run read inputs that changed under it
-    predictions       with its scenario_model, in the same run (after its blocking checks) or once they passed
+    predictions       after a new scenario_model (in the same run, after its blocking checks, or once they
+                      passed) or a release of its code; a new cache is scored by scenario_retrain_sensor
+                      (models/retrain.py): in the retrain run of a scenario its policy retrains, else in a run
+                      of the scores alone, so each (scenario, served model, cache) is scored once
     entity_embeddings after a changed foundation or cache, gated by their blocking checks
     published_artifacts  after predictions (when publishing is on)
     metrics_summary   after any scenario partition changed
@@ -49,13 +52,16 @@ _quiet = ~AC.any_deps_in_progress() & ~AC.in_progress()
 _requested = AC.newly_requested() | AC.initial_evaluation()
 
 
-def changed_inputs(label: str = "inputs changed") -> dg.AutomationCondition:
+def changed_inputs(label: str = "inputs changed", only: tuple[str, ...] = ()) -> dg.AutomationCondition:
     """True from the tick a dependency's data version (or the asset's code version) changes until the asset is
     next requested or updated. A dependency requested on this tick counts as changed (an asset may join its
     dependency's run). An update of the asset in the same run as its dependency's counts as handling it,
-    so predictions that ran with their scenario are not requested again."""
-    new_input = AC.data_version_changed() | AC.will_be_requested()
-    changed = AC.any_deps_match(new_input) | AC.code_version_changed()
+    so predictions that ran with their scenario are not requested again. `only`: the dependencies whose
+    changes count (default: every one)."""
+    new_input = AC.any_deps_match(AC.data_version_changed() | AC.will_be_requested())
+    if only:
+        new_input = new_input.allow(dg.AssetSelection.assets(*only))
+    changed = new_input | AC.code_version_changed()
     return changed.since(_requested | AC.newly_updated()).with_label(label)
 
 
@@ -93,10 +99,13 @@ FOUNDATION = (
 ).with_label(f"missing, or at a tick of {FOUNDATION_CRON} after its inputs changed; gated by blocking checks")
 
 
-def eager_on_versions(label: str) -> dg.AutomationCondition:
-    """eager() keyed on data and code versions: a new partition runs once, changed inputs rerun it once."""
+def eager_on_versions(label: str, only: tuple[str, ...] = ()) -> dg.AutomationCondition:
+    """eager() keyed on data and code versions: a new partition runs once, changed inputs (`only`: of these
+    dependencies) rerun it once."""
     return (
-        (AC.newly_missing().since_last_handled() | changed_inputs()) & ~AC.any_deps_missing() & _quiet
+        (AC.newly_missing().since_last_handled() | changed_inputs(only=only))
+        & ~AC.any_deps_missing()
+        & _quiet
     ).with_label(label)
 
 
@@ -118,16 +127,28 @@ SCENARIO_MODEL = (
 ).with_label("a new scenario, or a release of its code; with its baselines, in one run")
 
 
-def gated_eager(*same_run: str) -> dg.AutomationCondition:
+def gated_eager(*same_run: str, only: tuple[str, ...] = ()) -> dg.AutomationCondition:
     """eager_on_versions(), but never beside a dependency requested on this tick unless that one joins the same run
     (`same_run`: dependencies with the same partitions), and only once the dependencies' blocking checks
     passed on their latest update (BLOCKING_CHECKS_PASSED), or when such a dependency is requested now (its
-    checks then run first in that run and gate this).
+    checks then run first in that run and gate this). `only`: the dependencies whose changes rerun it (the
+    others still gate it).
     """
     together = dg.AssetSelection.assets(*same_run)
     requested = AC.any_deps_match(AC.will_be_requested())
+    reacts = f"; after a change of {', '.join(only)}" if only else ""
     return (
-        eager_on_versions("new, or inputs changed")
+        eager_on_versions("new, or inputs changed", only)
         & ~requested.ignore(together)
         & (BLOCKING_CHECKS_PASSED | requested.allow(together))
-    ).with_label(f"eager, gated by blocking checks, together with {', '.join(same_run)}")
+    ).with_label(f"eager, gated by blocking checks, together with {', '.join(same_run)}{reacts}")
+
+
+# predictions: a new partition, a new scenario_model (joining its run, or once its blocking checks passed: a
+# model its gates rejected is never scored) or a release of the scores' code. Not a new cache:
+# scenario_retrain_sensor scores it (models/retrain.py), in the retrain run of a scenario whose policy retrains
+# it, else in a run of the scores alone. ~in_progress() (in _quiet) keeps a partition that a queued or running
+# run will score (its planned materialization) from being requested again while its step waits for its pool;
+# Dagster forgets that plan once another run materialized the partition after it, so the retrain sensor never
+# lets two runs of one scenario overlap.
+SCORES = gated_eager("scenario_model", only=("scenario_model",))
