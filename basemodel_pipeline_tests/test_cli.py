@@ -67,5 +67,5 @@ def test_help_lists_the_commands_in_pipeline_order() -> None:
 
     assert list(typer.main.get_command(app).commands) == [  # type: ignore[attr-defined]
         "validate", "extract", "suggest-config", "data-report", "cache-info", "cache", "pretrain", "finetune",
-        "promote", "predict", "embed", "explain", "prune", "verify", "demo",
+        "promote", "predict", "embed", "explain", "prune", "verify", "sync-partitions", "demo",
     ]  # fmt: skip

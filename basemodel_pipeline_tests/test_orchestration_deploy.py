@@ -108,6 +108,7 @@ NOT_FOR_RUN_WORKERS = {
     "BASEMODEL_SLACK_CHANNEL": "alert sensors only",
     "BASEMODEL_ALERT_WEBHOOK_URL": "alert sensors only (the URL may hold a token)",
     "BASEMODEL_ALERT_REMINDER_S": "alert sensors only",
+    "BASEMODEL_ONLINERETAIL_WHEEL": "a demo data set's wheel: `basemodel demo` and the quality benchmark only",
 }
 
 
