@@ -199,12 +199,8 @@ class CooccurrenceTable:
             ok = item >= 0
             key, count = np.unique(owner[ok] * n_items + item[ok], return_counts=True)
             ent, it = key // n_items, key % n_items
-            order = np.lexsort((-count, ent))  # each entity's most frequent items first
-            ent, it = ent[order], it[order]
-            keep = np.arange(len(ent)) - np.searchsorted(ent, ent) < COOC_ITEMS
-            X = sparse.csr_matrix(
-                (np.ones(int(keep.sum())), (ent[keep], it[keep])), shape=(len(entity), n_items)
-            )
+            kept = best_per_group(ent, count, COOC_ITEMS)  # each entity's most frequent items
+            X = sparse.csr_matrix((np.ones(len(kept)), (ent[kept], it[kept])), shape=(len(entity), n_items))
             self._by_time[t] = _top_similar(X, NEIGHBOURS)
         return self._by_time[t]
 
@@ -235,7 +231,13 @@ def _top_similar(X: sparse.csr_matrix, k: int) -> sparse.csr_matrix:
     off = C.row != C.col
     r, c = C.row[off].astype(np.int64), C.col[off].astype(np.int64)
     v = C.data[off] / np.sqrt(had[r] * had[c])
-    order = np.lexsort((-v, r))
-    r, c, v = r[order], c[order], v[order]
-    keep = np.arange(len(r)) - np.searchsorted(r, r) < k
+    keep = best_per_group(r, v, k)
     return sparse.csr_matrix((v[keep], (r[keep], c[keep])), shape=(n, n))
+
+
+def best_per_group(group: np.ndarray, values: np.ndarray, k: int) -> np.ndarray:
+    """Positions of the k highest `values` of each `group`, ordered by group, then by value (ties in input
+    order): an entity's top items, an item's nearest neighbours, a row's best candidates."""
+    order = np.lexsort((-values, group))
+    g = group[order]
+    return order[(np.arange(len(order)) - np.searchsorted(g, g)) < k]

@@ -15,9 +15,10 @@ from basemodel_pipeline.scenarios.item_stats import (
     CooccurrenceTable,
     History,
     PopularityTable,
+    best_per_group,
     item_history,
 )
-from basemodel_pipeline.scenarios.rerank import Pool, best_per_row, item_filter, lookup, ranked, ranking
+from basemodel_pipeline.scenarios.rerank import Pool, item_filter, lookup, ranked, ranking
 from basemodel_pipeline.scenarios.selection import primary
 from basemodel_pipeline.tasks.recommendation import RANKED_ITEMS, REPEAT_WEIGHTS, Recommendation
 
@@ -147,7 +148,7 @@ class Cooccurrence(_Untrained):
         if rule != "all":
             seen, _ = lookup(keys, hist.row * d.n_items + hist.item)
             keys, score = (keys[seen], score[seen]) if rule == "repeat" else (keys[~seen], score[~seen])
-        best = best_per_row(keys, score, d.n_items, k)
+        best = best_per_group(keys // d.n_items, score, k)
         keys, score = keys[best], score[best]
         pool = Pool(keys // d.n_items, keys % d.n_items, np.zeros((len(keys), 0), np.float32))
         return ranked(pool, score, len(rows), k, pops, rows.time, exclude=hist if rule == "new" else None)

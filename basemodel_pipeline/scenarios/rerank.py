@@ -46,6 +46,7 @@ from basemodel_pipeline.scenarios.item_stats import (
     CooccurrenceTable,
     History,
     PopularityTable,
+    best_per_group,
     item_history,
 )
 from basemodel_pipeline.tasks.recommendation import RANKED_ITEMS, Recommendation
@@ -125,14 +126,6 @@ def model_item_scores(ctx: Context, logits: np.ndarray) -> torch.Tensor:
     return ranking(ctx).item_scores(torch.from_numpy(np.asarray(logits, np.float32)))
 
 
-def best_per_row(keys: np.ndarray, values: np.ndarray, n_items: int, k: int) -> np.ndarray:
-    """Positions in `keys` (row * n_items + item) of the k highest values of each row."""
-    row = keys // n_items
-    order = np.lexsort((-values, row))
-    start = np.searchsorted(row[order], row[order], side="left")
-    return order[(np.arange(len(order)) - start) < k]
-
-
 def build_pool(
     ctx: Context, rows: Rows, hist: History, pops: PopularityTable, cooc: CooccurrenceTable
 ) -> Pool:
@@ -152,11 +145,7 @@ def build_pool(
         c_keys, c_vals = cooc.scores(rows.time, hist, a, b)
         parts = []
         if rule != "new":  # own items, the POOL_HISTORY with the highest 30-day decayed count per row
-            order = np.lexsort((-hist.decay30[ha:hb], h_row))
-            r_sorted = h_row[order]
-            start = np.searchsorted(r_sorted, r_sorted, side="left")
-            keep = (np.arange(len(order)) - start) < POOL_HISTORY
-            parts.append(h_keys[order[keep]])
+            parts.append(h_keys[best_per_group(h_row, hist.decay30[ha:hb], POOL_HISTORY)])
         if rule != "repeat":
             k = min(POOL_MODEL, n_items)
             top = torch.topk(S, k, dim=1).indices.numpy()
@@ -168,7 +157,7 @@ def build_pool(
                 popular += [p.rising(POOL_FRESH), p.newest(POOL_FRESH)]
                 items = np.unique(np.concatenate(popular))
                 parts.append((r[:, None] * n_items + items[None, :]).ravel())
-            parts.append(c_keys[best_per_row(c_keys, c_vals, n_items, POOL_COOC)])
+            parts.append(c_keys[best_per_group(c_keys // n_items, c_vals, POOL_COOC)])
         keys = np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
         row, item = keys // n_items, keys % n_items
         if rule == "new":  # the popular list and the model's list must not bring back own items
