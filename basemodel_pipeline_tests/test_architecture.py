@@ -38,6 +38,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "metadata",
                 "workspace",
                 "diskfaults",
+                "stops",
                 # root utilities that import nothing above the ground floor
                 "alerts",  # alert messages and sinks
                 "demo",  # demo data sets and config

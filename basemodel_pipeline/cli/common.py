@@ -20,6 +20,7 @@ from rich.table import Table
 from basemodel_pipeline.config import PipelineConfig, load_config
 from basemodel_pipeline.errors import ArgumentError, UserError
 from basemodel_pipeline.progress import Progress, rich_progress
+from basemodel_pipeline.stops import Stopped, stopped_line, stopping_cleanly
 
 USER_ERROR = 2
 RUN_FAILED = 1
@@ -88,13 +89,19 @@ def metadata_table(title: str, meta: Mapping[str, Any]) -> Table:
 def run_stage(
     title: str, config: Path, fn: Callable[[PipelineConfig, Progress], Mapping[str, Any]]
 ) -> Mapping[str, Any]:
-    """Run a stage with progress bars, print its metadata as a table and return it."""
-    with user_errors():
-        cfg = load_config(config)
-        start = time.perf_counter()
-        with rich_progress() as progress:
-            meta = fn(cfg, progress)
-        out.print(metadata_table(f"{title} ({time.perf_counter() - start:.1f} s)", meta))
+    """Run a stage with progress bars, print its metadata as a table and return it. SIGTERM or SIGINT stops it
+    cleanly: its staging is removed, one line says so and the exit code is 128 + the signal (stops.py)."""
+    with stopping_cleanly():
+        try:
+            with user_errors():
+                cfg = load_config(config)
+                start = time.perf_counter()
+                with rich_progress() as progress:
+                    meta = fn(cfg, progress)
+                out.print(metadata_table(f"{title} ({time.perf_counter() - start:.1f} s)", meta))
+        except Stopped as stop:
+            err.print(escape(stopped_line(title, stop)), soft_wrap=True, highlight=False)
+            raise typer.Exit(stop.exit_code) from None
     return meta
 
 

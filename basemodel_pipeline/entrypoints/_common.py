@@ -6,7 +6,10 @@ materialization; launched by hand it logs to stdout and prints the metadata as J
 process with exit code 2 and one line ``error: ...`` on stderr; under Pipes the error is also logged to
 Dagster and closes the session as a ``StepUserError`` carrying that line, which the launcher reads back from
 the Pipes messages (defs/shared/step_failures.py), so that the orchestrating asset fails with the user's message instead of
-"process failed with code 2" on every backend, a pod or an ECS task included.
+"process failed with code 2" on every backend, a pod or an ECS task included. SIGTERM (Dagster's terminate, a
+container's stop) or SIGINT stops the step cleanly (stops.py): its staging is removed, the line
+``stopped: <stage> received SIGTERM; ...`` goes to stderr (and to Dagster's log under Pipes) and the process exits
+with 128 + the signal (143, 130).
 
 This module may import dagster_pipes but never dagster.
 """
@@ -33,6 +36,7 @@ from basemodel_pipeline.metadata import (
     to_pipes_metadata,
 )
 from basemodel_pipeline.progress import LogProgress, Progress
+from basemodel_pipeline.stops import Stopped, stopped_line, stopping_cleanly
 
 USER_ERROR_EXIT_CODE = 2
 
@@ -179,6 +183,9 @@ def _run(session: Any, ns: argparse.Namespace, fn: StageFn, stage: str, needs_sc
         line = f"{stage}: {err}"
         session.error(line)
         raise StepUserError(line) from None
+    except Stopped as stop:  # Dagster's terminate (SIGTERM), or Ctrl-C: the step's staging is removed by now
+        session.error(stopped_line(stage, stop))
+        raise
     version = data_version_of(meta)  # of the artifact, not of where the step ran
     session.report({**meta, "step": step_facts()}, version)
 
@@ -212,19 +219,27 @@ def main(
     first (faulthandler): the launcher retries such a step once and points at that stack."""
     faulthandler.enable()
     ns = parse_args(stage, argv, scenario=scenario, as_of=as_of, source=source, scoring=scoring, gates=gates)
-    try:
-        if rank() != 0:  # under torchrun only rank 0 speaks Pipes (one session, one materialization)
-            _run(_QuietSession(), ns, fn, stage, needs_scenario)
-        elif _in_pipes():
-            from dagster_pipes import open_dagster_pipes
+    with stopping_cleanly():
+        try:
+            _session_run(ns, fn, stage, needs_scenario)
+        except StepUserError as err:
+            print(f"error: {err}", file=sys.stderr, flush=True)
+            sys.exit(USER_ERROR_EXIT_CODE)
+        except UserError as err:
+            print(f"error: {stage}: {err}", file=sys.stderr, flush=True)
+            sys.exit(USER_ERROR_EXIT_CODE)
+        except Stopped as stop:
+            print(stopped_line(stage, stop), file=sys.stderr, flush=True)
+            sys.exit(stop.exit_code)
 
-            with open_dagster_pipes() as pipes:
-                _run(_PipesSession(pipes), ns, fn, stage, needs_scenario)
-        else:
-            _run(_LocalSession(), ns, fn, stage, needs_scenario)
-    except StepUserError as err:
-        print(f"error: {err}", file=sys.stderr, flush=True)
-        sys.exit(USER_ERROR_EXIT_CODE)
-    except UserError as err:
-        print(f"error: {stage}: {err}", file=sys.stderr, flush=True)
-        sys.exit(USER_ERROR_EXIT_CODE)
+
+def _session_run(ns: argparse.Namespace, fn: StageFn, stage: str, needs_scenario: bool) -> None:
+    if rank() != 0:  # under torchrun only rank 0 speaks Pipes (one session, one materialization)
+        _run(_QuietSession(), ns, fn, stage, needs_scenario)
+    elif _in_pipes():
+        from dagster_pipes import open_dagster_pipes
+
+        with open_dagster_pipes() as pipes:
+            _run(_PipesSession(pipes), ns, fn, stage, needs_scenario)
+    else:
+        _run(_LocalSession(), ns, fn, stage, needs_scenario)

@@ -67,15 +67,15 @@ def export_embeddings(
     ids = cache.entity_ids
     writer = open_writer(cfg, "embeddings", None, as_of, destination)
     directory = getattr(writer, "directory", None)  # file destinations: add the RecSys-2025 arrays
-    if directory is not None:  # file destinations: what retention must keep
-        # float16 embeddings.npy + float32 Parquet values: known before the first byte
-        require_space(directory, len(entity) * meta.arch.hidden_dim * 6, f"embeddings as of {as_of}")
-        ws.write_provenance(
-            directory, foundation_version=foundation.name, **cache_provenance(cache.manifest, as_of)
-        )
     dim = None
-    progress.start("embed", len(entity))
-    with writer:
+    with writer:  # any error or stop from here on, the preflight's included, discards the writer's staging
+        if directory is not None:  # file destinations: what retention must keep
+            # float16 embeddings.npy + float32 Parquet values: known before the first byte
+            require_space(directory, len(entity) * meta.arch.hidden_dim * 6, f"embeddings as of {as_of}")
+            ws.write_provenance(
+                directory, foundation_version=foundation.name, **cache_provenance(cache.manifest, as_of)
+            )
+        progress.start("embed", len(entity))
         npy = None
         for a, emb in zip(
             range(0, len(entity), CHUNK), embedding_chunks(model, chunks, dev, amp), strict=True

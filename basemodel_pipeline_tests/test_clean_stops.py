@@ -1,0 +1,316 @@
+"""SIGTERM and SIGINT stop every stage cleanly: one `stopped:` line, exit code 128 + the signal, no staging left,
+and pretraining and fine-tuning resume when run again.
+
+Every test runs the REAL command (`basemodel ...` or a Pipes entrypoint) in a subprocess. To signal a stage while
+it is demonstrably inside its work, a small wrapper makes one library call of the stage block (after the
+stage's staging exists) and touches a file; the test waits for that file, checks that staging is there, sends
+the signal and then checks what is left. One test signals pretraining in its own training loop, with no pause.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from basemodel_pipeline import workspace as ws
+from basemodel_pipeline.config import PipelineConfig, load_config
+from basemodel_pipeline.pipeline import run_cache, run_extract
+from basemodel_pipeline_tests.conftest import patient
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# argv: SIGNALS PAUSE MATCH NTH FACE ARGS...  PAUSE is module:function ("-": none); the NTH call whose arguments'
+# text contains MATCH touches SIGNALS/paused and blocks (the signal ends it). FACE is `cli` (the basemodel
+# command) or a module run as __main__ (an entrypoint).
+WRAPPER = r"""
+import importlib, runpy, sys, time
+from pathlib import Path
+
+signals, pause, match, nth, face, rest = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6:]
+if pause != "-":
+    module_name, name = pause.rsplit(":", 1)
+    module = importlib.import_module(module_name)
+    original = getattr(module, name)
+    calls = []
+
+    def paused(*args, **kwargs):
+        if match in repr((args, kwargs)):
+            calls.append(1)
+            if len(calls) == nth:
+                (signals / "paused").touch()
+                while True:
+                    time.sleep(0.05)
+        return original(*args, **kwargs)
+
+    setattr(module, name, paused)
+if face == "cli":
+    from basemodel_pipeline.cli import main
+
+    sys.argv = ["basemodel", *rest]
+    main()
+else:
+    sys.argv = [face, *rest]
+    runpy.run_module(face, run_name="__main__", alter_sys=True)
+"""
+
+ENTRY = "basemodel_pipeline.entrypoints."
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    env["COLUMNS"] = "200"
+    return env
+
+
+def start(
+    tmp: Path, face: str, *args: str, pause: str = "-", match: str = "", nth: int = 1
+) -> subprocess.Popen:
+    script = tmp / "stage_wrapper.py"
+    script.write_text(WRAPPER)
+    cmd = [sys.executable, str(script), str(tmp), pause, match, str(nth), face, *args]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+
+
+def run(tmp: Path, face: str, *args: str) -> subprocess.CompletedProcess:
+    script = tmp / "stage_wrapper.py"
+    script.write_text(WRAPPER)
+    cmd = [sys.executable, str(script), str(tmp), "-", "", "1", face, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=patient(300))
+
+
+def wait_paused(proc: subprocess.Popen, tmp: Path) -> None:
+    deadline = time.monotonic() + patient(150)
+    while not (tmp / "paused").exists():
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            raise AssertionError(f"the stage ended (code {proc.returncode}) before its pause:\n{out}\n{err}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError("timed out waiting for the stage to reach its pause")
+        time.sleep(0.05)
+
+
+def stop(proc: subprocess.Popen, signum: signal.Signals = signal.SIGTERM) -> tuple[int, str, str]:
+    """Send `signum` and wait (generously) for the process to end: its exit code, stdout and stderr."""
+    proc.send_signal(signum)
+    try:
+        out, err = proc.communicate(timeout=patient(30))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"still running long after {signum.name}:\n{out}\n{err}") from None
+    return proc.returncode, out, err
+
+
+PUBLISH = (
+    "basemodel_pipeline.workspace:publish_dir"  # the staging is complete, about to be renamed into place
+)
+
+
+def stopped_while_publishing(tmp: Path, command: list[str], match: str, under: Path, nth: int = 1) -> str:
+    """Run `command` until its `nth` publish of a path containing `match` (its staging then exists under
+    `under`), send SIGTERM, and return its stderr once it ended with code 143."""
+    proc = start(tmp, *command, pause=PUBLISH, match=match, nth=nth)
+    wait_paused(proc, tmp)
+    assert staging(under)
+    rc, _, err = stop(proc, signal.SIGTERM)
+    assert rc == 128 + signal.SIGTERM, err
+    return err
+
+
+def assert_stopped(rc: int, err: str, stage: str, signum: signal.Signals, again: str) -> None:
+    assert rc == 128 + signum, err
+    lines = [line for line in err.splitlines() if "stopped:" in line]
+    assert lines == [
+        f"stopped: {stage} received {signum.name}; its staging is removed; run it again to {again}"
+    ]
+    assert "Traceback" not in err, err
+
+
+def staging(*roots: Path) -> list[str]:
+    """Staging under `roots`: hidden temporaries (directories and part files), their owner files, spills."""
+    found = []
+    for root in roots:
+        for p in root.rglob("*") if root.exists() else ():
+            if p.name.endswith((".tmp", ".tmp.owner")) or p.name == ".spill":
+                found.append(str(p.relative_to(root)))
+    return sorted(found)
+
+
+def _configured(config: Path, **sections: dict) -> Path:
+    raw = yaml.safe_load(config.read_text())
+    for path, values in sections.items():
+        node = raw
+        for part in path.split("__"):
+            node = node.setdefault(part, {})
+        node.update(values)
+    config.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return config
+
+
+def _with_a_cache(tiny_config: Path, epochs: int) -> tuple[Path, PipelineConfig]:
+    """The tiny config, pretraining `epochs` epochs with a resumable state every 3 steps, and its cache."""
+    config = _configured(
+        tiny_config,
+        training_params__foundation={"epochs": epochs, "batch_size": 16, "checkpoint_every_steps": 3},
+    )
+    cfg = load_config(config)
+    run_extract(cfg)
+    run_cache(cfg)
+    return config, cfg
+
+
+def _trained_copy(tiny_trained: Path, tmp_path: Path) -> Path:
+    shutil.copytree(tiny_trained.parent, tmp_path / "ws", symlinks=True)
+    return tmp_path / "ws" / tiny_trained.name
+
+
+def test_cache_build_stopped_by_sigterm_removes_its_staging_and_its_sort_spill(tiny_config: Path) -> None:
+    """The cache build is stopped in the middle of its DuckDB work: the staging version and the spill
+    directory on another volume (cache.spill_directory) are both gone, and the next run builds the cache."""
+    tmp = tiny_config.parent
+    spill = tmp / "spill"
+    config = _configured(tiny_config, cache={"spill_directory": str(spill)})
+    cfg = load_config(config)
+    run_extract(cfg)
+    workspace = Path(cfg.workspace)
+    proc = start(tmp, "cli", "cache", str(config), pause="basemodel_pipeline.cache.build:write_attributes")
+    wait_paused(proc, tmp)
+    assert staging(workspace / "cache") and any(spill.iterdir())  # inside its work: staging and spill exist
+
+    rc, _, err = stop(proc, signal.SIGTERM)
+
+    assert_stopped(rc, err, "cache", signal.SIGTERM, "redo it")
+    assert staging(workspace, spill) == []
+    assert list(spill.iterdir()) == []
+    again = run(tmp, "cli", "cache", str(config))
+    assert again.returncode == 0, again.stderr
+    assert staging(workspace, spill) == []
+
+
+def test_pretrain_stopped_by_sigterm_keeps_its_state_and_resumes(tiny_config: Path) -> None:
+    """The Pipes entrypoint is stopped while it writes its second resumable state: that half-written state's
+    staging is removed, the first state is kept, and the rerun resumes from it and publishes a checkpoint."""
+    tmp = tiny_config.parent
+    config, cfg = _with_a_cache(tiny_config, epochs=3)
+    foundation = Path(cfg.workspace) / "checkpoints" / "foundation"
+    command = [ENTRY + "pretrain", "--config", str(config)]
+
+    err = stopped_while_publishing(tmp, command, "/.resume'", foundation, nth=2)
+
+    assert_stopped(143, err, "pretrain", signal.SIGTERM, "resume")
+    assert staging(Path(cfg.workspace)) == []
+    assert (foundation / ".resume" / "state.json").is_file()
+    again = run(tmp, *command)
+    assert again.returncode == 0, again.stderr
+    assert "resuming from step 3 " in again.stdout, again.stdout
+    assert ws.versions(foundation) and not (foundation / ".resume").exists()
+
+
+def test_pretrain_interrupted_by_sigint_in_its_training_loop_resumes(tiny_config: Path) -> None:
+    """Ctrl-C (SIGINT) while `basemodel pretrain` trains, with no pause: it ends within the deadline, says so
+    in one line, and `basemodel pretrain` again resumes from the saved state."""
+    tmp = tiny_config.parent
+    config, cfg = _with_a_cache(tiny_config, epochs=40)
+    state = Path(cfg.workspace) / "checkpoints" / "foundation" / ".resume" / "state.json"
+    proc = start(tmp, "cli", "pretrain", str(config))
+    deadline = time.monotonic() + patient(150)
+    while not state.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert proc.poll() is None, proc.communicate()
+
+    rc, _, err = stop(proc, signal.SIGINT)
+
+    assert_stopped(rc, err, "pretrain", signal.SIGINT, "resume")
+    assert staging(Path(cfg.workspace)) == []
+    assert state.is_file()
+    again = run(tmp, "cli", "pretrain", str(config))
+    assert again.returncode == 0, again.stderr
+    assert "resuming from step" in again.stderr + again.stdout
+
+
+def test_finetune_stopped_by_sigterm_keeps_its_state_and_resumes(tiny_trained: Path, tmp_path: Path) -> None:
+    """`basemodel finetune` is stopped while it writes its second epoch's state: the rerun resumes after the
+    first epoch and publishes a scenario version."""
+    config = _configured(
+        _trained_copy(tiny_trained, tmp_path),
+        training_params__finetune={"epochs": 3, "patience": 5, "checkpoint_every_epochs": 1},
+    )
+    cfg = load_config(config)
+    root = Path(cfg.workspace) / "checkpoints" / "scenarios" / "churn"
+    before = ws.versions(root)
+    command = ["cli", "finetune", str(config), "--scenario", "churn"]
+
+    err = stopped_while_publishing(tmp_path, command, "/.resume/train'", root, nth=2)
+
+    assert_stopped(143, err, "finetune churn", signal.SIGTERM, "resume")
+    assert staging(Path(cfg.workspace)) == []
+    assert ws.versions(root) == before
+    again = run(tmp_path, *command)
+    assert again.returncode == 0, again.stderr
+    assert "resuming the network's training after epoch 1" in again.stderr + again.stdout
+    assert len(ws.versions(root)) == len(before) + 1
+
+
+SCORING = {  # stage title: (face, its arguments after the config, the output directory, the published file)
+    "predict churn": (
+        ["cli", "predict", "{config}", "--scenario", "churn"],
+        "predictions/churn",
+        "predictions",
+    ),
+    "embed": ([ENTRY + "embed", "--config", "{config}"], "embeddings", "embeddings"),
+}
+
+
+@pytest.mark.parametrize("stage", list(SCORING))
+def test_scoring_stopped_with_its_output_staged_publishes_nothing_and_leaves_no_staging(
+    stage: str, tiny_trained: Path, tmp_path: Path
+) -> None:
+    """`basemodel predict` and the embed Pipes entrypoint, stopped with their output fully staged: nothing is
+    published, the staging is gone, and the rerun publishes it."""
+    config = _trained_copy(tiny_trained, tmp_path)
+    cfg = load_config(config)
+    face, output, name = SCORING[stage]
+    command = [arg.format(config=config) for arg in face]
+    out_dir = Path(cfg.workspace) / output
+
+    err = stopped_while_publishing(tmp_path, command, f"/{name}/", out_dir)
+
+    assert_stopped(143, err, stage, signal.SIGTERM, "redo it")
+    assert staging(Path(cfg.workspace)) == []
+    assert not list(out_dir.glob(f"*/{name}.parquet"))
+    again = run(tmp_path, *command)
+    assert again.returncode == 0, again.stderr
+    assert len(list(out_dir.glob(f"*/{name}.parquet"))) == 1
+
+
+def test_embed_disk_full_preflight_removes_its_staging(
+    tiny_trained: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The free-space preflight of the embeddings fails (the volume reports no free space): one DiskFull
+    error, and the output's staging directory, made before the preflight, is removed."""
+    from basemodel_pipeline import diskfaults
+    from basemodel_pipeline.pipeline import run_embed
+
+    config = _trained_copy(tiny_trained, tmp_path)
+    cfg = load_config(config)
+    embeddings = Path(cfg.workspace) / "embeddings"
+    real = shutil.disk_usage
+
+    def full_for_embeddings(path: str | Path):  # the volume the embeddings go to is full
+        usage = real(path)
+        return usage._replace(free=0) if str(embeddings) in str(path) else usage
+
+    monkeypatch.setattr(diskfaults.shutil, "disk_usage", full_for_embeddings)
+    with pytest.raises(diskfaults.DiskFull, match="no space left on"):
+        run_embed(cfg)
+    assert staging(Path(cfg.workspace)) == []
