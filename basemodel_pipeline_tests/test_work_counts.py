@@ -128,6 +128,21 @@ def test_finetune_caps_its_examples_and_says_how_many_there_were(built, tmp_path
     assert uncapped["train"] == ex["available"]["train"]  # the default caps do not bind on small data
 
 
+def _featurised(cfg, cache: EventCache, n: int):
+    """The shared fine-tuning features of the first n entities three days before the data's end."""
+    from basemodel_pipeline.progress import NullProgress
+    from basemodel_pipeline.scenarios.examples import Examples
+    from basemodel_pipeline.scenarios.shared import open_shared
+
+    if not (Path(cfg.workspace) / "checkpoints" / "foundation" / "LATEST").exists():
+        run_pretrain(cfg)
+    shared = open_shared(cfg, NullProgress())
+    e = np.arange(min(cache.n_entities, n), dtype=np.int64)
+    t = np.full(len(e), int(np.asarray(cache.source(next(iter(cache.sources))).ts).max()) - 3 * DAY, np.int64)
+    shared.featurise([Examples(e, t, None)])
+    return shared
+
+
 def test_finetune_keeps_its_features_in_half_the_memory_of_float32(built) -> None:
     """The featurised examples are the largest allocation of fine-tuning (7.8 GB of float32 at the default caps
     on the 50M synthetic set): they are stored as float16, which they already were rounded to (the per-entity
@@ -135,17 +150,9 @@ def test_finetune_keeps_its_features_in_half_the_memory_of_float32(built) -> Non
     import torch
 
     from basemodel_pipeline import runtime
-    from basemodel_pipeline.progress import NullProgress
-    from basemodel_pipeline.scenarios.examples import Examples
-    from basemodel_pipeline.scenarios.shared import open_shared
 
     cfg, cache = built
-    if not (Path(cfg.workspace) / "checkpoints" / "foundation" / "LATEST").exists():
-        run_pretrain(cfg)
-    shared = open_shared(cfg, NullProgress())
-    e = np.arange(min(cache.n_entities, 12), dtype=np.int64)
-    t = np.full(len(e), int(np.asarray(cache.source(next(iter(cache.sources))).ts).max()) - 3 * DAY, np.int64)
-    shared.featurise([Examples(e, t, None)])
+    shared = _featurised(cfg, cache, 12)
     assert shared.X is not None and shared.X.dtype == np.float16
     assert shared.X.nbytes == len(shared.keys) * shared.enc.dim * 2
     full = shared.enc.history_t(cache, shared.keys[:, 0], shared.keys[:, 1], 1024, torch.device("cpu"))
@@ -156,3 +163,33 @@ def test_finetune_keeps_its_features_in_half_the_memory_of_float32(built) -> Non
     model = shared.new_model(1)
     expected = runtime.predict(model.trunk, full.half().float().numpy(), torch.device("cpu"))
     np.testing.assert_array_equal(H, expected)
+
+
+def test_a_frozen_trunk_reads_the_featurised_examples_once_for_outputs_and_embeddings(built) -> None:
+    """The frozen trunk's outputs are the LayerNorm of its embeddings (the residual stream): one pass over the
+    featurised examples gives both, the same numbers as two separate passes."""
+    import torch
+
+    from basemodel_pipeline import runtime
+    from basemodel_pipeline.scenarios.inputs import _Embed
+
+    cfg, cache = built
+    shared = _featurised(cfg, cache, 40)
+    cpu = torch.device("cpu")
+    rows_read = []
+    hook = torch.nn.modules.module.register_module_forward_pre_hook(
+        lambda module, args: (
+            rows_read.append(len(args[0]))
+            if isinstance(module, torch.nn.Linear) and module.in_features == shared.enc.dim
+            else None
+        )
+    )
+    try:
+        H, E = shared.trunk_outputs(cpu), shared.embeddings(cpu)
+    finally:
+        hook.remove()
+    assert sum(rows_read) == len(shared.keys)  # the input projection saw each example once
+    model = shared.new_model(1)
+    X = shared.X.astype(np.float32)
+    np.testing.assert_allclose(H, runtime.predict(model.trunk, X, cpu), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(E, runtime.predict(_Embed(model), X, cpu))

@@ -85,10 +85,10 @@ class Shared:
         return time.perf_counter() - t0
 
     def trunk_outputs(self, device: torch.device) -> np.ndarray:
+        """The frozen trunk's outputs: its final LayerNorm of the embeddings, so one pass over X gives both."""
         if self.H is None:
             model = self.new_model(1).to(device)
-            assert self.X is not None
-            self.H = runtime.predict(model.trunk, self.X, device)
+            self.H = runtime.predict(model.trunk.norm, self.embeddings(device), device)
         return self.H
 
     def embeddings(self, device: torch.device) -> np.ndarray:
