@@ -17,11 +17,10 @@ from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache.windows import resolve_windows
 from basemodel_pipeline.config import PipelineConfig
 from basemodel_pipeline.diskfaults import guarded
-from basemodel_pipeline.errors import ArgumentError
 from basemodel_pipeline.progress import NullProgress, Progress
 
 if TYPE_CHECKING:
-    from basemodel_pipeline.inference.shards import ScoringPlan
+    from basemodel_pipeline.inference.options import EmbedOptions, ScoringOptions
 
 
 @guarded
@@ -105,41 +104,37 @@ def run_finetune_many(
 def run_predict(
     cfg: PipelineConfig,
     scenario: str,
-    as_of: dt.date | None = None,
-    plan: ScoringPlan | None = None,
+    options: ScoringOptions | None = None,
     progress: Progress | None = None,
-    **options: Any,
 ) -> dict[str, Any]:
-    """Score every entity (or `entities=[ids]`) as of a date (default: the day after the cache's last event
-    day) and write the table to the output destination. `plan` lays the run out (inference/shards.py): in
-    this process (the default), in K local worker processes then merged, one shard of K into a part file, or
-    the merge of K part files. Options of inference.predict.predict: top_k, threshold, entities, subset,
-    precision, device, destination, replay."""
-    from basemodel_pipeline.inference.predict import SUBSET_WITH_SHARDS, predict
-    from basemodel_pipeline.inference.shards import ScoringPlan, merge_shards
+    """Score every entity (or the ids of `options.entities`) as of a date (default: the day after the cache's
+    last event day) and write the table to the output destination. The options also lay the run out
+    (inference/options.py): in this process (the default), in K local worker processes then merged, one shard
+    of K into a part file, or the merge of K part files."""
+    from basemodel_pipeline.inference.options import ScoringOptions
+    from basemodel_pipeline.inference.predict import predict
+    from basemodel_pipeline.inference.shards import merge_shards
     from basemodel_pipeline.inference.workers import predict_with_workers
 
-    cfg, plan, progress = resolve_windows(cfg), plan or ScoringPlan(), progress or NullProgress()
+    cfg, options, progress = resolve_windows(cfg), options or ScoringOptions(), progress or NullProgress()
     sc = cfg.scenario(scenario)
-    if options.get("entities") is not None and not plan.single:
-        raise ArgumentError("entities", None, SUBSET_WITH_SHARDS)
-    if plan.merge_shards:
-        return merge_shards(cfg, sc.name, as_of, plan.merge_shards, options.get("destination"))
-    if plan.workers > 1:
-        return predict_with_workers(cfg, sc, as_of, plan.workers, options, progress)
-    return predict(cfg, sc, as_of, progress, shard=plan.shard, **options)
+    if options.merge_shards:
+        return merge_shards(cfg, sc.name, options.as_of, options.merge_shards, options.output)
+    if options.workers > 1:
+        return predict_with_workers(cfg, sc, options, progress)
+    return predict(cfg, sc, options, progress)
 
 
 @guarded
 def run_embed(
-    cfg: PipelineConfig, as_of: dt.date | None = None, progress: Progress | None = None, **options: Any
+    cfg: PipelineConfig, options: EmbedOptions | None = None, progress: Progress | None = None
 ) -> dict[str, Any]:
     """Export float16 foundation embeddings of every entity as of a date (default: Parquet + RecSys-2025 arrays
-    in workspace/embeddings/<as_of>/). Options of inference.embed.export_embeddings: destination, precision,
-    device, replay."""
+    in workspace/embeddings/<as_of>/); the options are inference.options.EmbedOptions."""
     from basemodel_pipeline.inference.embed import export_embeddings
+    from basemodel_pipeline.inference.options import EmbedOptions
 
-    return export_embeddings(resolve_windows(cfg), as_of, progress or NullProgress(), **options)
+    return export_embeddings(resolve_windows(cfg), options or EmbedOptions(), progress or NullProgress())
 
 
 def checkpoint_root(cfg: PipelineConfig, scenario: str | None) -> Path:

@@ -45,6 +45,7 @@ FAST_MODULES = {
     "test_results_page",
     "test_scenarios_config",
     "test_scenarios_targets",
+    "test_scoring_options",
     "test_selection",
     "test_sources_config",
     "test_sources_extract",

@@ -79,8 +79,10 @@ if stage == "extract":
     days = tuple(dt.date.fromisoformat(d) for d in args["days"]) if args.get("days") else None
     result = pipeline.run_extract(cfg, args["source"], progress=Progress(), days=days)
 else:
-    as_of = dt.date.fromisoformat(args.pop("as_of"))
-    result = pipeline.run_predict(cfg, args.pop("scenario"), as_of, progress=Progress(), **args)
+    from basemodel_pipeline.inference.options import ScoringOptions
+
+    scenario = args.pop("scenario")
+    result = pipeline.run_predict(cfg, scenario, ScoringOptions.from_values(args), progress=Progress())
 print(json.dumps(result, default=str))
 """
 
@@ -269,10 +271,11 @@ def test_a_subset_predict_keeps_the_full_table(trained: Path, tmp_path: Path) ->
     from typer.testing import CliRunner
 
     from basemodel_pipeline.cli import app
+    from basemodel_pipeline.inference.options import ScoringOptions
     from basemodel_pipeline.pipeline import run_predict
 
     cfg = load_config(trained)
-    full = run_predict(cfg, "churn", precision="fp32")
+    full = run_predict(cfg, "churn", ScoringOptions(precision="fp32"))
     final = Path(full["path"]).parent
     everyone = pq.read_table(full["path"])
     ids = [str(v) for v in everyone["entity_id"].to_pylist()[:3]]
@@ -300,7 +303,7 @@ def test_a_subset_predict_keeps_the_full_table(trained: Path, tmp_path: Path) ->
     )
     assert ws_provenance(final / "subsets" / "vip")["model_version"] == full["model_version"]
 
-    again = run_predict(cfg, "churn", precision="fp32")
+    again = run_predict(cfg, "churn", ScoringOptions(precision="fp32"))
     assert Path(again["path"]).parent == final
     assert pq.read_table(final / "subsets" / "vip" / "predictions.parquet").equals(subset)
 
@@ -313,7 +316,7 @@ def ws_provenance(directory: Path) -> dict[str, str]:
     return record
 
 
-def test_a_subset_refuses_what_would_replace_the_whole_slice(trained: Path) -> None:
+def test_a_subset_refuses_what_would_replace_the_whole_slice(trained: Path, tmp_path: Path) -> None:
     """Subsets do not mix with shards (their merge replaces the full table) nor with warehouse tables (their
     writers replace the whole (scenario, as_of) slice); each error is one line, given before any scoring."""
     import yaml
@@ -321,26 +324,23 @@ def test_a_subset_refuses_what_would_replace_the_whole_slice(trained: Path) -> N
 
     from basemodel_pipeline.cli import app
     from basemodel_pipeline.errors import UserError
-    from basemodel_pipeline.inference.shards import ScoringPlan
+    from basemodel_pipeline.inference.options import ScoringOptions
     from basemodel_pipeline.pipeline import run_predict
 
-    cfg = load_config(trained)
+    ids = tmp_path / "ids.txt"
+    ids.write_text("1\n")
     with pytest.raises(UserError, match="^entities: a subset is scored in one process") as info:
-        run_predict(cfg, "churn", plan=ScoringPlan(shard=(0, 2)), entities=["1"])
+        ScoringOptions(shard=(0, 2), entities=ids)
     assert "\n" not in str(info.value)
     with pytest.raises(UserError, match="^subset 'a/b': use up to 100 letters"):
-        run_predict(cfg, "churn", entities=["1"], subset="a/b")
+        ScoringOptions(entities=ids, subset="a/b")
     raw = yaml.safe_load(trained.read_text())
     params = {"account": "a", "user": "u", "database": "D", "schema": "S"}
     raw["outputs"] = {"destinations": {"wh": {"kind": "snowflake", "connection_params": params}}}
     other = trained.with_name("warehouse_config.yaml")
     other.write_text(yaml.safe_dump(raw, sort_keys=False))
-    with pytest.raises(
-        UserError, match="^destination 'wh': is a snowflake table, where a subset would replace"
-    ):
-        run_predict(load_config(other), "churn", entities=["1"], destination="wh")
-    ids = trained.with_name("ids.txt")
-    ids.write_text("1\n")
+    with pytest.raises(UserError, match="^output 'wh': is a snowflake table, where a subset would replace"):
+        run_predict(load_config(other), "churn", ScoringOptions(entities=ids, output="wh"))
     result = CliRunner().invoke(
         app, ["predict", str(trained), "-s", "churn", "--entities", str(ids), "--workers", "2"]
     )

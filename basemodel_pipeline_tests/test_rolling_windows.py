@@ -15,6 +15,7 @@ from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.config.params import DataParams
 from basemodel_pipeline.errors import ConfigError
+from basemodel_pipeline.inference.options import ScoringOptions
 from basemodel_pipeline.pipeline import run_cache, run_extract, run_finetune, run_predict, run_pretrain
 from basemodel_pipeline.synthetic import write_tiny_dataset
 
@@ -69,7 +70,9 @@ def test_a_retrain_after_new_days_uses_later_windows_and_changes_the_model(tmp_p
     assert first["windows.training_end_date"] == (last_day - dt.timedelta(days=28)).isoformat()
     assert first["windows.validation_start_date"] == (last_day - dt.timedelta(days=28 + 42)).isoformat()
 
-    scored = run_predict(cfg, "churn", as_of=last_day - dt.timedelta(days=60))  # the first scoring: reference
+    scored = run_predict(
+        cfg, "churn", ScoringOptions(as_of=last_day - dt.timedelta(days=60))
+    )  # the first scoring: reference
     assert scored["drift_psi"] == 0.0 and ws.drift_reference(cfg, "churn", first["version"]).is_file()
     later = run_predict(cfg, "churn")  # two months later, same model: the population moved
     assert later["drift_reference_as_of"] == scored["as_of"] and later["drift_psi"] > 0.0

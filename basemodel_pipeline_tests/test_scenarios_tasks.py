@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.errors import DataError, UserError
+from basemodel_pipeline.inference.options import ScoringOptions
 from basemodel_pipeline.pipeline import run_cache, run_extract, run_predict, run_pretrain
 from basemodel_pipeline.progress import NullProgress
 from basemodel_pipeline.reports.scenario import report_files
@@ -412,7 +413,7 @@ def test_multilabel_predictions_top_k_and_threshold(world) -> None:
 def run_predict_k(cfg, **kw) -> str:
     from basemodel_pipeline.inference.predict import predict
 
-    return predict(cfg, cfg.scenario("manufacturers"), None, NullProgress(), **kw)["path"]
+    return predict(cfg, cfg.scenario("manufacturers"), ScoringOptions(**kw), NullProgress())["path"]
 
 
 @pytest.mark.parametrize(
@@ -441,7 +442,9 @@ def replayed_test_scores(cfg, name: str, cache, test, column: str = "score") -> 
     out = np.zeros(len(test.entity))
     for t in np.unique(test.time):
         day = dt.datetime.fromtimestamp(int(t), dt.UTC).date()
-        scores = _scores(run_predict(cfg, name, as_of=day, precision="fp32", replay=True)["path"], column)
+        scores = _scores(
+            run_predict(cfg, name, ScoringOptions(as_of=day, precision="fp32", replay=True))["path"], column
+        )
         rows = np.flatnonzero(test.time == t)
         out[rows] = [scores[i] for i in cache.entity_ids[test.entity[rows]]]
     return out
@@ -454,22 +457,22 @@ def _scores(path: str, column: str = "score") -> dict:
 
 def test_latest_date_scoring_uses_the_state_and_matches_a_replay(world) -> None:
     cfg, _ = world
-    state = run_predict(cfg, "grocery_buyer", precision="fp32")
+    state = run_predict(cfg, "grocery_buyer", ScoringOptions(precision="fp32"))
     assert state["features"] == "state" and state["state"] in ("built", "reused", "advanced")
     from_state = _scores(state["path"])
-    replay = run_predict(cfg, "grocery_buyer", precision="fp32", replay=True)
+    replay = run_predict(cfg, "grocery_buyer", ScoringOptions(precision="fp32", replay=True))
     assert replay["features"] == "replay"
     from_history = _scores(replay["path"])
     assert from_state.keys() == from_history.keys()
     diff = np.abs(np.array(list(from_state.values())) - np.array([from_history[k] for k in from_state]))
     assert diff.max() < 5e-3  # the state holds float16 features
-    assert run_predict(cfg, "grocery_buyer", precision="fp32")["state"] == "reused"
+    assert run_predict(cfg, "grocery_buyer", ScoringOptions(precision="fp32"))["state"] == "reused"
 
 
 def test_int8_scores_stay_close_to_fp32(world) -> None:
     cfg, _ = world
-    fp32 = _scores(run_predict(cfg, "grocery_buyer", precision="fp32")["path"])
-    meta = run_predict(cfg, "grocery_buyer", precision="int8")
+    fp32 = _scores(run_predict(cfg, "grocery_buyer", ScoringOptions(precision="fp32"))["path"])
+    meta = run_predict(cfg, "grocery_buyer", ScoringOptions(precision="int8"))
     assert meta["precision"] == "int8"
     int8 = _scores(meta["path"])
     assert max(abs(fp32[k] - int8[k]) for k in fp32) < 0.05
@@ -482,35 +485,34 @@ def test_int8_scores_stay_close_to_fp32(world) -> None:
     assert all("quantized" in type(b.fc1).__module__ for b in model.trunk.blocks)
 
 
-def test_subset_reports_unknown_ids_and_scores_the_rest(world) -> None:
+def test_subset_reports_unknown_ids_and_scores_the_rest(world, tmp_path: Path) -> None:
     cfg, _ = world
-    everyone = _scores(run_predict(cfg, "grocery_buyer", precision="fp32")["path"])
+    everyone = _scores(run_predict(cfg, "grocery_buyer", ScoringOptions(precision="fp32"))["path"])
     known = [str(k) for k in list(everyone)[:3]]
-    meta = run_predict(
-        cfg, "grocery_buyer", precision="fp32", entities=[known[2], "no-such-id", known[0], "999999999"]
-    )
+    ids = tmp_path / "ids.txt"
+    ids.write_text("\n".join([known[2], "no-such-id", known[0], "999999999"]))
+    meta = run_predict(cfg, "grocery_buyer", ScoringOptions(precision="fp32", entities=ids))
     assert meta["entities"] == 2 and meta["rows"] == 2
     assert meta["unknown_entities"] == 2 and "no-such-id" in meta["unknown_examples"]
     got = _scores(meta["path"])
     assert list(got) == [int(known[2]), int(known[0])]  # request order
     assert all(abs(got[k] - everyone[k]) < 1e-6 for k in got)
+    (tmp_path / "unknown.txt").write_text("x\ny\n")
     with pytest.raises(UserError, match="none of the 2 requested entity ids"):
-        run_predict(cfg, "grocery_buyer", entities=["x", "y"])
+        run_predict(cfg, "grocery_buyer", ScoringOptions(entities=tmp_path / "unknown.txt"))
 
 
 def test_shards_merge_to_the_single_process_table(world, monkeypatch: pytest.MonkeyPatch) -> None:
     from basemodel_pipeline.inference import shards
-    from basemodel_pipeline.inference.shards import ScoringPlan
 
     cfg, _ = world
-    single = pq.read_table(run_predict(cfg, "top_department", precision="fp32")["path"])
+    single = pq.read_table(run_predict(cfg, "top_department", ScoringOptions(precision="fp32"))["path"])
     monkeypatch.setattr(shards, "SHARD_ALIGN", 16)
     parts = [
-        run_predict(cfg, "top_department", plan=ScoringPlan(shard=(i, 3)), precision="fp32")
-        for i in (2, 0, 1)
+        run_predict(cfg, "top_department", ScoringOptions(shard=(i, 3), precision="fp32")) for i in (2, 0, 1)
     ]
     assert sum(p["entities"] for p in parts) == len(single.column("entity_id").unique())
-    merged = run_predict(cfg, "top_department", plan=ScoringPlan(merge_shards=3))
+    merged = run_predict(cfg, "top_department", ScoringOptions(merge_shards=3))
     assert merged["shards"] == 3 and merged["rows"] == single.num_rows
     assert pq.read_table(merged["path"]).equals(single)
     provenance = ws.read_provenance(Path(merged["path"]).parent)  # what retention keeps for it
@@ -518,7 +520,7 @@ def test_shards_merge_to_the_single_process_table(world, monkeypatch: pytest.Mon
     assert provenance["model_version"] == merged["model_version"]
     assert provenance["cache_history"]  # the cache content before as_of: what verify judges staleness by
     with pytest.raises(UserError, match="missing part-00000.parquet, part-00001"):
-        run_predict(cfg, "top_department", plan=ScoringPlan(merge_shards=4))
+        run_predict(cfg, "top_department", ScoringOptions(merge_shards=4))
 
 
 def test_predict_entrypoint_with_workers_matches_one_process(world) -> None:
@@ -526,7 +528,7 @@ def test_predict_entrypoint_with_workers_matches_one_process(world) -> None:
     import subprocess
 
     cfg, _ = world
-    single = pq.read_table(run_predict(cfg, "grocery_buyer", precision="fp32")["path"])
+    single = pq.read_table(run_predict(cfg, "grocery_buyer", ScoringOptions(precision="fp32"))["path"])
     env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")}
     cmd = [sys.executable, "-m", "basemodel_pipeline.entrypoints.predict", "--config",
            str(Path(cfg.workspace) / "config.yaml"), "--scenario", "grocery_buyer",
@@ -539,27 +541,35 @@ def test_predict_entrypoint_with_workers_matches_one_process(world) -> None:
 
 
 def test_predict_job_shard_runs_and_merge_run(world) -> None:
-    """What one Dagster run per shard does: K runs with shard I/K, then one run with merge_shards K."""
-    from basemodel_pipeline.entrypoints._common import EntrypointArgs
+    """What one Dagster run per shard does: K runs with shard I/K, then one run with merge_shards K, each the
+    entrypoint's stage with the arguments the asset's run config launches."""
+    from basemodel_pipeline.defs.predictions.assets import ScoringConfig
+    from basemodel_pipeline.entrypoints import _common
     from basemodel_pipeline.entrypoints.predict import stage
 
     cfg, _ = world
-    single = pq.read_table(run_predict(cfg, "top_department", precision="fp32")["path"])
+    single = pq.read_table(run_predict(cfg, "top_department", ScoringOptions(precision="fp32"))["path"])
     config = str(Path(cfg.workspace) / "config.yaml")
-    for shard in ("1/2", "0/2"):
-        stage(
-            cfg,
-            EntrypointArgs(config, "top_department", None, None, {"precision": "fp32", "shard": shard}),
-            NullProgress(),
+
+    def launched(**run_config: object) -> _common.EntrypointArgs:
+        argv = ["--config", config, "--scenario", "top_department", *ScoringConfig(**run_config).to_argv()]
+        ns = _common.parse_args(
+            "predict", argv, scenario=True, as_of=False, source=False, scoring=ScoringOptions
         )
-    merged = stage(
-        cfg, EntrypointArgs(config, "top_department", None, None, {"merge_shards": 2}), NullProgress()
-    )
+        return _common._entrypoint_args(ns, _common._LocalSession(), needs_scenario=True)
+
+    for shard in ("1/2", "0/2"):
+        stage(cfg, launched(precision="fp32", shard=shard), NullProgress())
+    merged = stage(cfg, launched(merge_shards=2), NullProgress())
     assert pq.read_table(merged["path"]).equals(single)
     with pytest.raises(UserError, match="is not I/K"):
-        stage(cfg, EntrypointArgs(config, "top_department", None, None, {"shard": "half"}), NullProgress())
+        stage(
+            cfg,
+            _common.EntrypointArgs(config, scoring=ScoringOptions.from_argv(["--shard", "half"])),
+            NullProgress(),
+        )
     with pytest.raises(UserError, match="^shard 2/2: write I/K with 0 <= I < K"):  # the library's names
-        stage(cfg, EntrypointArgs(config, "top_department", None, None, {"shard": "2/2"}), NullProgress())
+        ScoringOptions.from_argv(["--shard", "2/2"])
 
 
 def test_cli_predict_subset_summary_and_bad_shard(world, tmp_path: Path) -> None:

@@ -93,6 +93,7 @@ def test_frozen_mode_keeps_the_foundation_trunk_and_full_mode_changes_it(trained
 
 
 def test_embeddings_export_float16_in_recsys_layout(trained) -> None:
+    from basemodel_pipeline.inference.options import EmbedOptions
     from basemodel_pipeline.pipeline import run_embed
 
     cfg, pre = trained
@@ -109,8 +110,9 @@ def test_embeddings_export_float16_in_recsys_layout(trained) -> None:
     )
     assert meta["foundation_version"] == pre["version"]
     # as of the latest date the features come from the per-entity state; a replay from the history agrees
-    state = np.load(Path(run_embed(cfg, precision="fp32")["path"]) / "embeddings.npy").astype(np.float32)
-    replay = run_embed(cfg, precision="fp32", replay=True)
+    state = np.load(Path(run_embed(cfg, EmbedOptions(precision="fp32"))["path"]) / "embeddings.npy")
+    state = state.astype(np.float32)
+    replay = run_embed(cfg, EmbedOptions(precision="fp32", replay=True))
     assert replay["precision"] == "fp32"
     again = np.load(Path(replay["path"]) / "embeddings.npy").astype(np.float32)
     np.testing.assert_allclose(state, again, atol=0.05)

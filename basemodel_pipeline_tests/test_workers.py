@@ -1,4 +1,4 @@
-"""Scoring in worker processes: `run_predict` with ScoringPlan(workers=K) never starts more processes than the
+"""Scoring in worker processes: `run_predict` with ScoringOptions(workers=K) never starts more processes than the
 cores and free memory allow, starts them as Python workers (never the CLI), and reports a worker's error."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import yaml
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.errors import UserError
 from basemodel_pipeline.inference import shards, workers
-from basemodel_pipeline.inference.shards import ScoringPlan
+from basemodel_pipeline.inference.options import ScoringOptions
 from basemodel_pipeline.pipeline import run_cache, run_extract, run_finetune, run_predict, run_pretrain
 from basemodel_pipeline.progress import NullProgress
 
@@ -45,15 +45,15 @@ def test_the_machine_is_measured() -> None:
 @pytest.mark.parametrize("count", [0, -3])
 def test_workers_below_one_is_a_user_error(count: int) -> None:
     with pytest.raises(UserError, match=f"^workers {count}: give a number of worker processes of at least 1"):
-        ScoringPlan(workers=count)
+        ScoringOptions(workers=count)
 
 
-def test_a_plan_has_one_layout() -> None:
+def test_a_run_has_one_layout() -> None:
     with pytest.raises(UserError, match="^workers: cannot be combined with shard: choose one layout per run"):
-        ScoringPlan(workers=2, shard=(0, 2))
+        ScoringOptions(workers=2, shard=(0, 2))
     with pytest.raises(UserError, match="^shard 2/2: write I/K"):
-        ScoringPlan(shard=(2, 2))
-    assert ScoringPlan().single and not ScoringPlan(merge_shards=2).single
+        ScoringOptions(shard=(2, 2))
+    assert ScoringOptions().single and not ScoringOptions(merge_shards=2).single
 
 
 def test_predict_with_more_workers_than_cores_runs_at_most_the_cap(
@@ -85,8 +85,8 @@ def test_predict_with_more_workers_than_cores_runs_at_most_the_cap(
         def log(self, message: str) -> None:
             log.append(message)
 
-    single = pq.read_table(run_predict(cfg, "churn", precision="fp32")["path"])
-    out = run_predict(cfg, "churn", plan=ScoringPlan(workers=4), progress=Capture(), precision="fp32")
+    single = pq.read_table(run_predict(cfg, "churn", ScoringOptions(precision="fp32"))["path"])
+    out = run_predict(cfg, "churn", ScoringOptions(workers=4, precision="fp32"), progress=Capture())
     assert pools == [2] and out["workers"] == 2 and out["shards"] == 2 and out["workers_requested"] == 4
     assert "workers 4 capped to 2: 2 cores, 3.1 GiB free at ~400 MB per worker" in log, log
     assert pq.read_table(out["path"]).equals(single)  # the table of one process
@@ -95,7 +95,7 @@ def test_predict_with_more_workers_than_cores_runs_at_most_the_cap(
     assert not shards.parts_dir(cfg, "churn", as_of, 4).exists()
     if not torch.cuda.is_available():  # a worker's user error comes back as one line naming its shard
         with pytest.raises(UserError, match=r"^shard 0/2: device cuda: no CUDA device is visible here"):
-            run_predict(cfg, "churn", plan=ScoringPlan(workers=2), device="cuda")
+            run_predict(cfg, "churn", ScoringOptions(workers=2, device="cuda"))
 
 
 def test_the_library_never_starts_its_own_cli_nor_reads_argv() -> None:

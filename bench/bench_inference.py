@@ -44,6 +44,7 @@ from basemodel_pipeline import workspace as ws  # noqa: E402
 from basemodel_pipeline.cache.store import EventCache  # noqa: E402
 from basemodel_pipeline.config import load_config  # noqa: E402
 from basemodel_pipeline.features.sketch import FeatureEncoder  # noqa: E402
+from basemodel_pipeline.inference.options import ScoringOptions  # noqa: E402
 from basemodel_pipeline.inference.predict import Scorer, default_as_of  # noqa: E402
 from basemodel_pipeline.inference.state import ensure_state  # noqa: E402
 from basemodel_pipeline.model.checkpoint import read_meta  # noqa: E402
@@ -168,10 +169,10 @@ def throughput(args: argparse.Namespace) -> dict:
     state_run = stage("score_latest_s", lambda: pipeline.run_predict(cfg, args.scenario))
     replay_day = latest - dt.timedelta(days=args.replay_days_back)
     n_replay = min(cache.n_entities, args.replay_entities)
-    ids = [str(i) for i in cache.entity_ids[:n_replay]]
-    replay = stage(
-        "score_replay_s", lambda: pipeline.run_predict(cfg, args.scenario, replay_day, entities=ids)
-    )
+    ids = workdir / "replay_ids.txt"
+    ids.write_text("".join(f"{i}\n" for i in cache.entity_ids[:n_replay]))
+    replay_options = ScoringOptions(as_of=replay_day, entities=ids)
+    replay = stage("score_replay_s", lambda: pipeline.run_predict(cfg, args.scenario, replay_options))
     sampler.stop.set()
     events = built["events"]
     n = cache.n_entities

@@ -58,7 +58,7 @@ def run_size(events: int, root: Path, device: str) -> dict[str, float]:
     built = stage("cache_s", lambda: pipeline.run_cache(cfg))
     pre = stage("pretrain_s", lambda: pipeline.run_pretrain(cfg))
     fine = stage("finetune_s", lambda: pipeline.run_finetune(cfg, "churn"))
-    pred = stage("predict_s", lambda: pipeline.run_predict(cfg, "churn", replay=False))
+    pred = stage("predict_s", lambda: pipeline.run_predict(cfg, "churn"))
     sampler.stop.set()
     anon = {k: round(v / 2**20, 1) for k, v in sampler.stage_anon.items()}
     return {

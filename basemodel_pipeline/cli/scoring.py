@@ -24,8 +24,10 @@ from basemodel_pipeline.cli.common import (
     scenario_name,
     user_errors,
 )
-from basemodel_pipeline.config import PipelineConfig, load_config
-from basemodel_pipeline.progress import Progress
+from basemodel_pipeline.config import load_config
+from basemodel_pipeline.inference.options import EmbedOptions, ScoringOptions
+
+Help = ScoringOptions.describe  # each option's help is its field's description (inference/options.py)
 
 
 @app.command()
@@ -33,85 +35,41 @@ def predict(
     config: ConfigArg,
     scenario: ScenarioOpt,
     as_of: AsOfOpt = None,
-    entities: Annotated[
-        Path | None,
-        typer.Option(
-            "--entities",
-            help="Score only these ids: a text file (one per line), or CSV/Parquet with an entity_id column. "
-            "Written as a subset beside the full table, which stays as it is.",
-        ),
-    ] = None,
-    subset: Annotated[
-        str | None,
-        typer.Option(
-            "--subset", help="Name of the --entities output (default: the file's name without suffix)."
-        ),
-    ] = None,
-    output: Annotated[
-        str | None, typer.Option("--output", "-o", help="Destination name from the config's outputs section.")
-    ] = None,
-    precision: Annotated[
-        str, typer.Option("--precision", help="auto | fp32 | bf16 | int8 (int8: CPU dynamic quantization).")
-    ] = "auto",
-    device: Annotated[str, typer.Option("--device", help="cpu | cuda | auto.")] = "cpu",
-    top_k: Annotated[
-        int | None, typer.Option("--top-k", help="Recommendations / multilabel: k best.")
-    ] = None,
-    threshold: Annotated[
-        float | None, typer.Option("--threshold", help="Multilabel: keep labels scoring at least this.")
-    ] = None,
-    shard: Annotated[
-        str | None, typer.Option("--shard", help="I/K: score the I-th of K slices into a part file.")
-    ] = None,
-    merge_shards: Annotated[
-        int | None, typer.Option("--merge-shards", help="K: write the K part files to the output.")
-    ] = None,
-    workers: Annotated[
-        int | None, typer.Option("--workers", help="K local processes, one shard each, then merge.")
-    ] = None,
-    replay: Annotated[
-        bool, typer.Option("--replay", help="Recompute features from the history even as of the latest date.")
-    ] = False,
+    entities: Annotated[Path | None, typer.Option("--entities", help=Help("entities"))] = None,
+    subset: Annotated[str | None, typer.Option("--subset", help=Help("subset"))] = None,
+    output: Annotated[str | None, typer.Option("--output", "-o", help=Help("output"))] = None,
+    precision: Annotated[str, typer.Option("--precision", help=Help("precision"))] = "auto",
+    device: Annotated[str, typer.Option("--device", help=Help("device"))] = "cpu",
+    top_k: Annotated[int | None, typer.Option("--top-k", help=Help("top_k"))] = None,
+    threshold: Annotated[float | None, typer.Option("--threshold", help=Help("threshold"))] = None,
+    shard: Annotated[str | None, typer.Option("--shard", help=Help("shard"))] = None,
+    merge_shards: Annotated[int | None, typer.Option("--merge-shards", help=Help("merge_shards"))] = None,
+    workers: Annotated[int, typer.Option("--workers", help=Help("workers"))] = 1,
+    replay: Annotated[bool, typer.Option("--replay", help=Help("replay"))] = False,
 ) -> None:
     """Score every entity (or --entities) for one scenario and write the table to the output."""
-    date = as_of_date(as_of)
-    options: dict[str, Any] = {
-        "top_k": top_k, "threshold": threshold, "precision": precision, "device": device,
-        "destination": output, "replay": replay,
-    }  # fmt: skip
-
-    def stage(cfg: PipelineConfig, p: Progress) -> Mapping[str, Any]:
-        from basemodel_pipeline.inference.predict import read_entity_ids
-        from basemodel_pipeline.inference.shards import ScoringPlan, parse_shard
-
-        plan = ScoringPlan(workers or 1, parse_shard(shard) if shard else None, merge_shards)
-        if entities is not None:
-            options["entities"] = read_entity_ids(entities)
-            options["subset"] = subset or entities.stem
-        elif subset is not None:
-            options["subset"] = subset
-        return pipeline.run_predict(cfg, scenario_name(cfg, scenario), date, plan, progress=p, **options)
-
-    run_stage(f"predict {scenario}", config, stage)
+    with user_errors():  # every parameter but the config and the scenario is a field of the options
+        options = ScoringOptions.from_values(locals())
+    run_stage(
+        f"predict {scenario}",
+        config,
+        lambda cfg, p: pipeline.run_predict(cfg, scenario_name(cfg, scenario), options, p),
+    )
 
 
 @app.command()
 def embed(
     config: ConfigArg,
     as_of: AsOfOpt = None,
-    output: Annotated[
-        str | None, typer.Option("--output", "-o", help="Destination name from the config's outputs section.")
-    ] = None,
-    precision: Annotated[str, typer.Option("--precision", help="auto | fp32 | bf16 | int8.")] = "auto",
-    device: Annotated[str, typer.Option("--device", help="cpu | cuda | auto.")] = "cpu",
-    replay: Annotated[
-        bool, typer.Option("--replay", help="Recompute features from the history even as of the latest date.")
-    ] = False,
+    output: Annotated[str | None, typer.Option("--output", "-o", help=Help("output"))] = None,
+    precision: Annotated[str, typer.Option("--precision", help=Help("precision"))] = "auto",
+    device: Annotated[str, typer.Option("--device", help=Help("device"))] = "cpu",
+    replay: Annotated[bool, typer.Option("--replay", help=Help("replay"))] = False,
 ) -> None:
     """Export float16 foundation embeddings of every entity (Parquet + client_ids.npy/embeddings.npy)."""
-    date = as_of_date(as_of)
-    options = {"destination": output, "precision": precision, "device": device, "replay": replay}
-    run_stage("embed", config, lambda cfg, p: pipeline.run_embed(cfg, date, progress=p, **options))
+    with user_errors():  # every parameter but the config is a field of the options
+        options = EmbedOptions.from_values(locals())
+    run_stage("embed", config, lambda cfg, p: pipeline.run_embed(cfg, options, p))
 
 
 @app.command()

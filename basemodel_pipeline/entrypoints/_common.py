@@ -29,6 +29,7 @@ from typing import Any
 
 from basemodel_pipeline.config import PipelineConfig, load_config
 from basemodel_pipeline.errors import StepUserError, UserError
+from basemodel_pipeline.inference.options import EmbedOptions
 from basemodel_pipeline.metadata import (
     FORWARDED_ENV_VAR,
     data_version_of,
@@ -47,7 +48,8 @@ class EntrypointArgs:
     scenario: str | None = None
     as_of: dt.date | None = None
     source: str | None = None
-    options: dict[str, Any] = field(default_factory=dict)  # scoring: precision, destination, workers
+    options: dict[str, Any] = field(default_factory=dict)  # finetune: gates
+    scoring: EmbedOptions | None = None  # predict and embed: their options (inference/options.py)
 
 
 StageFn = Callable[[PipelineConfig, EntrypointArgs, Progress], Mapping[str, Any]]
@@ -122,7 +124,7 @@ def parse_args(
     scenario: bool,
     as_of: bool,
     source: bool,
-    scoring: bool = False,
+    scoring: type[EmbedOptions] | None = None,
     gates: bool = False,
 ) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
@@ -135,12 +137,9 @@ def parse_args(
         parser.add_argument("--as-of", dest="as_of", help="score entities as of this date (YYYY-MM-DD)")
     if source:
         parser.add_argument("--source", help="extract only this data source (default: all)")
-    if scoring:
-        parser.add_argument("--precision", default="auto", help="auto | fp32 | bf16 | int8")
-        parser.add_argument("--output", dest="destination", help="destination name from the outputs section")
-        parser.add_argument("--workers", type=int, default=1, help="local processes, one shard each")
-        parser.add_argument("--shard", help="I/K: score only the I-th of K slices into a part file")
-        parser.add_argument("--merge-shards", dest="merge_shards", type=int, help="K: merge K part files")
+    if scoring is not None:  # one flag per field of the options (their --as-of included)
+        scoring.add_arguments(parser)
+        parser.set_defaults(scoring_options=scoring)
     if gates:
         parser.add_argument(
             "--gates",
@@ -160,8 +159,8 @@ def _entrypoint_args(ns: argparse.Namespace, session: Any, needs_scenario: bool)
             as_of = dt.date.fromisoformat(raw)
         except ValueError:
             raise UserError(f"--as-of: '{raw}' is not a date; write YYYY-MM-DD") from None
-    keys = ("precision", "destination", "workers", "shard", "merge_shards")
-    options = {k: getattr(ns, k) for k in keys if getattr(ns, k, None) is not None}
+    options: dict[str, Any] = {}
+    scoring = getattr(ns, "scoring_options", None)
     if getattr(ns, "gates", None):
         try:
             options["gates"] = dict(json.loads(ns.gates))
@@ -169,7 +168,10 @@ def _entrypoint_args(ns: argparse.Namespace, session: Any, needs_scenario: bool)
             raise UserError(
                 f"--gates: {ns.gates!r} is not a JSON object of quality_gates overrides"
             ) from None
-    return EntrypointArgs(ns.config, scenario, as_of, getattr(ns, "source", None), options)
+    source = getattr(ns, "source", None)
+    return EntrypointArgs(
+        ns.config, scenario, as_of, source, options, scoring.from_namespace(ns) if scoring else None
+    )
 
 
 def _run(session: Any, ns: argparse.Namespace, fn: StageFn, stage: str, needs_scenario: bool) -> None:
@@ -210,7 +212,7 @@ def main(
     needs_scenario: bool = False,
     as_of: bool = False,
     source: bool = False,
-    scoring: bool = False,
+    scoring: type[EmbedOptions] | None = None,
     gates: bool = False,
 ) -> None:
     """Run one stage as a Pipes entrypoint (or standalone); exits 2 with one line on stderr on a UserError.

@@ -8,7 +8,6 @@ As of the cache's latest date the features come from the per-entity state (infer
 
 from __future__ import annotations
 
-import datetime as dt
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,11 +23,12 @@ from basemodel_pipeline.cache.history import provenance as cache_provenance
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import PipelineConfig
 from basemodel_pipeline.diskfaults import require_space
+from basemodel_pipeline.inference.options import EmbedOptions
 from basemodel_pipeline.inference.precision import prepare_model
 from basemodel_pipeline.inference.predict import CHUNK, entity_features
 from basemodel_pipeline.inference.state import default_as_of
 from basemodel_pipeline.model.checkpoint import load_checkpoint
-from basemodel_pipeline.progress import Progress
+from basemodel_pipeline.progress import NullProgress, Progress
 from basemodel_pipeline.workspace import cache_dir
 
 
@@ -43,29 +43,26 @@ def embedding_chunks(
 
 
 def export_embeddings(
-    cfg: PipelineConfig,
-    as_of: dt.date | None,
-    progress: Progress,
-    destination: str | None = None,
-    precision: str = "auto",
-    device: str = "cpu",
-    replay: bool = False,
+    cfg: PipelineConfig, options: EmbedOptions, progress: Progress | None = None
 ) -> dict[str, Any]:
     """Embeddings of every entity as of a date (default: the day after the cache's last day) to a destination."""
     from basemodel_pipeline.outputs import open_writer
 
+    progress = progress or NullProgress()
     started = time.perf_counter()
     cache = EventCache(cache_dir(cfg))
     foundation = ws.latest_foundation_dir(cfg)
     model, meta = load_checkpoint(foundation)
-    dev = runtime.resolve_device(device)
-    model, amp, chosen = prepare_model(model, precision, dev)
-    as_of = as_of or default_as_of(cache)
+    dev = runtime.resolve_device(options.device)
+    model, amp, chosen = prepare_model(model, options.precision, dev)
+    as_of = options.as_of or default_as_of(cache)
     entity = np.arange(cache.n_entities, dtype=np.int64)
-    chunks, info = entity_features(Path(cfg.workspace), cache, meta.encoder, entity, as_of, replay, progress)
+    chunks, info = entity_features(
+        Path(cfg.workspace), cache, meta.encoder, entity, as_of, options.replay, progress
+    )
     runtime.set_threads()
     ids = cache.entity_ids
-    writer = open_writer(cfg, "embeddings", None, as_of, destination)
+    writer = open_writer(cfg, "embeddings", None, as_of, options.output)
     directory = getattr(writer, "directory", None)  # file destinations: add the RecSys-2025 arrays
     dim = None
     with writer:  # any error or stop from here on, the preflight's included, discards the writer's staging

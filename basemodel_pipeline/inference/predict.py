@@ -9,7 +9,8 @@ recommendation: entity_id, as_of, rank, item, score     (top_k items of the whol
 As of the cache's latest date (the default) the features come from the per-entity state (inference/state.py),
 so scoring is a forward pass; as of an earlier date they are replayed from the cache's history.
 
-A subset (`entities`) never replaces the full table: it is written beside it as its own, named output,
+What to score and how is a ScoringOptions (inference/options.py). A subset (`entities`, a file of ids)
+never replaces the full table: it is written beside it as its own, named output,
 predictions/<scenario>/<as_of>/subsets/<name>/ for file destinations (warehouse tables and shards refuse
 subsets, because their writers replace the whole (scenario, as_of) slice).
 """
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -40,6 +40,7 @@ from basemodel_pipeline.errors import ArgumentError, UserError
 from basemodel_pipeline.evaluation import drift
 from basemodel_pipeline.evaluation.drift import RowSample
 from basemodel_pipeline.features.sketch import FeatureEncoder
+from basemodel_pipeline.inference.options import ScoringOptions
 from basemodel_pipeline.inference.precision import prepare_model
 from basemodel_pipeline.inference.shards import PartWriter, parts_dir, shard_range
 from basemodel_pipeline.inference.state import (
@@ -60,12 +61,6 @@ from basemodel_pipeline.workspace import cache_dir
 
 CHUNK = 16384  # entities per step
 UNKNOWN_EXAMPLES = 10
-DEFAULT_SUBSET = "subset"
-SUBSET_WITH_SHARDS = (
-    "a subset is scored in one process: merged shards replace the whole table, so leave out the shard, the "
-    "workers and the merge"
-)
-SUBSET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
 def feature_chunks(
@@ -269,22 +264,10 @@ def read_entity_ids(path: Path) -> list[str]:
 
 
 def predict(
-    cfg: PipelineConfig,
-    scenario: Scenario,
-    as_of: dt.date | None,
-    progress: Progress,
-    top_k: int | None = None,
-    threshold: float | None = None,
-    entities: list[str] | None = None,
-    precision: str = "auto",
-    device: str = "cpu",
-    destination: str | None = None,
-    shard: tuple[int, int] | None = None,
-    replay: bool = False,
-    subset: str | None = None,
+    cfg: PipelineConfig, scenario: Scenario, options: ScoringOptions, progress: Progress | None = None
 ) -> dict[str, Any]:
-    """Score entities (all, or the ids in `entities`) as of a date (default: the day after the cache's last
-    day) and stream the table to an output destination (default: Parquet in the workspace).
+    """Score entities (all, or the ids in the file `options.entities`) as of a date (default: the day after the
+    cache's last day) and stream the table to an output destination (default: Parquet in the workspace).
 
     ``top_k``: recommendation list length (default: the scenario's k) and, for multilabel, keep the k best
     labels per entity; ``threshold``: multilabel, keep labels scoring at least this (both may be combined).
@@ -292,26 +275,28 @@ def predict(
     by default.
     ``shard=(i, k)`` scores the i-th of k contiguous slices of the entities (see inference/shards.py).
     As of the latest date the per-entity state is used unless ``replay``.
-    With ``entities`` the table is the subset named ``subset`` (default "subset"), written beside the full
-    table (predictions/<scenario>/<as_of>/subsets/<name>/), which it leaves untouched."""
+    With ``entities`` the table is the subset named ``options.subset_name``, written beside the full table
+    (predictions/<scenario>/<as_of>/subsets/<name>/), which it leaves untouched. Workers and merges are
+    pipeline.run_predict's: here one process scores everything or its one shard."""
     from basemodel_pipeline.outputs import open_writer
 
-    if entities is not None:
-        subset = check_subset(cfg, subset or DEFAULT_SUBSET, destination, shard)
-    elif subset is not None:
-        raise ArgumentError("subset", repr(subset), "a subset needs the ids to score: give the entities too")
+    progress = progress or NullProgress()
+    top_k, threshold, shard, subset = options.top_k, options.threshold, options.shard, options.subset_name
+    if subset is not None:
+        check_subset_destination(cfg, options.output)
     started = time.perf_counter()
     cache = EventCache(cache_dir(cfg))
     checkpoint = ws.latest_scenario_dir(cfg, scenario.name)
-    scorer = Scorer.load(checkpoint, precision, device)
+    scorer = Scorer.load(checkpoint, options.precision, options.device)
     check_checkpoint_matches(cache, scenario, scorer.meta, checkpoint)
-    as_of = as_of or default_as_of(cache)
+    as_of = options.as_of or default_as_of(cache)
     if as_of <= cfg.data_params.data_start_date:
         raise ArgumentError("as_of", as_of, f"is before data_start_date ({cfg.data_params.data_start_date})")
-    entity, unknown = resolve_entities(cache, entities)
+    ids_wanted = read_entity_ids(options.entities) if options.entities is not None else None
+    entity, unknown = resolve_entities(cache, ids_wanted)
     entity = entity[shard_range(len(entity), shard)]
     chunks, meta = entity_features(
-        Path(cfg.workspace), cache, scorer.meta.encoder, entity, as_of, replay, progress
+        Path(cfg.workspace), cache, scorer.meta.encoder, entity, as_of, options.replay, progress
     )
     runtime.set_threads()
     model_top_k = top_k or (scorer.meta.scenario or {}).get("k", DEFAULT_TOP_K)
@@ -320,7 +305,7 @@ def predict(
         part = parts_dir(cfg, scenario.name, as_of, shard[1]) / f"part-{shard[0]:05d}.parquet"
         writer: Any = PartWriter(part, scorer.meta.version)
     else:
-        writer = open_writer(cfg, "predictions", scenario.name, as_of, destination, subset=subset)
+        writer = open_writer(cfg, "predictions", scenario.name, as_of, options.output, subset=subset)
         if getattr(writer, "directory", None) is not None:  # file destinations: what retention must keep
             ws.write_provenance(
                 writer.directory,
@@ -366,30 +351,23 @@ def predict(
         meta["subset"] = subset
     if unknown:
         meta["unknown_examples"] = ", ".join(unknown[:UNKNOWN_EXAMPLES])
-    if shard is None and entities is None and len(entity):  # the whole population: how far it moved
+    if shard is None and subset is None and len(entity):  # the whole population: how far it moved
         meta.update(population_drift(cfg, scenario.name, scorer.meta.version, as_of, sample.rows(), progress))
     return meta
 
 
-def check_subset(
-    cfg: PipelineConfig, name: str, destination: str | None, shard: tuple[int, int] | None
-) -> str:
-    """The subset's name, once it is sure the subset can be written without replacing the full table."""
+def check_subset_destination(cfg: PipelineConfig, destination: str | None) -> None:
+    """A subset is written to files only: a warehouse writer would replace the whole (scenario, as_of) slice."""
     from basemodel_pipeline.config.outputs import FileOutput
 
-    if shard is not None:
-        raise ArgumentError("entities", None, SUBSET_WITH_SHARDS)
-    if not SUBSET_NAME.fullmatch(name):
-        raise ArgumentError("subset", repr(name), "use up to 100 letters, digits, '.', '_' or '-'")
     dest_name, dest = cfg.outputs.destination(destination)
     if not isinstance(dest, FileOutput):
         raise ArgumentError(
-            "destination",
+            "output",
             repr(dest_name),
             f"is a {dest.kind} table, where a subset would replace the whole (scenario, as_of) slice; write "
             "subsets to a file destination (e.g. parquet)",
         )
-    return name
 
 
 def population_drift(

@@ -5,7 +5,8 @@ parts in order streams exactly the single-process table to the output destinatio
     basemodel predict CONFIG -s churn --merge-shards 4 # once all parts exist (they share the workspace)
     basemodel predict CONFIG -s churn --workers 4      # both steps with 4 local processes (inference/workers.py)
 
-In the library the layout of a run is a ScoringPlan, given to pipeline.run_predict.
+In the library the layout of a run is part of its ScoringOptions (workers, shard, merge_shards:
+inference/options.py), given to pipeline.run_predict.
 
 Parts live in <workspace>/predictions/.shards/<scenario>/<as_of>/<k>/part-<i>.parquet, written atomically,
 and carry the model version, so parts of different models or dates are never merged together.
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,8 @@ from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache.history import provenance as cache_provenance
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import PipelineConfig
-from basemodel_pipeline.errors import ArgumentError, UserError
+from basemodel_pipeline.errors import UserError
+from basemodel_pipeline.inference.options import check_shard
 from basemodel_pipeline.inference.state import default_as_of
 from basemodel_pipeline.workspace import cache_dir
 
@@ -35,74 +36,19 @@ SHARD_ALIGN = (
 )
 
 
-@dataclass(frozen=True)
-class ScoringPlan:
-    """How one scoring run is laid out. The default scores every entity in this process.
-
-    workers=K: K local processes score one shard each, then the parts are merged (the table of one process);
-    shard=(I, K): score only the I-th of K slices into a part file (one of K machines, containers or runs);
-    merge_shards=K: write the K part files of a sharded run to the destination, in order."""
-
-    workers: int = 1
-    shard: tuple[int, int] | None = None
-    merge_shards: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.workers < 1:
-            raise ArgumentError("workers", self.workers, "give a number of worker processes of at least 1")
-        if self.merge_shards is not None and self.merge_shards < 1:
-            raise ArgumentError(
-                "merge_shards", self.merge_shards, "give the number of part files, at least 1"
-            )
-        if self.shard is not None:
-            shard_range(0, self.shard)  # validates 0 <= I < K
-        chosen = [
-            n
-            for n, on in [
-                ("workers", self.workers > 1),
-                ("shard", self.shard),
-                ("merge_shards", self.merge_shards),
-            ]
-            if on
-        ]
-        if len(chosen) > 1:
-            raise ArgumentError(
-                chosen[0],
-                None,
-                f"cannot be combined with {' or '.join(chosen[1:])}: choose one layout per run",
-            )
-
-    @property
-    def single(self) -> bool:
-        """Every entity in this one process."""
-        return self.workers == 1 and self.shard is None and self.merge_shards is None
-
-
 def shard_range(n: int, shard: tuple[int, int] | None, align: int | None = None) -> slice:
     """Rows [a, b) of shard i of k over n entities: contiguous, cut at multiples of `align` (SHARD_ALIGN)."""
     align = align or SHARD_ALIGN
     if shard is None:
         return slice(0, n)
+    check_shard(shard)
     i, k = shard
-    if not (k >= 1 and 0 <= i < k):
-        raise ArgumentError("shard", f"{i}/{k}", "write I/K with 0 <= I < K (e.g. 0/4 ... 3/4)")
     blocks = -(-n // align)
 
     def cut(j: int) -> int:
         return min(n, (blocks * j // k) * align)
 
     return slice(cut(i), cut(i + 1))
-
-
-def parse_shard(text: str) -> tuple[int, int]:
-    """'I/K' -> (I, K)."""
-    i, _, k = str(text).partition("/")
-    try:
-        shard = int(i), int(k)
-    except ValueError:
-        raise ArgumentError("shard", repr(text), "is not I/K (e.g. 0/4)") from None
-    shard_range(0, shard)  # validates 0 <= I < K
-    return shard
 
 
 def parts_dir(cfg: PipelineConfig, scenario: str, as_of: dt.date, k: int) -> Path:

@@ -8,7 +8,6 @@ cores and the free memory (cap_workers), and each gets cores // K torch threads.
 
 from __future__ import annotations
 
-import datetime as dt
 import multiprocessing
 import os
 import time
@@ -21,6 +20,7 @@ from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import PipelineConfig, Scenario
 from basemodel_pipeline.errors import UserError
+from basemodel_pipeline.inference.options import ScoringOptions
 from basemodel_pipeline.inference.predict import predict
 from basemodel_pipeline.inference.shards import merge_shards
 from basemodel_pipeline.inference.state import default_as_of, ensure_state, state_serves
@@ -77,40 +77,32 @@ def _start_worker(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def _score_shard(
-    cfg: PipelineConfig, scenario: Scenario, as_of: dt.date, shard: tuple[int, int], options: dict[str, Any]
-) -> None:
-    """One worker's job: score shard (I, K) into its part file."""
-    predict(cfg, scenario, as_of, NullProgress(), shard=shard, **options)
+def _score_shard(cfg: PipelineConfig, scenario: Scenario, options: ScoringOptions) -> None:
+    """One worker's job: score its shard (options.shard) into its part file."""
+    predict(cfg, scenario, options, NullProgress())
 
 
 def predict_with_workers(
-    cfg: PipelineConfig,
-    scenario: Scenario,
-    as_of: dt.date | None,
-    workers: int,
-    options: dict[str, Any],
-    progress: Progress,
+    cfg: PipelineConfig, scenario: Scenario, options: ScoringOptions, progress: Progress
 ) -> dict[str, Any]:
-    """Build or advance the shared state once, score `workers` (>= 1: ScoringPlan checks it) shards in as many local processes (each with
-    `options` of inference.predict.predict), merge the parts into options' destination. The count is capped
+    """Build or advance the shared state once, score `options.workers` shards in as many local processes (each
+    with the run's options for its shard), merge the parts into the options' output. The count is capped
     by the cores and free memory (the cap is logged; the result reports the workers actually used)."""
-    requested, cores = workers, usable_cores()
+    requested, cores = options.workers, usable_cores()
     k, note = cap_workers(requested, cores, available_memory())
     if note:
         progress.log(note)
     cache = EventCache(cache_dir(cfg))
-    as_of = as_of or default_as_of(cache)
-    if state_serves(cache, as_of, replay=bool(options.get("replay"))):
+    as_of = options.as_of or default_as_of(cache)
+    if state_serves(cache, as_of, replay=options.replay):
         meta = read_meta(ws.latest_scenario_dir(cfg, scenario.name))
         ensure_state(Path(cfg.workspace), cache, meta.encoder, as_of, progress)
     started = time.perf_counter()
-    part_options = {key: v for key, v in options.items() if key != "destination"}
     context = multiprocessing.get_context("spawn")  # no fork of a process holding torch's threads
     errors = []
     progress.start("predict", k)
     with ProcessPoolExecutor(k, context, initializer=_start_worker, initargs=(max(1, cores // k),)) as pool:
-        jobs = [pool.submit(_score_shard, cfg, scenario, as_of, (i, k), part_options) for i in range(k)]
+        jobs = [pool.submit(_score_shard, cfg, scenario, options.for_shard(i, k, as_of)) for i in range(k)]
         for i, job in enumerate(jobs):
             try:
                 job.result()
@@ -124,5 +116,5 @@ def predict_with_workers(
     if errors:
         raise UserError("; ".join(errors))
     wall = time.perf_counter() - started
-    out = merge_shards(cfg, scenario.name, as_of, k, options.get("destination"))
+    out = merge_shards(cfg, scenario.name, as_of, k, options.output)
     return {**out, "workers": k, "workers_requested": requested, "workers_wall_s": round(wall, 2)}

@@ -8,28 +8,24 @@ from basemodel_pipeline.defs.shared.execution import run_entrypoint
 from basemodel_pipeline.defs.shared.launcher import Launcher
 from basemodel_pipeline.defs.shared.partitions import scenarios_partitions
 from basemodel_pipeline.defs.shared.resources import BasemodelConfigResource
+from basemodel_pipeline.defs.shared.run_config import run_config_class
 from basemodel_pipeline.defs.shared.versions import code_version
+from basemodel_pipeline.inference.options import EmbedOptions, ScoringOptions
 
 SCORE_TAGS = {**TRAIN_TAGS, "basemodel/stage": "score"}
 
 
-class ScoringConfig(dg.Config):
-    """Run-time options of a scoring run (the launchpad's config editor; defaults suit a nightly run)."""
-
-    precision: str = "auto"  # auto | fp32 | bf16 | int8 (CPU dynamic quantization)
-    output: str | None = None  # a destination name of the config's outputs section (default: Parquet)
-    workers: int = 1  # predictions: local processes, one shard of the entities each, merged in order
-    shard: str | None = None  # predictions: "I/K", this run scores one slice into a part file ...
-    merge_shards: int | None = None  # ... and a last run with merge_shards: K writes the K parts
-
-    def args(self, workers: bool = True) -> list[str]:
-        out = ["--precision", self.precision]
-        out += ["--output", self.output] if self.output else []
-        if workers:
-            out += ["--workers", str(self.workers)] if self.workers > 1 else []
-            out += ["--shard", self.shard] if self.shard else []
-            out += ["--merge-shards", str(self.merge_shards)] if self.merge_shards else []
-        return out
+ScoringConfig = run_config_class(
+    ScoringOptions,
+    "ScoringConfig",
+    "Run-time options of a scenario's scoring run (the launchpad's config editor; the defaults suit a nightly run): "
+    "the fields of inference.options.ScoringOptions.",
+)
+EmbeddingsConfig = run_config_class(
+    EmbedOptions,
+    "EmbeddingsConfig",
+    "Run-time options of an embeddings export: the fields of inference.options.EmbedOptions.",
+)
 
 
 @dg.asset(
@@ -56,7 +52,7 @@ def predictions(
     Automation: after a new model or a release of this code; a new cache through scenario_retrain_sensor (in
     the scenario's retrain run, or alone when its policy does not retrain it), once per model and cache.
     """
-    return run_entrypoint(context, launcher, "predict", basemodel_config.config_path, config.args())
+    return run_entrypoint(context, launcher, "predict", basemodel_config.config_path, config.to_argv())
 
 
 @dg.asset(
@@ -70,7 +66,7 @@ def predictions(
 )
 def entity_embeddings(
     context: dg.AssetExecutionContext,
-    config: ScoringConfig,
+    config: EmbeddingsConfig,
     basemodel_config: BasemodelConfigResource,
     launcher: Launcher,
 ) -> dg.MaterializeResult:
@@ -79,6 +75,4 @@ def entity_embeddings(
 
     Runs `python -m basemodel_pipeline.entrypoints.embed` through Dagster Pipes.
     """
-    return run_entrypoint(
-        context, launcher, "embed", basemodel_config.config_path, config.args(workers=False)
-    )
+    return run_entrypoint(context, launcher, "embed", basemodel_config.config_path, config.to_argv())
