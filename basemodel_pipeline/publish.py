@@ -12,17 +12,24 @@ matches, so publishing is idempotent and a killed upload is completed by the nex
 ``_PUBLISHED.json`` (files, sizes, sha256) is written last: a reader that sees it sees a complete copy.
 
 The client is any boto3 S3 client (dagster-aws's S3Resource gives one in Dagster; ``boto3.client("s3")``
-in a notebook). Credentials come from the environment (boto3's chain), never from here.
+in a notebook). Credentials come from the environment (boto3's chain), never from here. Every request is
+retried on a refused, reset or timed-out connection, throttling or a 5xx (basemodel_pipeline.retry, after
+boto3's own retries); what keeps failing is one DataError line naming the URL and the endpoint's host:port.
 """
 
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.errors import ConfigError, DataError
+from basemodel_pipeline.retry import host_port, with_retry
+
+T = TypeVar("T")
 
 MARKER = "_PUBLISHED.json"
 SHA_KEY = "sha256"
@@ -38,6 +45,14 @@ def parse_s3_url(url: str) -> tuple[str, str]:
     return bucket, prefix.strip("/")
 
 
+def s3_call(client: Any, url: str, fn: Callable[[], T]) -> T:
+    """One S3 request of a publish to `url`, retried on transient failures; failures are one line naming the
+    URL and, for a connection that kept failing, the endpoint's host:port."""
+    secrets = (os.environ.get("AWS_SECRET_ACCESS_KEY", ""), os.environ.get("AWS_SESSION_TOKEN", ""))
+    endpoint = host_port(getattr(getattr(client, "meta", None), "endpoint_url", None))
+    return with_retry(fn, what=f"publish to {url}", where=endpoint, secrets=secrets)
+
+
 def finished_files(directory: Path) -> list[Path]:
     """Files under `directory`, skipping hidden (staging, resume) paths, sorted."""
     return sorted(
@@ -47,16 +62,19 @@ def finished_files(directory: Path) -> list[Path]:
     )
 
 
-def _remote_sha(client: Any, bucket: str, key: str) -> str | None:
+def _remote_sha(client: Any, url: str, bucket: str, key: str) -> str | None:
     from botocore.exceptions import ClientError
 
-    try:
-        head = client.head_object(Bucket=bucket, Key=key)
-    except ClientError as err:
-        if err.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-            return None
-        raise
-    return head.get("Metadata", {}).get(SHA_KEY)
+    def head() -> dict[str, Any] | None:
+        try:
+            return client.head_object(Bucket=bucket, Key=key)
+        except ClientError as err:
+            if err.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise
+
+    found = s3_call(client, url, head)
+    return None if found is None else found.get("Metadata", {}).get(SHA_KEY)
 
 
 def publish_dir(client: Any, directory: Path, workspace: Path, url: str) -> dict[str, Any]:
@@ -77,19 +95,20 @@ def publish_dir(client: Any, directory: Path, workspace: Path, url: str) -> dict
         key = f"{prefix}/{rel}" if prefix else rel
         sha = ws.sha256_file(path)
         manifest[rel] = {"bytes": path.stat().st_size, SHA_KEY: sha}
-        if _remote_sha(client, bucket, key) == sha:
+        if _remote_sha(client, url, bucket, key) == sha:
             skipped += 1
             continue
-        client.upload_file(str(path), bucket, key, ExtraArgs={"Metadata": {SHA_KEY: sha}})
+        extra = {"Metadata": {SHA_KEY: sha}}
+        s3_call(client, url, lambda: client.upload_file(str(path), bucket, key, ExtraArgs=extra))  # noqa: B023
         uploaded += 1
     rel_dir = directory.relative_to(workspace).as_posix()
     marker_rel = f"{rel_dir}/{MARKER}" if directory.is_dir() else f"{rel_dir}.{MARKER}"
     marker_key = f"{prefix}/{marker_rel}" if prefix else marker_rel
-    client.put_object(
-        Bucket=bucket,
-        Key=marker_key,
-        Body=json.dumps({"files": manifest}, indent=2, sort_keys=True).encode(),
-        ContentType="application/json",
+    body = json.dumps({"files": manifest}, indent=2, sort_keys=True).encode()
+    s3_call(
+        client,
+        url,
+        lambda: client.put_object(Bucket=bucket, Key=marker_key, Body=body, ContentType="application/json"),
     )
     return {
         "url": f"s3://{bucket}/{marker_key.rsplit('/', 1)[0]}" if "/" in marker_key else f"s3://{bucket}",

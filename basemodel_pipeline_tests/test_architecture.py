@@ -45,6 +45,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "synthetic",  # synthetic event data
                 "synthetic_scale",  # the scalable synthetic generator (a package) and its command line
                 "publish",  # copies finished workspace files to object storage
+                "retry",  # the retry policy of every remote call (sources, outputs, publish)
                 "retention",  # deletes old workspace versions
             }
         ),

@@ -8,6 +8,7 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,31 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+@contextmanager
+def resetting_server() -> Iterator[tuple[int, list[int]]]:
+    """A server on 127.0.0.1 that accepts each connection and closes it at once (the client sees a reset);
+    yields (port, one item per accepted connection)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    accepted: list[int] = []
+
+    def drop_all() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            accepted.append(1)
+            conn.close()
+
+    threading.Thread(target=drop_all, daemon=True).start()
+    try:
+        yield listener.getsockname()[1], accepted
+    finally:
+        listener.close()
 
 
 def edit_config(config: Path, mutate: Callable[[dict[str, Any]], None]) -> Path:

@@ -5,8 +5,6 @@ backend's query, cursor-to-Arrow and extract code; (2) the real pytds driver mee
 
 from __future__ import annotations
 
-import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +12,7 @@ from typing import Any
 import duckdb
 import pytest
 import sqlglot
-from test_sources_support import edit_config, local_extract, read_extract, relocate
+from test_sources_support import edit_config, local_extract, read_extract, relocate, resetting_server
 
 from basemodel_pipeline import sources
 from basemodel_pipeline.config import load_config
@@ -142,29 +140,12 @@ def test_synapse_unsupported_text_date_format_is_a_config_error(
 
 def test_synapse_dropped_connections_are_retried_then_reported(tiny_config: Path, monkeypatch) -> None:
     pytest.importorskip("pytds")
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(8)
-    accepted = []
-
-    def drop_all() -> None:
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            accepted.append(1)
-            conn.close()
-
-    threading.Thread(target=drop_all, daemon=True).start()
     monkeypatch.setenv("BASEMODEL_SOURCE_ATTEMPTS", "3")
     monkeypatch.setenv("BASEMODEL_SOURCE_RETRY_BASE_S", "0.01")
-    cfg = load_config(synapse_config(tiny_config, monkeypatch, port=listener.getsockname()[1]))
-    try:
+    with resetting_server() as (port, accepted):
+        cfg = load_config(synapse_config(tiny_config, monkeypatch, port=port))
         with pytest.raises(SourceUnavailable) as info:
             run_extract(cfg, "transactions")
-    finally:
-        listener.close()
     message = str(info.value)
     assert message.startswith("source 'transactions' (synapse:transactions): still failing after 3 attempts")
     assert len(accepted) == 3 and PASSWORD not in message

@@ -36,8 +36,9 @@ from basemodel_pipeline.config import DataSource, PipelineConfig
 from basemodel_pipeline.config.outputs import WarehouseOutput
 from basemodel_pipeline.errors import DataError
 from basemodel_pipeline.outputs.base import Writer
-from basemodel_pipeline.sources import backend_class
-from basemodel_pipeline.sources.base import Backend, first_line, with_retry
+from basemodel_pipeline.retry import mask
+from basemodel_pipeline.sources import backend_class, retrying
+from basemodel_pipeline.sources.base import Backend, first_line
 
 log = logging.getLogger(__name__)
 SCENARIO = "scenario"
@@ -168,7 +169,7 @@ class TableWriter(Writer):
         src = DataSource(type="attribute", name=name, data_location=location)
         self.what = f"output '{name}' ({dest.kind}:{self.table_name})"  # type: ignore[attr-defined]
         cls = backend_class(dest.kind)  # type: ignore[attr-defined]
-        self.is_transient = cls.is_transient
+        self.src, self.backend_cls, self.is_transient = src, cls, cls.is_transient
         self.backend: Backend = self.retry(lambda: cls(src, Path(cfg.workspace)), "connect")
         self.target: exp.Table = self.qualify(self.backend.table())  # type: ignore[arg-type]
         suffix = f"__stage_{uuid.uuid4().hex[:12]}"
@@ -196,7 +197,7 @@ class TableWriter(Writer):
 
     def retry(self, fn: Callable[[], Any], step: str) -> Any:
         """Run an idempotent step, retrying transient failures; failures name the output and the step."""
-        return with_retry(fn, what=f"{self.what}: {step}", is_transient=self.is_transient)
+        return retrying(self.src, self.backend_cls, fn, f"{self.what}: {step}")
 
     def once(self, fn: Callable[[], Any], step: str) -> Any:
         """Run a step that must not be repeated (appending rows)."""
@@ -205,7 +206,8 @@ class TableWriter(Writer):
         except DataError:
             raise
         except Exception as exc:  # noqa: BLE001 - reported with the output's name
-            raise DataError(f"{self.what}: {step}: {first_line(exc)}") from exc
+            why = mask(first_line(exc), self.backend_cls.secrets(self.src.data_location))
+            raise DataError(f"{self.what}: {step}: {why}") from exc
 
     def column_name(self, name: str) -> str:
         return name.upper() if self.upper_case_columns else name

@@ -66,6 +66,19 @@ def open_backend(cfg: PipelineConfig, src: DataSource) -> Backend:
     return backend_class(src.data_location.database_type)(src, Path(cfg.workspace))
 
 
+def retrying(src: DataSource, cls: type[Backend], fn: Callable[[], T], label: str | None = None) -> T:
+    """fn retried on the backend's transient failures; a failure names the source (or `label`) and, when the
+    connection failed, the backend's host:port; the location's secrets are masked."""
+    loc = src.data_location
+    return with_retry(
+        fn,
+        what=label or what(src),
+        is_transient=cls.is_transient,
+        where=cls.endpoint(loc),
+        secrets=cls.secrets(loc),
+    )
+
+
 def run_with_backend(cfg: PipelineConfig, src: DataSource, fn: Callable[[Backend], T]) -> T:
     """Open the source, call fn, close; the whole attempt is retried on transient failures."""
     cls = backend_class(src.data_location.database_type)
@@ -74,7 +87,7 @@ def run_with_backend(cfg: PipelineConfig, src: DataSource, fn: Callable[[Backend
         with cls(src, Path(cfg.workspace)) as backend:
             return fn(backend)
 
-    return with_retry(attempt, what=what(src), is_transient=cls.is_transient)
+    return retrying(src, cls, attempt)
 
 
 def same_database(a: DataSource, b: DataSource) -> bool:
@@ -165,7 +178,7 @@ def read_source(
             backend.close()
             raise
 
-    backend, reader = with_retry(attempt, what=what(src), is_transient=cls.is_transient)
+    backend, reader = retrying(src, cls, attempt)
     try:
         yield reader
     finally:

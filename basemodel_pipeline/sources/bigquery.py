@@ -17,6 +17,7 @@ from sqlglot import exp
 
 from basemodel_pipeline.config.models import DataSource
 from basemodel_pipeline.config.sources import BigQueryLocation, BigQueryParams
+from basemodel_pipeline.retry import host_port
 from basemodel_pipeline.sources.base import Backend
 from basemodel_pipeline.sources.sql import table_from_name
 
@@ -114,6 +115,10 @@ class BigQueryBackend(Backend):
             yield from batches
 
         return pa.RecordBatchReader.from_batches(first.schema, all_batches())
+
+    @classmethod
+    def endpoint(cls, location: BigQueryLocation) -> str | None:
+        return host_port(location.connection_params.api_endpoint) or "bigquery.googleapis.com:443"
 
     @classmethod
     def is_transient(cls, exc: BaseException) -> bool:

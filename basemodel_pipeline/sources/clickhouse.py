@@ -103,6 +103,11 @@ class ClickHouseBackend(Backend):
         return table.schema
 
     @classmethod
+    def endpoint(cls, location: ClickHouseLocation) -> str:
+        p = location.connection_params
+        return f"{p.host}:{p.port or (8443 if p.secure else 8123)}"
+
+    @classmethod
     def is_transient(cls, exc: BaseException) -> bool:
         match = CODE.search(str(exc))
         if match:

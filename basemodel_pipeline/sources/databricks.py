@@ -13,6 +13,7 @@ from sqlglot import exp
 
 from basemodel_pipeline.config.models import DataSource
 from basemodel_pipeline.config.sources import DatabricksLocation
+from basemodel_pipeline.retry import host_port
 from basemodel_pipeline.sources.base import Backend
 from basemodel_pipeline.sources.sql import table_from_name
 
@@ -65,6 +66,11 @@ class DatabricksBackend(Backend):
                 cursor.close()
 
         return pa.RecordBatchReader.from_batches(schema, batches())
+
+    @classmethod
+    def endpoint(cls, location: DatabricksLocation) -> str | None:
+        p = location.connection_params
+        return host_port(p.connection_uri) or host_port(p.server_hostname, 443)
 
     @classmethod
     def is_transient(cls, exc: BaseException) -> bool:

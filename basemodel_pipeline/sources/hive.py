@@ -65,6 +65,10 @@ class HiveBackend(Backend):
         return cursor_reader(cursor, pa.schema(fields))
 
     @classmethod
+    def endpoint(cls, location: HiveLocation) -> str:
+        return f"{location.connection_params.host}:{location.connection_params.port}"
+
+    @classmethod
     def is_transient(cls, exc: BaseException) -> bool:
         text = str(exc).lower()
         if isinstance(exc, TTransportException):

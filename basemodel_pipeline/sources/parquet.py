@@ -24,6 +24,7 @@ from sqlglot import exp
 from basemodel_pipeline.config.models import DataSource
 from basemodel_pipeline.config.sources import ParquetLocation, S3Options
 from basemodel_pipeline.errors import DataError
+from basemodel_pipeline.retry import connection_failure, host_port, secret_values
 from basemodel_pipeline.settings import setting
 from basemodel_pipeline.sources.base import Backend
 from basemodel_pipeline.sources.sql import quote_ident, quote_literal
@@ -265,8 +266,25 @@ class ParquetBackend(Backend):
         return self.con.execute(sql).fetch_record_batch(BATCH_ROWS)
 
     @classmethod
+    def endpoint(cls, location: ParquetLocation) -> str | None:
+        if not location.path.startswith("s3://"):
+            return None
+        s3 = s3_settings(location.s3)
+        if s3["endpoint"]:
+            return host_port(s3["endpoint"], 443 if s3["use_ssl"] else 80)
+        return f"s3.{s3['region']}.amazonaws.com:443"
+
+    @classmethod
+    def secrets(cls, location: ParquetLocation) -> list[str]:
+        s3 = s3_settings(location.s3)  # the AWS_* environment included
+        return [*secret_values(location), *(v for v in (s3["secret"], s3["session_token"]) if v)]
+
+    @classmethod
     def is_transient(cls, exc: BaseException) -> bool:
         text = str(exc)
+        # DuckDB's "Could not connect to server", pyarrow's curl errors: retried, though they say HTTP
+        if connection_failure(exc) is not None:
+            return True
         if "No files found that match the pattern" in text:  # a missing path or prefix: retrying cannot help
             return False
         if isinstance(exc, duckdb.HTTPException) or "HTTP" in text:

@@ -13,6 +13,7 @@ from sqlglot import exp
 
 from basemodel_pipeline.config.models import DataSource
 from basemodel_pipeline.config.sources import SnowflakeLocation
+from basemodel_pipeline.retry import connection_failure
 from basemodel_pipeline.sources.base import Backend
 from basemodel_pipeline.sources.sql import table_from_name
 
@@ -66,7 +67,17 @@ class SnowflakeBackend(Backend):
         return pa.RecordBatchReader.from_batches(schema, batches())
 
     @classmethod
+    def endpoint(cls, location: SnowflakeLocation) -> str:
+        p = location.connection_params
+        host = p.host or f"{p.account}.snowflakecomputing.com"
+        return f"{host}:{p.port or (443 if p.protocol == 'https' else 80)}"
+
+    @classmethod
     def is_transient(cls, exc: BaseException) -> bool:
+        # 250001 is the connector's code for any failed login: a refused or timed-out connection and a 502/504
+        # under it are worth retrying; a 403 (wrong account) or a rejected login is not
+        if connection_failure(exc) is not None or "service is unavailable" in str(exc).lower():
+            return True
         errno = getattr(exc, "errno", None)
         if errno in AUTH_ERRNOS or isinstance(exc, sf_errors.ProgrammingError):
             return False

@@ -87,6 +87,10 @@ class SynapseBackend(Backend):
         return cursor_reader(cursor)
 
     @classmethod
+    def endpoint(cls, location: SynapseLocation) -> str:
+        return f"{location.connection_params.server}:{location.connection_params.port}"
+
+    @classmethod
     def is_transient(cls, exc: BaseException) -> bool:
         text = str(exc).lower()
         if any(word in text for word in PERMANENT_WORDS):
