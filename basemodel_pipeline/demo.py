@@ -45,9 +45,12 @@ data_sources:
     main_entity_column: household_id
 data_params:
   data_start_date: 2017-01-01
-  training_start_date: 2017-03-01
-  validation_start_date: 2017-10-04
-  training_end_date: 2017-11-15      # test split point: test windows start here
+  # Rolling windows: each run counts back from the data's last event day, so after new days land the models
+  # train and test on the newest weeks. On the shipped data (last day 2018-01-01) they resolve to the split of
+  # the published results: training from 2017-03-01, validation from 2017-10-04, test from 2017-11-15.
+  training_end_date: -47d            # the test split point: three 28-day test windows fit after it
+  validation_start_date: -6w         # counted back from training_end_date
+  training_start_date: -37w
   split_interval_days: 7
 training_params:
   foundation:
@@ -117,9 +120,11 @@ data_sources:
     main_entity_column: tailnum
 data_params:
   data_start_date: 2013-01-01
-  training_start_date: 2013-02-01
-  validation_start_date: 2013-09-20
-  training_end_date: 2013-11-15      # test split point: test windows start here
+  # Rolling windows counted back from the last event day (2014-01-01 on the shipped data: training from
+  # 2013-02-01, validation from 2013-09-20, test from 2013-11-15).
+  training_end_date: -47d            # the test split point
+  validation_start_date: -8w         # counted back from training_end_date
+  training_start_date: -41w
   split_interval_days: 7
 training_params:
   foundation:
@@ -172,9 +177,11 @@ data_sources:
     main_entity_column: customer_id
 data_params:
   data_start_date: 2010-12-01
-  training_start_date: 2011-01-03
-  validation_start_date: 2011-08-22
-  training_end_date: 2011-10-21      # test split point: test windows start here
+  # Rolling windows counted back from the last event day (2011-12-09 on the shipped data: training from
+  # 2011-01-03, validation from 2011-08-22, test from 2011-10-21).
+  training_end_date: -49d            # the test split point
+  validation_start_date: -60d        # counted back from training_end_date
+  training_start_date: -291d
   split_interval_days: 7
 training_params:
   foundation:

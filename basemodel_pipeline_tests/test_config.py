@@ -58,7 +58,8 @@ def test_demo_config_parses() -> None:
     assert cfg.source("products").data_location.path == "/configs/demo/data/products.parquet"
     assert cfg.workspace == "/configs/demo"
     assert [s.name for s in cfg.scenarios] == ["churn", "department_propensity"]
-    assert cfg.data_params.test_date == dt.date(2017, 11, 15)
+    assert cfg.data_params.training_end_date == "-47d"  # rolling: resolved against the data at each run
+    assert cfg.data_params.resolved(dt.date(2018, 1, 1), 28).test_date == dt.date(2017, 11, 15)
 
 
 def test_tiny_config_loads_and_matches_its_data(tiny_dataset: Path) -> None:
@@ -151,7 +152,11 @@ def test_read_parquet_sql_quotes_and_globs(tmp_path: Path) -> None:
             id="scenario-source-not-event",
         ),
         pytest.param(
-            lambda c: c["data_params"].update(validation_start_date="2017-12-01"),
+            lambda c: c["data_params"].update(
+                training_start_date="2017-03-01",
+                validation_start_date="2017-12-01",
+                training_end_date="2017-11-15",
+            ),
             ["data_params: validation_start_date (2017-12-01) must be before training_end_date (2017-11-15)"],
             id="dates-out-of-order",
         ),
@@ -628,3 +633,31 @@ def test_null_entity_ids_and_dates_are_named_by_validate(tiny_config: Path) -> N
             check_config_against_data(load_config(tiny_config), tiny_config)
         assert "where_condition" in str(err.value) and "\n" not in str(err.value)
     pq.write_table(table, path)
+
+
+def test_a_training_end_date_counted_back_from_the_data_leaves_room_for_the_longest_horizon() -> None:
+    """`training_end_date: -47d`: the test split point 47 days before the last event day, so several weekly
+    test windows fit after it; an offset shorter than the longest horizon is refused naming the smallest one."""
+    import datetime as dt
+
+    from basemodel_pipeline.config.params import DataParams
+    from basemodel_pipeline.errors import ConfigError
+
+    dp = DataParams.model_validate(
+        {
+            "data_start_date": "2017-01-01",
+            "training_start_date": "-37w",
+            "validation_start_date": "-6w",
+            "training_end_date": "-47d",
+        }
+    )
+    assert dp.rolling
+    resolved = dp.resolved(dt.date(2018, 1, 1), longest_horizon_days=28)
+    assert (resolved.first_split, resolved.validation_start, resolved.test_date) == (
+        dt.date(2017, 3, 1),
+        dt.date(2017, 10, 4),
+        dt.date(2017, 11, 15),
+    )
+    short = dp.model_copy(update={"training_end_date": "-3w"})
+    with pytest.raises(ConfigError, match=r"training_end_date: -3w .* 28 days.* -28d or more"):
+        short.resolved(dt.date(2018, 1, 1), longest_horizon_days=28)

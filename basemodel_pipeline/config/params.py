@@ -20,8 +20,9 @@ Relative = Annotated[str, Field(pattern=RELATIVE)]
 class DataParams(Strict):
     """Where the windows lie. Fixed dates, or rolling ones resolved against the data at each run:
     ``training_end_date: auto`` is the cache's last event day minus the longest scenario horizon (the last day
-    counts as partial: every test window ends before it), and ``validation_start_date`` /
-    ``training_start_date`` may count back from it ("-8w", "-56d", "-8splits")."""
+    counts as partial: every test window ends before it), ``training_end_date: -47d`` that day minus 47 days
+    (room for several weekly test windows), and ``validation_start_date`` / ``training_start_date`` may count
+    back from the resolved training_end_date ("-8w", "-56d", "-8splits")."""
 
     data_start_date: dt.date = Field(description="Events before this date are ignored.")
     training_start_date: dt.date | Relative | None = Field(
@@ -33,9 +34,10 @@ class DataParams(Strict):
         description="Split points from this date on are validation only (a date, or an offset back from "
         "training_end_date such as -8w)."
     )
-    training_end_date: dt.date | Literal["auto"] = Field(
+    training_end_date: dt.date | Literal["auto"] | Relative = Field(
         description="No training or validation target window extends past this date; the test split point. "
-        "auto: the last event day in the cache minus the longest scenario horizon, at each run."
+        "auto: the last event day in the cache minus the longest scenario horizon, at each run; an offset "
+        "such as -47d or -7w: the last event day minus that (at least the longest horizon), at each run."
     )
     split_interval_days: int = Field(default=7, gt=0, description="Days between scenario split points.")
     test_split_points: int = Field(
@@ -107,6 +109,15 @@ class DataParams(Strict):
         end = self.training_end_date
         if end == "auto":
             end = last_event_day - dt.timedelta(days=longest_horizon_days)
+        elif isinstance(end, str):
+            back = self.offset_days(end)
+            if back < longest_horizon_days:
+                raise ConfigError(
+                    f"data_params.training_end_date: {end} puts the test split point {back} days before the "
+                    f"last event day, but the longest scenario horizon is {longest_horizon_days} days: its test "
+                    f"window would run past the data; use -{longest_horizon_days}d or more (or auto)"
+                )
+            end = last_event_day - dt.timedelta(days=back)
         assert isinstance(end, dt.date)
         update: dict[str, dt.date] = {"training_end_date": end}
         for name in ("validation_start_date", "training_start_date"):

@@ -142,7 +142,8 @@ class CrossChecks(CheckContext):
             try:
                 dp = dp.resolved(resolved_at, self.cfg.longest_horizon_days)
             except ConfigError as err:
-                self.fail("data_params", str(err).removeprefix("data_params: "))
+                where, _, message = str(err).partition(": ")
+                self.fail(where if where.startswith("data_params") else "data_params", message)
         self.check_windows_fit(raw, dp, resolved_at)
         test = dp.test_date
         for i, sc in enumerate(self.cfg.scenarios):
