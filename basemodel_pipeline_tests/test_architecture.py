@@ -57,7 +57,9 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("model", frozenset({"model"})),
     ("evaluation", frozenset({"evaluation"})),
     ("training", frozenset({"training"})),
-    ("scenarios", frozenset({"scenarios", "tasks"})),  # tasks/: one class per task type (docs/tasks.md)
+    ("targets", frozenset({"targets"})),  # labels, the events API, candidate examples, Python targets
+    ("tasks", frozenset({"tasks"})),  # one class per task type, owning its labels (docs/tasks.md)
+    ("scenarios", frozenset({"scenarios"})),
     ("inference", frozenset({"inference"})),
     ("reports", frozenset({"reports", "verify"})),  # verify reads what every stage wrote
     ("pipeline", frozenset({"pipeline"})),

@@ -15,7 +15,7 @@ from basemodel_pipeline.cache.store import EventCache, bisect_rows
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.features.cleora import cleora, incidence
 from basemodel_pipeline.features.dlsh import dlsh_table, weighted_median
-from basemodel_pipeline.features.kernels import entity_chunks, row_chunks
+from basemodel_pipeline.features.kernels import entity_chunks, row_chunks, scan
 from basemodel_pipeline.features.sketch import FeatureEncoder
 from basemodel_pipeline.pipeline import run_cache, run_extract
 
@@ -41,6 +41,28 @@ def test_bisect_rows_matches_searchsorted_per_entity() -> None:
         offsets[q] + np.searchsorted(ts[offsets[q] : offsets[q + 1]], tq) for q, tq in zip(e, t, strict=True)
     ]
     np.testing.assert_array_equal(got, want)
+
+
+def test_the_decayed_scan_is_the_recurrence_along_each_entitys_queries_bit_for_bit() -> None:
+    """seg[j] += exp(-(t_j - t_{j-1}) * rate) * seg[j-1] within each run of one entity's queries (ragged runs,
+    runs of one, a long run), computed one query at a time in the same float32 arithmetic."""
+    rng = np.random.default_rng(0)
+    lengths = np.array([1, 5, 1, 44, 3, 3, 0, 17, 2, 1, 9])
+    lengths = lengths[lengths > 0]
+    first = np.concatenate([[True] + [False] * (n - 1) for n in lengths])
+    t = np.concatenate([np.cumsum(rng.integers(1, 20, n)) * 86400 for n in lengths]).astype(np.int64)
+    rates = torch.tensor([np.log(2) / (h * 86400) for h in (7.0, 30.0, 120.0)])
+    seg = torch.from_numpy(rng.normal(size=(len(t), 3, 5)).astype(np.float32))
+    want = seg.clone()
+    gaps = torch.zeros(len(t), dtype=torch.float32)
+    gaps[1:] = torch.from_numpy(t[1:] - t[:-1]).to(torch.float32)
+    decay = torch.exp(-gaps.unsqueeze(1) * rates.unsqueeze(0)).unsqueeze(2)
+    for j in range(len(t)):
+        if not first[j]:
+            want[j] += decay[j] * want[j - 1]
+    got = scan(seg, torch.from_numpy(t), torch.from_numpy(first), rates)
+    assert got is seg  # in place
+    assert torch.equal(got, want)
 
 
 def test_row_chunks_cover_queries_and_respect_entities_and_budget() -> None:

@@ -17,7 +17,7 @@ import yaml
 from typer.testing import CliRunner
 
 from basemodel_pipeline.cli import app
-from basemodel_pipeline.scenarios.time_limit import TimeLimit, TimeLimitExceeded
+from basemodel_pipeline.targets.time_limit import TimeLimit, TimeLimitExceeded
 
 TARGETS = """
 import sys

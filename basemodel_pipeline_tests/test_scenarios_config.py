@@ -130,7 +130,7 @@ def test_known_columns_pass_validation(tiny_config: Path) -> None:
 
 
 def test_python_target_that_cannot_be_imported_names_the_scenario(tiny_config: Path) -> None:
-    from basemodel_pipeline.scenarios.python_target import load_function
+    from basemodel_pipeline.targets.python import load_function
 
     cfg = load_config(
         with_scenario(
@@ -176,7 +176,7 @@ def test_python_target_next_to_the_config_imports_from_any_directory(
     )
     code = (
         "import sys; from basemodel_pipeline.config import load_config; "
-        "from basemodel_pipeline.scenarios.python_target import load_function; "
+        "from basemodel_pipeline.targets.python import load_function; "
         f"print(load_function(load_config({str(config)!r}).scenario('mine')).__name__)"
     )
     elsewhere = tmp_path / "elsewhere"

@@ -15,10 +15,11 @@ from basemodel_pipeline.cache.store import ColumnInfo, EventCache, EventSource
 from basemodel_pipeline.config.models import Scenario
 from basemodel_pipeline.dates import DAY
 from basemodel_pipeline.errors import ConfigError
-from basemodel_pipeline.scenarios.events import SourceEvents
-from basemodel_pipeline.scenarios.examples import SparseLabels, TargetSpec, candidate_pairs, label_columns
 from basemodel_pipeline.scenarios.lora import LoRALinear, add_lora, merge_lora
 from basemodel_pipeline.scenarios.targets import build_examples, choose_classes
+from basemodel_pipeline.targets.events import SourceEvents
+from basemodel_pipeline.targets.labels import SparseLabels, TargetSpec, label_columns
+from basemodel_pipeline.targets.windows import candidate_pairs
 from basemodel_pipeline.tasks import task_for
 from basemodel_pipeline.tasks.recommendation import RecommendationDetails
 

@@ -13,8 +13,8 @@ from basemodel_pipeline.errors import ConfigError
 from basemodel_pipeline.evaluation.gbm import GBM, fit_gbm
 from basemodel_pipeline.metadata import json_dumps
 from basemodel_pipeline.scenarios.candidates import Blend, Context
-from basemodel_pipeline.scenarios.examples import TargetSpec
 from basemodel_pipeline.scenarios.selection import choose, split_validation
+from basemodel_pipeline.targets.labels import TargetSpec
 from basemodel_pipeline.tasks import task_for, task_named
 from basemodel_pipeline.tasks.regression import RegressionDetails, regression_stats
 

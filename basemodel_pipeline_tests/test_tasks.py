@@ -15,7 +15,7 @@ from torch import nn
 
 from basemodel_pipeline.config import scenarios as config_scenarios
 from basemodel_pipeline.evaluation import metrics
-from basemodel_pipeline.scenarios.examples import SparseLabels, TargetDetails, TargetSpec
+from basemodel_pipeline.targets.labels import SparseLabels, TargetDetails, TargetSpec
 from basemodel_pipeline.tasks import TASKS, Task, register, task_for, task_named
 from basemodel_pipeline.tasks.binary import Binary
 from basemodel_pipeline.tasks.multiclass import Multiclass

@@ -131,8 +131,8 @@ def test_finetune_caps_its_examples_and_says_how_many_there_were(built, tmp_path
 def _featurised(cfg, cache: EventCache, n: int):
     """The shared fine-tuning features of the first n entities three days before the data's end."""
     from basemodel_pipeline.progress import NullProgress
-    from basemodel_pipeline.scenarios.examples import Examples
     from basemodel_pipeline.scenarios.shared import open_shared
+    from basemodel_pipeline.targets.labels import Examples
 
     if not (Path(cfg.workspace) / "checkpoints" / "foundation" / "LATEST").exists():
         run_pretrain(cfg)

@@ -113,7 +113,7 @@ def head_only_scenario(cfg, name: str) -> dict:  # noqa: ANN001
         load_checkpoint,
         publish_checkpoint,
     )
-    from basemodel_pipeline.scenarios.examples import TargetSpec
+    from basemodel_pipeline.targets.labels import TargetSpec
 
     foundation, fmeta = load_checkpoint(ws.latest_foundation_dir(cfg))
     model = build_model(fmeta.arch.with_out_dim(1))

@@ -110,7 +110,7 @@ def scenario_examples(cfg, cache: EventCache, name: str):
 
 
 def truth_of(task: str, ex) -> np.ndarray:
-    from basemodel_pipeline.scenarios.examples import dense_labels
+    from basemodel_pipeline.targets.labels import dense_labels
 
     return dense_labels(ex.labels) if task == "multilabel" else np.asarray(ex.labels)
 

@@ -50,8 +50,8 @@ from basemodel_pipeline.evaluation.probe import (
 from basemodel_pipeline.features.aggregates import aggregate_features
 from basemodel_pipeline.features.sketch import FeatureEncoder
 from basemodel_pipeline.model.checkpoint import load_checkpoint
-from basemodel_pipeline.scenarios.examples import Examples
 from basemodel_pipeline.scenarios.targets import build_examples, choose_classes
+from basemodel_pipeline.targets.labels import Examples
 from basemodel_pipeline.tasks import task_named
 from basemodel_pipeline.training.splits import scenario_split_times
 from basemodel_pipeline.workspace import cache_dir

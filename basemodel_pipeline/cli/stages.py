@@ -44,7 +44,7 @@ def validate(config: ConfigArg) -> None:
             check_config_against_data(cfg, config)
         for sc in cfg.scenarios:  # a python target's module imports (within target.timeout_s)
             if sc.target.kind == "python":
-                from basemodel_pipeline.scenarios.python_target import load_function
+                from basemodel_pipeline.targets.python import load_function
 
                 load_function(sc)
     table = Table(title=f"{config}: OK", title_justify="left")

@@ -107,19 +107,33 @@ def decayed_sums(
 
 
 def scan(seg: torch.Tensor, t: torch.Tensor, first: torch.Tensor, rates: torch.Tensor) -> torch.Tensor:
-    """In place: seg[j] += exp(-(t_j - t_{j-1}) * rate) * seg[j-1] along each entity's queries. seg [n, R, C]."""
+    """In place: seg[j] += exp(-(t_j - t_{j-1}) * rate) * seg[j-1] along each entity's queries. seg [n, R, C].
+
+    The recurrence runs one rank (a query's place in its entity's run) at a time. The rows are first put in
+    rank-major order, with the runs sorted longest first, so the queries of rank r and their predecessors of
+    rank r - 1 are two contiguous blocks (the runs that reach rank r are a prefix of those that reach r - 1):
+    each step is a slice, not a gather and a scatter of the [n, R, C] block."""
     n = len(t)
     if n == 0:
         return seg
-    idx = torch.arange(n, device=t.device)
-    run_start = torch.cummax(torch.where(first, idx, torch.zeros_like(idx)), 0).values
-    rank = idx - run_start
+    run = torch.cumsum(first.to(torch.int64), 0) - 1  # run of each query (queries sorted by entity, time)
+    lengths = torch.bincount(run)
+    if int(lengths.max()) == 1:
+        return seg
+    rank = torch.arange(n, device=t.device) - torch.cumsum(lengths, 0)[run] + lengths[run]
+    place = torch.empty_like(lengths)  # a run's place among the runs, longest first
+    place[torch.sort(-lengths, stable=True).indices] = torch.arange(len(lengths), device=t.device)
+    order = torch.argsort(rank * len(lengths) + place[run])
+    reaching = torch.bincount(rank)  # runs that reach each rank (non-increasing)
+    start = torch.cumsum(reaching, 0) - reaching
     gap = torch.zeros(n, dtype=torch.float32, device=t.device)
     gap[1:] = (t[1:] - t[:-1]).to(torch.float32)
-    decay = torch.exp(-gap.unsqueeze(1) * rates.unsqueeze(0)).unsqueeze(2)  # [n, R, 1]
-    for r in range(1, int(rank.max()) + 1):
-        q = torch.nonzero(rank == r).squeeze(1)
-        seg[q] += decay[q] * seg[q - 1]
+    decay = torch.exp(-gap.unsqueeze(1) * rates.unsqueeze(0)).unsqueeze(2)[order]  # [n, R, 1]
+    block = seg[order]
+    for r in range(1, len(reaching)):
+        a, m, p = int(start[r]), int(reaching[r]), int(start[r - 1])
+        block[a : a + m] += decay[a : a + m] * block[p : p + m]
+    seg[order] = block
     return seg
 
 

@@ -35,8 +35,8 @@ from basemodel_pipeline.config.models import PythonTarget
 from basemodel_pipeline.evaluation import baselines, metrics
 from basemodel_pipeline.evaluation.gbm import GBM, fit_gbm
 from basemodel_pipeline.progress import NullProgress, Progress
-from basemodel_pipeline.scenarios.examples import SparseLabels, TargetSpec, label_columns
 from basemodel_pipeline.scenarios.inputs import Rows
+from basemodel_pipeline.targets.labels import SparseLabels, TargetSpec, label_columns
 from basemodel_pipeline.tasks import Task
 
 EMBEDDING_COMPONENTS = 32  # lightgbm_hybrid: principal components of the foundation embedding

@@ -28,7 +28,6 @@ from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache.versions import data_version as cache_data_version
 from basemodel_pipeline.cache.windows import windows_metadata
 from basemodel_pipeline.config import PipelineConfig, Scenario
-from basemodel_pipeline.config.models import PythonTarget
 from basemodel_pipeline.dates import iso_day
 from basemodel_pipeline.metadata import json_dumps
 from basemodel_pipeline.model.checkpoint import CheckpointMeta, publish_checkpoint
@@ -38,7 +37,6 @@ from basemodel_pipeline.scenarios import staging
 from basemodel_pipeline.scenarios.bagging import seed_spread
 from basemodel_pipeline.scenarios.calibration import amounts_summary, calibrate_outputs
 from basemodel_pipeline.scenarios.candidates import Candidate, Context, LightGBM, fitted_blend
-from basemodel_pipeline.scenarios.examples import Examples, TargetSpec
 from basemodel_pipeline.scenarios.inputs import Rows
 from basemodel_pipeline.scenarios.network import clear_resume, train_network
 from basemodel_pipeline.scenarios.outcome import kept_outputs, run_summary
@@ -54,6 +52,7 @@ from basemodel_pipeline.scenarios.shared import (
     refits,
     split_parts,
 )
+from basemodel_pipeline.targets.labels import Examples, TargetSpec
 from basemodel_pipeline.tasks import Task
 from basemodel_pipeline.tasks.recommendation import Recommendation
 from basemodel_pipeline.training import promotion
@@ -408,12 +407,11 @@ def _publish(
         timing["report_s"] = time.perf_counter() - t0
     if big:
         extra["target.json"] = json.dumps(big)
-    if isinstance(scenario.target, PythonTarget):
-        from basemodel_pipeline.scenarios.python_target import function_source
+    from basemodel_pipeline.targets.python import function_source
 
-        source = function_source(scenario)
-        if source is not None:
-            extra["target_function.py"] = source
+    source = function_source(scenario)  # a Python target's; None for a declarative one
+    if source is not None:
+        extra["target_function.py"] = source
     root = ws.scenario_root(shared.cfg, scenario.name)
     version, final = publish_checkpoint(root, done.model, meta, extra, promote=False)
     clear_resume(shared.cfg, scenario.name)  # the network's resumable states are no longer needed

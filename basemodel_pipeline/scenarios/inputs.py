@@ -78,7 +78,7 @@ class Rows:
 
     def subset(self, idx: np.ndarray) -> Rows:
         """Rows `idx` (memoised arrays sliced, labels taken, features still not copied)."""
-        from basemodel_pipeline.scenarios.examples import take_labels
+        from basemodel_pipeline.targets.labels import take_labels
 
         idx = np.asarray(idx, np.int64)
         view = RowView(self.X.X, idx if self.X.rows is None else self.X.rows[idx])

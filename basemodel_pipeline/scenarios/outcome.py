@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from basemodel_pipeline.scenarios.examples import Examples
 from basemodel_pipeline.scenarios.selection import Selection
+from basemodel_pipeline.targets.labels import Examples
 
 
 def kept_outputs(outputs: dict[str, Any], truth: Any, test: Examples) -> dict[str, Any]:

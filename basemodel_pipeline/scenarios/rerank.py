@@ -40,7 +40,6 @@ import torch
 from basemodel_pipeline.evaluation.gbm import fit_ranker
 from basemodel_pipeline.evaluation.probe import entity_folds
 from basemodel_pipeline.scenarios.candidates import Context
-from basemodel_pipeline.scenarios.examples import SparseLabels
 from basemodel_pipeline.scenarios.inputs import Rows
 from basemodel_pipeline.scenarios.item_stats import (
     CooccurrenceTable,
@@ -49,6 +48,7 @@ from basemodel_pipeline.scenarios.item_stats import (
     best_per_group,
     item_history,
 )
+from basemodel_pipeline.targets.labels import SparseLabels
 from basemodel_pipeline.tasks.recommendation import RANKED_ITEMS, Recommendation
 
 POOL_HISTORY = 50  # pool: the entity's own items (by decayed count)

@@ -23,7 +23,7 @@ import numpy as np
 from basemodel_pipeline.errors import ConfigError
 from basemodel_pipeline.evaluation.probe import bootstrap_rounds, entity_folds, paired_bootstrap
 from basemodel_pipeline.scenarios.candidates import Blend, Candidate, Context
-from basemodel_pipeline.scenarios.examples import SparseLabels, take_labels
+from basemodel_pipeline.targets.labels import SparseLabels, take_labels
 from basemodel_pipeline.tasks import Task
 
 PREFERENCE = (

@@ -24,7 +24,6 @@ from basemodel_pipeline.progress import Progress
 from basemodel_pipeline.scenarios import staging
 from basemodel_pipeline.scenarios.bagging import SeedBag
 from basemodel_pipeline.scenarios.candidates import Candidate, Context, LightGBM, Neural, Popularity
-from basemodel_pipeline.scenarios.examples import Examples, TargetSpec
 from basemodel_pipeline.scenarios.inputs import Rows, RowView, _Embed
 from basemodel_pipeline.scenarios.ranking_baselines import (
     Cooccurrence,
@@ -36,6 +35,7 @@ from basemodel_pipeline.scenarios.ranking_baselines import (
 from basemodel_pipeline.scenarios.rerank import Reranker, item_filter
 from basemodel_pipeline.scenarios.selection import BASELINES, split_validation
 from basemodel_pipeline.scenarios.targets import build_examples, choose_classes
+from basemodel_pipeline.targets.labels import Examples, TargetSpec
 from basemodel_pipeline.tasks import task_named
 from basemodel_pipeline.training.splits import scenario_split_times
 from basemodel_pipeline.workspace import cache_dir

@@ -39,7 +39,7 @@ from basemodel_pipeline.scenarios.loading import load_candidate
 KEEP_STAGES = 2  # stages kept per scenario (the newest keys)
 FORMAT = 1
 # library code the staged candidates' content depends on (packages or modules of basemodel_pipeline)
-CODE = ("cache", "config", "evaluation", "features", "scenarios", "training")
+CODE = ("cache", "config", "evaluation", "features", "scenarios", "targets", "tasks", "training")
 PACKAGE = Path(__file__).resolve().parent.parent
 
 
@@ -55,13 +55,9 @@ def code_version() -> str:
 
 def stage_key(cfg: PipelineConfig, scenario: Scenario, cache_version: str, encoder: dict[str, Any]) -> str:
     """The key of a scenario's stage (see the module docstring); `cfg` has its windows resolved."""
-    from basemodel_pipeline.config.models import PythonTarget
+    from basemodel_pipeline.targets.python import function_source
 
-    source = None
-    if isinstance(scenario.target, PythonTarget):
-        from basemodel_pipeline.scenarios.python_target import function_source
-
-        source = function_source(scenario)
+    source = function_source(scenario)  # a Python target's; None for a declarative one
     inputs = {
         "format": FORMAT,
         "cache": cache_version,

@@ -1,8 +1,8 @@
 """Targets -> labelled examples (entity index, split time, label) from the event cache.
 
 Declarative targets are vectorised over all examples at once (CSR window rows, bincount); Python targets
-(scenarios/python_target.py) are called per example. Labels with many columns (large multilabel,
-recommendation) are kept sparse (``SparseLabels``, scenarios/examples.py) and densified one mini-batch at a
+(targets/python.py) are called per example. Labels with many columns (large multilabel,
+recommendation) are kept sparse (``SparseLabels``, targets/labels.py) and densified one mini-batch at a
 time.
 """
 
@@ -22,15 +22,16 @@ from basemodel_pipeline.config.models import (
 )
 from basemodel_pipeline.dates import DAY
 from basemodel_pipeline.errors import ConfigError
-from basemodel_pipeline.scenarios.events import (
+from basemodel_pipeline.targets.events import (
     regression_values,
     target_source,
     vocab,
     window_events,
 )
-from basemodel_pipeline.scenarios.examples import Examples, SparseLabels, TargetSpec, candidate_pairs
-from basemodel_pipeline.scenarios.python_target import python_examples
-from basemodel_pipeline.tasks import task_named
+from basemodel_pipeline.targets.labels import Examples, SparseLabels, TargetSpec
+from basemodel_pipeline.targets.python import python_examples
+from basemodel_pipeline.targets.windows import candidate_pairs
+from basemodel_pipeline.tasks import task_for, task_named
 from basemodel_pipeline.tasks.multilabel import MultilabelDetails
 from basemodel_pipeline.tasks.recommendation import RecommendationDetails
 from basemodel_pipeline.tasks.regression import RegressionDetails
@@ -284,7 +285,7 @@ def recommendation_examples(
 def build_examples(cache: EventCache, scenario: Scenario, spec: TargetSpec, times: np.ndarray) -> Examples:
     target = scenario.target
     if isinstance(target, PythonTarget):
-        return python_examples(cache, scenario, spec, times)
+        return python_examples(cache, scenario, task_for(spec), times)
     if isinstance(target, BinaryTarget):
         return binary_examples(cache, scenario, times)
     if isinstance(target, MultilabelTarget):

@@ -37,7 +37,7 @@ from torch import nn
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import Scenario
 from basemodel_pipeline.evaluation import baselines, metrics
-from basemodel_pipeline.scenarios.examples import Labels, TargetDetails, TargetSpec
+from basemodel_pipeline.targets.labels import Labels, TargetDetails, TargetSpec
 
 Label = float | np.ndarray
 

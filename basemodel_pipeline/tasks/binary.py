@@ -17,7 +17,7 @@ from torch import nn
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import Scenario
 from basemodel_pipeline.evaluation import baselines, metrics
-from basemodel_pipeline.scenarios.examples import Labels, SparseLabels, dense_labels
+from basemodel_pipeline.targets.labels import Labels, SparseLabels, dense_labels
 from basemodel_pipeline.tasks.base import Label, Task, register
 
 EPS = 1e-6  # probabilities are clipped to [EPS, 1 - EPS] before their logit

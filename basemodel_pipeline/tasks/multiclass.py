@@ -19,7 +19,7 @@ from torch import nn
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import Scenario
 from basemodel_pipeline.evaluation import metrics
-from basemodel_pipeline.scenarios.examples import Labels
+from basemodel_pipeline.targets.labels import Labels
 from basemodel_pipeline.tasks.base import Label, Task, register
 
 EPS = 1e-6  # probabilities are clipped to at least EPS before their log (blends)

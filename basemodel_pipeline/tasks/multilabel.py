@@ -18,7 +18,7 @@ import pyarrow as pa
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import Scenario
 from basemodel_pipeline.evaluation import baselines, metrics
-from basemodel_pipeline.scenarios.examples import Labels, SparseLabels, TargetDetails, dense_labels
+from basemodel_pipeline.targets.labels import Labels, SparseLabels, TargetDetails, dense_labels
 from basemodel_pipeline.tasks.base import Label, register
 from basemodel_pipeline.tasks.binary import Binary, sigmoid
 from basemodel_pipeline.tasks.multiclass import class_rows

@@ -22,13 +22,7 @@ import torch
 from torch import nn
 
 from basemodel_pipeline.evaluation import metrics
-from basemodel_pipeline.scenarios.examples import (
-    Labels,
-    SparseLabels,
-    TargetDetails,
-    TargetSpec,
-    dense_labels,
-)
+from basemodel_pipeline.targets.labels import Labels, SparseLabels, TargetDetails, TargetSpec, dense_labels
 from basemodel_pipeline.tasks.base import Task, register
 
 Bonus = tuple[np.ndarray, np.ndarray, np.ndarray]  # (row, item, decayed count) of the entities' own history

@@ -29,8 +29,8 @@ from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import Scenario
 from basemodel_pipeline.dates import DAY
 from basemodel_pipeline.evaluation import metrics
-from basemodel_pipeline.scenarios.events import regression_values
-from basemodel_pipeline.scenarios.examples import Labels, TargetDetails, TargetSpec
+from basemodel_pipeline.targets.events import regression_values
+from basemodel_pipeline.targets.labels import Labels, TargetDetails, TargetSpec
 from basemodel_pipeline.tasks.base import Task, register
 
 HURDLE_ZERO_SHARE = 0.1  # a non-negative target zero in at least this share of rows -> hurdle

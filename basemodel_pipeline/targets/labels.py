@@ -1,7 +1,6 @@
 """Labelled examples and what they are made of: the labels (dense or ``SparseLabels``), ``Examples`` (entity
-index, split time, label), the ``TargetSpec`` a checkpoint stores, and the candidate (entity, split time)
-pairs of a scenario. Declarative targets (scenarios/targets.py) and Python targets
-(scenarios/python_target.py) both produce them."""
+index, split time, label) and the ``TargetSpec`` a checkpoint stores. Each task builds them from its
+declarative target (tasks/<task>.py, ``Task.examples``); Python targets (targets/python.py) too."""
 
 from __future__ import annotations
 
@@ -10,10 +9,6 @@ from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
-
-from basemodel_pipeline.cache.store import EventCache
-from basemodel_pipeline.config.models import Scenario
-from basemodel_pipeline.dates import DAY
 
 
 @dataclass
@@ -155,30 +150,3 @@ class TargetSpec:
             list(d.get("class_codes", [])),
             details.model_validate(rest),
         )
-
-
-# ---- candidate examples ----------------------------------------------------------------------------
-def _grid(cache: EventCache, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    n = cache.n_entities
-    return np.repeat(np.arange(n, dtype=np.int64), len(times)), np.tile(times.astype(np.int64), n)
-
-
-def population(
-    cache: EventCache, source: str, e: np.ndarray, t: np.ndarray, active_days: int | None
-) -> np.ndarray:
-    """Entities with history before t (and, if set, an event in the `active_days` before t)."""
-    src = cache.source(source)
-    pos = src.positions(e, t)
-    if active_days is None:
-        return pos > src.offsets[e]
-    return pos > src.positions(e, t - active_days * DAY)
-
-
-def candidate_pairs(
-    cache: EventCache, scenario: Scenario, times: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """(entity, split time) of every candidate example: entities with history in the target's source before
-    each split time (and active in the last days, when the target says so)."""
-    e, t = _grid(cache, times)
-    keep = population(cache, scenario.target.source, e, t, scenario.target.active_in_last_days)
-    return e[keep], t[keep]

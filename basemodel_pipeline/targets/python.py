@@ -9,7 +9,7 @@ must return, per task:
 
 or ``None`` to drop the example. The module is trusted code: it runs in this process with the pipeline's
 permissions (docs/scenarios.md, "Python targets"). Its import and each call are stopped after
-``target.timeout_s`` (scenarios/time_limit.py). A module that fails to import, a function that raises
+``target.timeout_s`` (targets/time_limit.py). A module that fails to import, a function that raises
 (SystemExit too), runs past the limit, returns another shape, or NaN/inf stops the stage with one line naming
 the scenario and the function (and the first offending entity and split date); the original exception is
 chained as the error's cause for library callers and logs.
@@ -23,7 +23,7 @@ import inspect
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -32,12 +32,23 @@ from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config.models import PythonTarget, Scenario
 from basemodel_pipeline.dates import DAY, epoch_seconds
 from basemodel_pipeline.errors import ConfigError, DataError
-from basemodel_pipeline.scenarios.events import Events, SourceEvents, TargetContext
-from basemodel_pipeline.scenarios.examples import Examples, TargetSpec, candidate_pairs
-from basemodel_pipeline.scenarios.time_limit import TimeLimit, TimeLimitExceeded
-from basemodel_pipeline.tasks import task_for
+from basemodel_pipeline.targets.events import Events, SourceEvents, TargetContext
+from basemodel_pipeline.targets.labels import Examples, TargetSpec
+from basemodel_pipeline.targets.time_limit import TimeLimit, TimeLimitExceeded
+from basemodel_pipeline.targets.windows import candidate_pairs
 
 USER_ERRORS = (Exception, SystemExit)  # what user code may raise that ends as one line (not Ctrl-C)
+
+
+class Labeller(Protocol):
+    """What a task gives a Python target: its spec (the classes), the check of one returned label and the
+    label array of the kept ones (tasks/base.py, ``Task``)."""
+
+    spec: TargetSpec
+
+    def check_label(self, value: Any) -> Any: ...
+
+    def stack_labels(self, labels: list[Any]) -> np.ndarray: ...
 
 
 def described(err: BaseException, file: str | None = None) -> tuple[str, str]:
@@ -96,7 +107,10 @@ def load_function(scenario: Scenario) -> Callable[..., Any]:
 
 
 def function_source(scenario: Scenario) -> str | None:
-    """Source code of the target function (stored beside the checkpoint), or None when unavailable."""
+    """Source code of a Python target's function (stored beside the checkpoint), or None when unavailable
+    (a declarative target has none)."""
+    if not isinstance(scenario.target, PythonTarget):
+        return None
     try:
         return inspect.getsource(inspect.getmodule(load_function(scenario)))  # type: ignore[arg-type]
     except (OSError, TypeError):
@@ -119,8 +133,9 @@ def attribute_values(cache: EventCache) -> dict[str, np.ndarray]:
     return out
 
 
-def python_examples(cache: EventCache, scenario: Scenario, spec: TargetSpec, times: np.ndarray) -> Examples:
-    target = scenario.target
+def python_examples(cache: EventCache, scenario: Scenario, task: Labeller, times: np.ndarray) -> Examples:
+    """The examples the target function labels (None drops one), each label checked by `task`."""
+    target, spec = scenario.target, task.spec
     assert isinstance(target, PythonTarget)
     fn = load_function(scenario)
     e, t = candidate_pairs(cache, scenario, times)
@@ -130,7 +145,6 @@ def python_examples(cache: EventCache, scenario: Scenario, spec: TargetSpec, tim
     attrs = attribute_values(cache)
     ids = cache.entity_ids
     where = f"scenario '{scenario.name}': target function {target.function}"
-    task = task_for(spec)
     keep, labels = [], []
     file = getattr(inspect.getmodule(fn), "__file__", None)
     with TimeLimit(target.timeout_s) as limit:
