@@ -165,3 +165,45 @@ def test_calendar_and_fourier_channels(cache: EventCache) -> None:
     kinds = {c.kind for c in plan.columns}
     assert {"weekday", "fourier"} <= kinds
     assert chans.max() < plan.channels
+
+
+def test_direct_and_incremental_history_sums_agree_and_auto_picks_the_cheaper(cache: EventCache) -> None:
+    """Summing each query's whole history (direct) and the segments + decayed scan (incremental) give the same
+    decayed sums. auto: daily split points over the data's first two weeks (a few events before each) are
+    summed directly; 30 split points over the whole year of the tiny data (long histories) incrementally."""
+    from basemodel_pipeline.features import kernels
+
+    enc = FeatureEncoder.fit(cache, [7.0, 30.0], max_direct_vocab=4, partitions=2, buckets=4)
+    plan = enc.sources[0]
+    st = kernels.source_tensors(cache.source(plan.name), torch.device("cpu"))
+    ts = np.asarray(cache.source(plan.name).ts)
+    rates = enc._rates(torch.device("cpu"))
+
+    def channel_fn(rows, owner, a):
+        return enc.event_channels_t(plan, st, rows)
+
+    def queries(first: int, last: int) -> tuple[torch.Tensor, torch.Tensor]:
+        times = np.linspace(first, last, 30).astype(np.int64)
+        e = np.repeat(np.arange(cache.n_entities), len(times))
+        return torch.from_numpy(e), torch.from_numpy(np.tile(times, cache.n_entities))
+
+    real, scanned = kernels.scan, []
+    kernels.scan = lambda *args: scanned.append(1) or real(*args)
+    try:
+        for (first, last), expected in (
+            ((ts.min(), ts.min() + 14 * 86400), "direct"),
+            ((ts.min(), ts.max() + 86400), "incremental"),
+        ):
+            e, t = queries(first, last)
+            sums = {
+                mode: kernels.incremental_sums(st, e, t, rates, plan.channels, channel_fn, mode)[0]
+                for mode in ("direct", "incremental", "auto")
+            }
+            torch.testing.assert_close(sums["direct"], sums["incremental"], rtol=1e-5, atol=1e-4)
+            assert sums["direct"].abs().sum() > 0
+            assert torch.equal(sums["auto"], sums[expected]), expected
+            scanned.clear()
+            kernels.incremental_sums(st, e, t, rates, plan.channels, channel_fn)
+            assert bool(scanned) == (expected == "incremental")
+    finally:
+        kernels.scan = real

@@ -107,33 +107,19 @@ def decayed_sums(
 
 
 def scan(seg: torch.Tensor, t: torch.Tensor, first: torch.Tensor, rates: torch.Tensor) -> torch.Tensor:
-    """In place: seg[j] += exp(-(t_j - t_{j-1}) * rate) * seg[j-1] along each entity's queries. seg [n, R, C].
-
-    The recurrence runs one rank (a query's place in its entity's run) at a time. The rows are first put in
-    rank-major order, with the runs sorted longest first, so the queries of rank r and their predecessors of
-    rank r - 1 are two contiguous blocks (the runs that reach rank r are a prefix of those that reach r - 1):
-    each step is a slice, not a gather and a scatter of the [n, R, C] block."""
+    """In place: seg[j] += exp(-(t_j - t_{j-1}) * rate) * seg[j-1] along each entity's queries. seg [n, R, C]."""
     n = len(t)
     if n == 0:
         return seg
-    run = torch.cumsum(first.to(torch.int64), 0) - 1  # run of each query (queries sorted by entity, time)
-    lengths = torch.bincount(run)
-    if int(lengths.max()) == 1:
-        return seg
-    rank = torch.arange(n, device=t.device) - torch.cumsum(lengths, 0)[run] + lengths[run]
-    place = torch.empty_like(lengths)  # a run's place among the runs, longest first
-    place[torch.sort(-lengths, stable=True).indices] = torch.arange(len(lengths), device=t.device)
-    order = torch.argsort(rank * len(lengths) + place[run])
-    reaching = torch.bincount(rank)  # runs that reach each rank (non-increasing)
-    start = torch.cumsum(reaching, 0) - reaching
+    idx = torch.arange(n, device=t.device)
+    run_start = torch.cummax(torch.where(first, idx, torch.zeros_like(idx)), 0).values
+    rank = idx - run_start
     gap = torch.zeros(n, dtype=torch.float32, device=t.device)
     gap[1:] = (t[1:] - t[:-1]).to(torch.float32)
-    decay = torch.exp(-gap.unsqueeze(1) * rates.unsqueeze(0)).unsqueeze(2)[order]  # [n, R, 1]
-    block = seg[order]
-    for r in range(1, len(reaching)):
-        a, m, p = int(start[r]), int(reaching[r]), int(start[r - 1])
-        block[a : a + m] += decay[a : a + m] * block[p : p + m]
-    seg[order] = block
+    decay = torch.exp(-gap.unsqueeze(1) * rates.unsqueeze(0)).unsqueeze(2)  # [n, R, 1]
+    for r in range(1, int(rank.max()) + 1):
+        q = torch.nonzero(rank == r).squeeze(1)
+        seg[q] += decay[q] * seg[q - 1]
     return seg
 
 
@@ -166,19 +152,43 @@ def new_day(st: SourceTensors, rows: torch.Tensor, run_start: torch.Tensor) -> t
 
 
 def incremental_sums(
-    st: SourceTensors, e: torch.Tensor, t: torch.Tensor, rates: torch.Tensor, channels: int, channel_fn
-) -> tuple[torch.Tensor, Segments]:
+    st: SourceTensors, e: torch.Tensor, t: torch.Tensor, rates: torch.Tensor, channels: int, channel_fn,
+    mode: str = "auto",
+) -> tuple[torch.Tensor, Segments]:  # fmt: skip
     """Decayed channel sums [n, R, channels] over all events before each query (queries sorted by entity then
-    time), every event read once: per-segment scatter-adds, then the decayed scan along each entity's queries.
-    channel_fn(rows, owner, a) -> (chans [m, K], vals [m, K]) for the rows of queries a + owner."""
+    time). channel_fn(rows, owner, a) -> (chans [m, K], vals [m, K]) for the rows of queries a + owner.
+
+    incremental: every event read once, per-segment scatter-adds, then the decayed scan along each entity's
+    queries (a pass over the whole [n, R, channels] block per split point). direct: each query sums all of its
+    history, an event read once per later query of its entity. Sparse histories (a few events per entity, many
+    split points) are several times cheaper direct; long ones incremental. auto picks the cheaper by counting
+    the scatter-adds of each against the scan's passes; both give the same sums up to float rounding."""
     sg = segments(st, e, t)
+    start = sg.start
+    if mode == "direct" or (
+        mode == "auto" and _direct_is_cheaper(st, e, sg, channels, len(rates), channel_fn)
+    ):
+        start, mode = st.offsets[e], "direct"
     sums = torch.empty((len(e), len(rates), channels), dtype=torch.float32, device=e.device)
-    for a, b in row_chunks(sg.pos - sg.start, sg.first):
-        owner, rows = expand_ranges_t(sg.start[a:b], sg.pos[a:b])
+    for a, b in row_chunks(sg.pos - start, sg.first):
+        owner, rows = expand_ranges_t(start[a:b], sg.pos[a:b])
         chans, vals = channel_fn(rows, owner, a)
         sums[a:b] = decayed_sums(vals, owner, t[a:b][owner] - st.ts[rows], chans, rates, b - a, channels)
-        scan(sums[a:b], t[a:b], sg.first[a:b], rates)
+        if mode != "direct":
+            scan(sums[a:b], t[a:b], sg.first[a:b], rates)
     return sums, sg
+
+
+SCAN_PASSES = 6  # element passes over [n, R, channels] of the decayed scan (gathers, multiply, add, scatter)
+
+
+def _direct_is_cheaper(
+    st: SourceTensors, e: torch.Tensor, sg: Segments, channels: int, rates: int, channel_fn
+) -> bool:
+    """Whether summing each query's whole history costs fewer element operations than the segments + scan."""
+    per_event = channel_fn(sg.pos[:0], sg.pos[:0], 0)[0].shape[1]  # values per event (K)
+    extra_rows = int((sg.start - st.offsets[e]).sum())  # rows the direct sums read again
+    return extra_rows * per_event * (rates + 1) < SCAN_PASSES * len(e) * rates * channels
 
 
 def entity_chunks(sorted_entity: np.ndarray, chunk: int) -> list[tuple[int, int]]:
