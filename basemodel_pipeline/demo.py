@@ -45,6 +45,7 @@ data_sources:
     main_entity_column: household_id
 data_params:
   data_start_date: 2017-01-01
+  data_end_date: 2018-01-01             # a historical data set: its day partitions end here (remove for live data)
   # Rolling windows: each run counts back from the data's last event day, so after new days land the models
   # train and test on the newest weeks. On the shipped data (last day 2018-01-01) they resolve to the split of
   # the published results: training from 2017-03-01, validation from 2017-10-04, test from 2017-11-15.
@@ -120,6 +121,7 @@ data_sources:
     main_entity_column: tailnum
 data_params:
   data_start_date: 2013-01-01
+  data_end_date: 2014-01-01             # a historical data set: its day partitions end here (remove for live data)
   # Rolling windows counted back from the last event day (2014-01-01 on the shipped data: training from
   # 2013-02-01, validation from 2013-09-20, test from 2013-11-15).
   training_end_date: -47d            # the test split point
@@ -177,6 +179,7 @@ data_sources:
     main_entity_column: customer_id
 data_params:
   data_start_date: 2010-12-01
+  data_end_date: 2011-12-09             # a historical data set: its day partitions end here (remove for live data)
   # Rolling windows counted back from the last event day (2011-12-09 on the shipped data: training from
   # 2011-01-03, validation from 2011-08-22, test from 2011-10-21).
   training_end_date: -49d            # the test split point

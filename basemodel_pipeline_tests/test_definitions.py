@@ -256,3 +256,22 @@ def test_each_domain_exposes_defs_and_the_root_merges_every_one() -> None:
         assert callable(importlib.import_module(f"basemodel_pipeline.defs.{name}").defs), name
     shared = importlib.import_module("basemodel_pipeline.defs.shared")
     assert not hasattr(shared, "defs")
+
+
+def test_a_historical_data_sets_day_partitions_end_at_its_last_day(tiny_config: Path) -> None:
+    """With data_params.data_end_date the UI shows only the days that can hold data (not every day to today,
+    mostly empty and never filled); without it the partitions run to today, as new days arrive."""
+    import datetime as dt
+
+    live = build_definitions(str(tiny_config), env="local")
+    days = _graph(live)["extracts/transactions"].partitions_def
+    assert days.get_last_partition_key() >= dt.date.today().isoformat()
+    tiny_config.write_text(
+        tiny_config.read_text().replace(
+            "  split_interval_days: 7", "  split_interval_days: 7\n  data_end_date: 2023-04-30"
+        )
+    )
+    historical = build_definitions(str(tiny_config), env="local")
+    days = _graph(historical)["extracts/transactions"].partitions_def
+    assert days.get_last_partition_key() == "2023-04-30"
+    assert days.get_first_partition_key() == "2023-01-01"

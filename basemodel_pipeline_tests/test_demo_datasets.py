@@ -80,6 +80,7 @@ def test_demo_configs_roll_with_the_data_and_resolve_to_the_published_split(
     cfg = load_config(config)
     assert cfg.data_params.rolling
     last_day, split = DEMO_SPLITS[dataset]
+    assert cfg.data_params.data_end_date == last_day  # the UI's day partitions end with the data
     dp = cfg.data_params.resolved(last_day, cfg.longest_horizon_days)
     assert (dp.first_split.isoformat(), dp.validation_start.isoformat(), dp.test_date.isoformat()) == split
     later = cfg.data_params.resolved(last_day + dt.timedelta(days=7), cfg.longest_horizon_days)

@@ -424,3 +424,24 @@ def test_a_symlinked_extract_directory_keeps_files_the_extract_did_not_write(
         (volume / name).rename(tmp_path / name)
     run_extract(cfg, "transactions")
     assert set(day_files(cfg)) == set(days)  # the same day files, rewritten
+
+
+def test_events_after_a_historical_data_sets_end_are_left_out_with_a_count_whatever_the_policy(
+    tiny_config: Path,
+) -> None:
+    """data_params.data_end_date closes a data set that receives no new days: nothing after it is extracted
+    (counted in the metadata, not treated as a broken clock, even with future_events: error)."""
+    from basemodel_pipeline.pipeline import run_cache
+
+    end = dt.date(2023, 4, 15)
+    text = tiny_config.read_text().replace(
+        "  split_interval_days: 7",
+        f"  split_interval_days: 7\n  future_events: error\n  data_end_date: {end}",
+    )
+    tiny_config.write_text(text)
+    cfg = load_config(tiny_config)
+    meta = run_extract(cfg)["transactions"]
+    days = sorted(p.stem for p in Path(meta["path"]).glob("*.parquet"))
+    assert days[-1] == end.isoformat()
+    assert meta["events_after_data_end_date"] > 0
+    assert run_cache(cfg)["path"]

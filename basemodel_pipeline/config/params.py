@@ -48,13 +48,25 @@ class DataParams(Strict):
         "auto), at most this many. Several test weeks give the test metrics more examples and tighter "
         "intervals (an entity's windows are resampled together); 1 tests on training_end_date alone.",
     )
+    data_end_date: dt.date | None = Field(
+        default=None,
+        description="The last day of a historical data set that receives no new days (a demo, a one-off "
+        "study): the daily extract partitions end there instead of today, and events after it are left out "
+        "(counted). Leave it out for live data.",
+    )
     future_events: Literal["drop", "error", "keep"] = Field(
         default="drop",
         description="Events stamped after tomorrow (UTC) at extract time: drop them with a count in the log "
         "and the metadata (default), fail the extract, or keep them (data that is legitimately dated ahead).",
     )
 
-    @field_validator("data_start_date", "training_start_date", "validation_start_date", "training_end_date")
+    @field_validator(
+        "data_start_date",
+        "training_start_date",
+        "validation_start_date",
+        "training_end_date",
+        "data_end_date",
+    )
     @classmethod
     def _in_range(cls, value: object) -> object:
         """Dates beyond what timestamps hold (9999-12-31 overflowed date arithmetic in a traceback)."""
@@ -135,6 +147,10 @@ class DataParams(Strict):
 
     @model_validator(mode="after")
     def _ordered(self) -> DataParams:
+        if self.data_end_date is not None and self.data_end_date <= self.data_start_date:
+            raise ValueError(
+                f"data_end_date ({self.data_end_date}) must be after data_start_date ({self.data_start_date})"
+            )
         if self.rolling:
             return self
         order = [

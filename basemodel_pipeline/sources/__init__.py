@@ -193,11 +193,14 @@ def source_schema(cfg: PipelineConfig, src: DataSource) -> dict[str, str]:
 def day_bound(cfg: PipelineConfig, today: dt.date | None = None) -> dt.date:
     """The first event day extracts leave out: the day after tomorrow (UTC), so that a handful of events
     stamped 2100 or 9999 neither move the data's end nor make the extract walk to them, unless
-    data_params.future_events is keep; END_DAY (2262-04-11, where nanosecond timestamps end) at the latest."""
+    data_params.future_events is keep; END_DAY (2262-04-11, where nanosecond timestamps end) at the latest;
+    the day after data_params.data_end_date for a historical data set."""
+    closed = cfg.data_params.data_end_date
+    end = END_DAY if closed is None else min(END_DAY, closed + dt.timedelta(days=1))
     if cfg.data_params.future_events == "keep":
-        return END_DAY
+        return end
     today = today or dt.datetime.now(dt.UTC).date()
-    return min(END_DAY, today + dt.timedelta(days=2))
+    return min(end, today + dt.timedelta(days=2))
 
 
 def _day(value: pa.Scalar) -> dt.date | None:

@@ -180,8 +180,13 @@ def _extract(
         "days_written": len(written) if src.type == "event" else 0,
         "path": str(out),
         "bytes": sum(f.stat().st_size for f in files),
-        **({"future_events_dropped": future} if future else {}),
+        **({_left_out_key(cfg): future} if future else {}),
     }
+
+
+def _left_out_key(cfg: PipelineConfig) -> str:
+    """The metadata key of the events an extract left out past its bound."""
+    return "future_events_dropped" if cfg.data_params.data_end_date is None else "events_after_data_end_date"
 
 
 def beyond_bound(cfg: PipelineConfig, src: DataSource, days: DayRange | None, progress: Progress) -> int:
@@ -196,6 +201,8 @@ def beyond_bound(cfg: PipelineConfig, src: DataSource, days: DayRange | None, pr
     rows, first, last = events_from(cfg, src, bound, days)
     if not rows:
         return 0
+    if _closed_at(cfg, bound):
+        return _past_end(cfg, src, rows, progress)
     if bound == END_DAY:
         progress.log(
             f"warning: {what(src)}: {rows} events are stamped on or after {END_DAY} ({first}..{last}), where the "
@@ -204,6 +211,20 @@ def beyond_bound(cfg: PipelineConfig, src: DataSource, days: DayRange | None, pr
         )
         return rows
     return _future(cfg, src, rows, first, last, progress)
+
+
+def _closed_at(cfg: PipelineConfig, bound: dt.date) -> bool:
+    """Whether `bound` is the end of a historical data set (the day after data_params.data_end_date)."""
+    closed = cfg.data_params.data_end_date
+    return closed is not None and bound == closed + dt.timedelta(days=1)
+
+
+def _past_end(cfg: PipelineConfig, src: DataSource, rows: int, progress: Progress) -> int:
+    """Events after a historical data set's data_end_date: left out, counted, whatever future_events says."""
+    progress.log(
+        f"{what(src)}: {rows} events after data_params.data_end_date ({cfg.data_params.data_end_date}) are left out"
+    )
+    return rows
 
 
 def _future(
@@ -225,13 +246,17 @@ def future_events(cfg: PipelineConfig, src: DataSource, out: Path, progress: Pro
     """Apply data_params.future_events to day files after tomorrow (UTC) that an extract keeps from an earlier
     run (written under future_events: keep): the extract itself stops before them (beyond_bound). Returns the
     number of events dropped."""
-    cutoff = day_bound(cfg) - dt.timedelta(days=1)
+    bound = day_bound(cfg)
+    cutoff = bound - dt.timedelta(days=1)
     ahead = [f for f in sorted(out.glob("*.parquet")) if (d := day_of_file(f)) is not None and d > cutoff]
-    if not ahead or cfg.data_params.future_events == "keep":
+    closed = _closed_at(cfg, bound)
+    if not ahead or (cfg.data_params.future_events == "keep" and not closed):
         return 0
     rows = sum(pq.read_metadata(f).num_rows for f in ahead)
     for f in ahead:
         f.unlink()
+    if closed:
+        return _past_end(cfg, src, rows, progress)
     return _future(cfg, src, rows, ahead[0].stem, ahead[-1].stem, progress)
 
 

@@ -16,7 +16,12 @@ def defs(deployment: Deployment) -> dg.Definitions:
     sources = list(deployment.shape.data_sources)
     keys = [extract_key(s.name) for s in sources]
     return dg.Definitions(
-        assets=build_extract_assets(sources, days_partitions(deployment.shape.data_params.data_start_date)),
+        assets=build_extract_assets(
+            sources,
+            days_partitions(
+                deployment.shape.data_params.data_start_date, deployment.shape.data_params.data_end_date
+            ),
+        ),
         asset_checks=[c for s in sources for c in build_extract_checks(s, extract_key(s.name))],
         jobs=build_jobs(keys),
         schedules=[build_nightly_schedule(deployment.schedule_status)],

@@ -47,8 +47,13 @@ def extract_key(source: str) -> dg.AssetKey:
     return dg.AssetKey([KEY_PREFIX, source])
 
 
-def days_partitions(start: dt.date) -> dg.DailyPartitionsDefinition:
-    """One partition per day from the config's data_start_date; today's (partial) day included."""
+def days_partitions(start: dt.date, end: dt.date | None = None) -> dg.DailyPartitionsDefinition:
+    """One partition per day from the config's data_start_date: up to today's (partial) day, or up to a
+    historical data set's data_end_date (the UI then shows only days that can hold data)."""
+    if end is not None:
+        return dg.DailyPartitionsDefinition(
+            start_date=start.isoformat(), end_date=(end + dt.timedelta(days=1)).isoformat()
+        )
     return dg.DailyPartitionsDefinition(start_date=start.isoformat(), end_offset=1)
 
 
