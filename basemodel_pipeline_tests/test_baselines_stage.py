@@ -114,9 +114,9 @@ def test_class_parallel_lightgbm_fits_the_same_models() -> None:
     Y = (X[:, :5] + rng.normal(size=(600, 5)) > 0.5).astype(np.float64)
     Y[:, 4] = 0  # a constant column
     lines: list[str] = []
-    serial = fit_gbm("multilabel", X[:400], Y[:400], X[400:], Y[400:], seed=3, workers=1)
+    serial = fit_gbm("binary", X[:400], Y[:400], X[400:], Y[400:], seed=3, workers=1)
     parallel = fit_gbm(
-        "multilabel",
+        "binary",
         X[:400],
         Y[:400],
         X[400:],
@@ -162,5 +162,5 @@ def test_the_multilabel_lightgbm_samples_rows_by_default() -> None:
     rng = np.random.default_rng(0)
     X, Y = rng.normal(size=(12_500, 4)), (rng.random((12_500, 2)) < 0.3).astype(float)
     Y[:, 0] = (X[:, 0] + rng.normal(0, 0.5, 12_500) > 0.5).astype(float)
-    gbm = fit_gbm("multilabel", X[:12_000], Y[:12_000], X[12_000:], Y[12_000:], max_rows=sc.lightgbm_max_rows)
+    gbm = fit_gbm("binary", X[:12_000], Y[:12_000], X[12_000:], Y[12_000:], max_rows=sc.lightgbm_max_rows)
     assert gbm.train_rows == [10_000, 10_000] and gbm.available_rows == 12_000

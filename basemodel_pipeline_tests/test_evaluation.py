@@ -9,7 +9,7 @@ import pytest
 
 from basemodel_pipeline.cache.store import ColumnInfo, EventCache, EventSource
 from basemodel_pipeline.dates import DAY
-from basemodel_pipeline.evaluation.baselines import decayed_history_items, popularity_scores
+from basemodel_pipeline.evaluation.baselines import class_shares, decayed_history_items, recent_activity
 from basemodel_pipeline.evaluation.gbm import fit_gbm
 from basemodel_pipeline.evaluation.metrics import (
     auroc,
@@ -156,25 +156,20 @@ def test_aggregates_match_a_brute_force_loop() -> None:
             assert X[i, names.index(f"s.a.sum_{w}d")] == pytest.approx(a_e[m].sum(), rel=1e-5, abs=1e-5)
 
 
-def test_popularity_scores() -> None:
+def test_recent_activity_and_class_shares() -> None:
     cache = _cache()
-    active = popularity_scores("binary", cache, np.array([0, 1, 2]), np.array([T, T, T]), "ev")
+    active = recent_activity(cache, np.array([0, 1, 2]), np.array([T, T, T]), "ev")
     assert active.tolist() == [3, 0, 1]  # distinct active days in the 28 days before T (T-20d, T-5d, T-1s)
-    s = popularity_scores(
-        "multilabel",
-        cache,
-        np.array([0, 1]),
-        np.array([T, T]),
-        "ev",
-        column="cat",
-        class_codes=np.array([1, 2]),
-    )
+    s = class_shares(cache, np.array([0, 1]), np.array([T, T]), "ev", "cat", np.array([1, 2]))
     # entity 0, last 90 days: codes 1, 2, 1, 3, 2, 1; entity 1 has nothing and gets the global term only
     glob = np.array([3 / 6, 2 / 6])
     np.testing.assert_allclose(s[0], [3 / 6, 2 / 6] + 1e-3 * glob)
     np.testing.assert_allclose(s[1], 1e-3 * glob)
-    with pytest.raises(ValueError):
-        popularity_scores("multilabel", cache, np.array([0]), np.array([T]), "ev")
+    prior = np.array([0.25, 0.5, 0.25])  # a training prior with one class more ("(other)"): its first C
+    np.testing.assert_allclose(
+        class_shares(cache, np.array([1]), np.array([T]), "ev", "cat", np.array([1, 2]), prior)[0],
+        1e-3 * prior[:2],
+    )
 
 
 def test_lightgbm_beats_random_on_a_planted_signal() -> None:
@@ -190,7 +185,7 @@ def test_lightgbm_beats_random_on_a_planted_signal() -> None:
     (Xtr, ytr, Ytr), (Xva, yva, Yva), (Xte, yte, Yte) = data(1500), data(500), data(500)
     s = fit_gbm("binary", Xtr, ytr, Xva, yva, categorical_features=[5]).predict(Xte)
     assert s.shape == (500,) and auroc(yte, s) > 0.85
-    S = fit_gbm("multilabel", Xtr, Ytr, Xva, Yva, categorical_features=[5]).predict(Xte)
+    S = fit_gbm("binary", Xtr, Ytr, Xva, Yva, categorical_features=[5]).predict(Xte)
     assert S.shape == (500, 3) and np.all(S[:, 2] == 0.0)
     assert macro_auroc(Yte, S) > 0.85
 
@@ -214,6 +209,9 @@ def test_vectorised_auroc_and_average_precision_match_sklearn_with_ties() -> Non
         assert ap[c] == pytest.approx(skm.average_precision_score(Y[:, c], S[:, c]))
     assert np.isnan(auc[5]) and np.isnan(auc[6]) and np.isnan(ap[5]) and ap[6] == pytest.approx(1.0)
     assert micro_auroc(Y, S) == pytest.approx(skm.roc_auc_score(Y.ravel(), S.ravel()))
+    for c in range(5):  # the binary metric (what a bootstrap of a binary scenario calls per resample)
+        assert auroc(Y[:, c], S[:, c]) == pytest.approx(skm.roc_auc_score(Y[:, c], S[:, c]), abs=1e-12)
+    assert np.isnan(auroc(Y[:, 5], S[:, 5]))
 
 
 def test_binary_and_multilabel_log_loss_match_sklearn() -> None:

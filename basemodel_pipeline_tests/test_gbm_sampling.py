@@ -29,7 +29,7 @@ def _data(n: int = 3000, seed: int = 0):
 def test_each_booster_trains_on_at_most_max_rows_keeping_the_rarer_class() -> None:
     X, Y = _data()
     tr, va = slice(0, 2400), slice(2400, None)
-    m = fit_gbm("multilabel", X[tr], Y[tr], X[va], Y[va], seed=1, max_rows=800)
+    m = fit_gbm("binary", X[tr], Y[tr], X[va], Y[va], seed=1, max_rows=800)
     assert m.max_rows == 800
     assert m.train_rows[3] == 0  # the constant column: no booster
     assert all(0 < r <= 800 for r in m.train_rows[:3]), m.train_rows
@@ -38,8 +38,8 @@ def test_each_booster_trains_on_at_most_max_rows_keeping_the_rarer_class() -> No
     p = m.predict(X[tr])
     np.testing.assert_allclose(p[:, :3].mean(0), Y[tr, :3].mean(0), atol=0.03)
     # the sample is the column's own (seed, column): the same models whatever the threads
-    again = fit_gbm("multilabel", X[tr], Y[tr], X[va], Y[va], seed=1, max_rows=800, workers=1)
-    other = fit_gbm("multilabel", X[tr], Y[tr], X[va], Y[va], seed=1, max_rows=800, workers=3)
+    again = fit_gbm("binary", X[tr], Y[tr], X[va], Y[va], seed=1, max_rows=800, workers=1)
+    other = fit_gbm("binary", X[tr], Y[tr], X[va], Y[va], seed=1, max_rows=800, workers=3)
     assert trees(again) == trees(other) == trees(m)
     assert again.train_rows == m.train_rows
 
@@ -47,15 +47,15 @@ def test_each_booster_trains_on_at_most_max_rows_keeping_the_rarer_class() -> No
 def test_no_sample_when_every_row_fits() -> None:
     X, Y = _data(1200)
     tr, va = slice(0, 900), slice(900, None)
-    full = fit_gbm("multilabel", X[tr], Y[tr], X[va], Y[va], seed=2)
-    roomy = fit_gbm("multilabel", X[tr], Y[tr], X[va], Y[va], seed=2, max_rows=900)
+    full = fit_gbm("binary", X[tr], Y[tr], X[va], Y[va], seed=2)
+    roomy = fit_gbm("binary", X[tr], Y[tr], X[va], Y[va], seed=2, max_rows=900)
     assert full.max_rows == 0 and full.train_rows[:3] == [900, 900, 900]
     assert roomy.models == full.models and roomy.train_rows == full.train_rows
 
 
 def test_the_sample_is_kept_with_the_model_and_by_refit() -> None:
     X, Y = _data()
-    m = fit_gbm("multilabel", X[:2400], Y[:2400], X[2400:], Y[2400:], seed=0, max_rows=600)
+    m = fit_gbm("binary", X[:2400], Y[:2400], X[2400:], Y[2400:], seed=0, max_rows=600)
     back = GBM.from_json(m.to_json())
     assert back.max_rows == 600 and back.train_rows == m.train_rows
     refit = m.refit(X, Y, seed=0)
@@ -76,7 +76,7 @@ def test_one_lightgbm_thread_per_one_vs_rest_booster(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(gbm, "_cpus", lambda: 4)
     assert gbm.default_workers() == 4
     X, Y = _data(800)
-    multi = fit_gbm("multilabel", X[:600], Y[:600], X[600:], Y[600:], seed=0)
+    multi = fit_gbm("binary", X[:600], Y[:600], X[600:], Y[600:], seed=0)
     assert all("[num_threads: 1]" in t for t in multi.models if isinstance(t, str))
     binary = fit_gbm("binary", X[:600], Y[:600, 1], X[600:], Y[600:, 1], seed=0)
     assert f"[num_threads: {gbm.PARAMS['num_threads']}]" in binary.models[0]

@@ -3,6 +3,7 @@ head's range and hurdle, LightGBM models saved as text, and the regression metri
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -116,11 +117,18 @@ def test_lightgbm_models_round_trip_as_text() -> None:
     X = rng.normal(size=(600, 5))
     y = (X[:, 0] + rng.normal(0, 0.5, 600) > 0).astype(float)
     Y = np.c_[y, np.zeros(600)]  # a second column without positives: a constant
-    for task, labels in (("binary", y), ("multilabel", Y), ("regression", X[:, 1] * 2)):
-        gbm = fit_gbm(task, X[:400], labels[:400], X[400:500], labels[400:500])
+    for objective, labels in (("binary", y), ("binary", Y), ("regression", X[:, 1] * 2)):
+        gbm = fit_gbm(objective, X[:400], labels[:400], X[400:500], labels[400:500])
         again = GBM.from_json(gbm.to_json())
         np.testing.assert_array_equal(again.predict(X[500:]), gbm.predict(X[500:]))
-    assert isinstance(GBM.from_json(fit_gbm("multilabel", X, Y, X, Y).to_json()).models[1], float)
+    assert isinstance(GBM.from_json(fit_gbm("binary", X, Y, X, Y).to_json()).models[1], float)
+    # a model saved when the file named its task reads as the same objective and shape
+    columns = json.loads(fit_gbm("binary", X, Y, X, Y).to_json())
+    legacy = {k: v for k, v in columns.items() if k not in ("objective", "columns")}
+    old = GBM.from_json(json.dumps({**legacy, "task": "multilabel"}))
+    assert old.objective == "binary" and old.columns and old.predict(X[:3]).shape == (3, 2)
+    one = GBM.from_json(json.dumps({**legacy, "task": "binary", "models": legacy["models"][:1], "n_out": 1}))
+    assert not one.columns and one.predict(X[:3]).shape == (3,)
 
 
 def test_regression_metrics_on_both_scales() -> None:

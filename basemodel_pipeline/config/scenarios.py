@@ -8,7 +8,7 @@ is read (PipelineConfig._references, sources.data_checks).
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -49,6 +49,8 @@ class Condition(Strict):
 
 
 class _Windowed(Strict):
+    declarative: ClassVar[bool] = True  # its task builds its labels (tasks/<task>.py ``examples``)
+
     source: ColumnName
     horizon_days: int = Field(gt=0, description="Target window: [split time, split time + horizon_days).")
     filter: list[Condition] = Field(default_factory=list, description="Only events matching all of these.")
@@ -154,6 +156,8 @@ class RecommendationTarget(_Windowed):
 
 class PythonTarget(Strict):
     """`function` ("package.module:name") is called per example as target(history, future, attributes, ctx)."""
+
+    declarative: ClassVar[bool] = False  # its function labels each example (targets/python.py)
 
     kind: Literal["python"] = "python"
     function: Annotated[str, Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")]

@@ -1,8 +1,9 @@
 """Baselines computed on the same split as the model (docs/design.md, "Evaluation protocol").
 
-Popularity scores per task, item popularity and each entity's decayed past items (``decayed_history_items``:
-"repeat what they bought", used by the recommendation candidates in scenarios/rerank.py). LightGBM on the
-hand-crafted aggregates is evaluation/gbm.py.
+Scores that need no training (``recent_activity``, each class's share of recent events: ``class_shares``,
+``list_shares``; a task picks its own, tasks/<task>.py ``popularity``), item popularity and each entity's
+decayed past items (``decayed_history_items``: "repeat what they bought", used by the recommendation
+candidates in scenarios/rerank.py). LightGBM on the hand-crafted aggregates is evaluation/gbm.py.
 """
 
 from __future__ import annotations
@@ -59,55 +60,44 @@ def active_days(src, entity: np.ndarray, time: np.ndarray, days: int) -> np.ndar
     return np.bincount(pairs >> 32, minlength=len(entity)).astype(np.float64)
 
 
-def popularity_scores(
-    task: str,
+def _queries(entity: np.ndarray, time: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    entity = np.asarray(entity, dtype=np.int64).ravel()
+    return entity, np.broadcast_to(np.asarray(time, dtype=np.int64), entity.shape).ravel()
+
+
+def recent_activity(
+    cache: EventCache, entity: np.ndarray, time: np.ndarray, source: str, window_days: int = 28
+) -> np.ndarray:
+    """Recent activity per query (``entity[i]`` as of ``time[i]``): the number of distinct UTC days with an
+    event of ``source`` in the ``window_days`` before the split; **higher = more active** (for a target that
+    is the absence of events, churn, take ``-score``). float64 [n]."""
+    entity, time = _queries(entity, time)
+    return active_days(cache.source(source), entity, time, window_days)
+
+
+def class_shares(
     cache: EventCache,
     entity: np.ndarray,
     time: np.ndarray,
     source: str,
-    column: str | None = None,
-    class_codes: np.ndarray | None = None,
-    window_days: int | None = None,
+    column: str,
+    class_codes: np.ndarray,
     prior: np.ndarray | None = None,
+    window_days: int = 90,
 ) -> np.ndarray:
-    """Popularity / recent-activity baseline scores per query (``entity[i]`` as of ``time[i]``).
-
-    - ``binary``: the number of distinct active days (UTC days with an event of ``source``) in the 28 days
-      (``window_days``) before the split; **higher = more active**. For churn (positive = no activity) pass ``-score``.
-      Returns float64 [n].
-    - ``multilabel``: for each class (a vocabulary code of ``column`` in ``class_codes`` [C]), the entity's
-      share of its events in the 90 days (``window_days``) before the split that carry that code, plus 1e-3 x the class's
-      share among all the queries' events in those windows (global popularity, to break ties; it only uses
-      events before each split), or 1e-3 x ``prior`` [C] when given (then a row's score does not depend on
-      which other rows are scored with it). Returns float64 [n, C].
-    """
-    entity = np.asarray(entity, dtype=np.int64).ravel()
-    time = np.broadcast_to(np.asarray(time, dtype=np.int64), entity.shape).ravel()
-    cache.source(source)
-    if task == "binary":
-        return active_days(cache.source(source), entity, time, window_days or 28)
-    if task == "multilabel":
-        if column is None or class_codes is None:
-            raise ValueError("multilabel popularity needs column and class_codes")
-        total, counts = _window_code_counts(
-            cache, source, entity, time, window_days or 90, column, np.asarray(class_codes)
-        )
-        share = counts / np.maximum(total, 1.0)[:, None]
-        glob = counts.sum(axis=0) / max(total.sum(), 1.0) if prior is None else np.asarray(prior)
-        return share + 1e-3 * glob[None, :]
-    if task == "multiclass":
-        if column is None or class_codes is None:
-            raise ValueError("multiclass popularity needs column and class_codes")
-        total, counts = _window_code_counts(
-            cache, source, entity, time, window_days or 90, column, np.asarray(class_codes)
-        )
-        glob = (
-            counts.sum(axis=0) / max(total.sum(), 1.0)
-            if prior is None
-            else np.asarray(prior)[: counts.shape[1]]
-        )
-        return counts / np.maximum(total, 1.0)[:, None] + 1e-3 * glob[None, :]
-    raise ValueError(f"popularity_scores supports binary, multilabel and multiclass tasks, not '{task}'")
+    """Per query and class (a vocabulary code of ``column`` in ``class_codes`` [C]): the entity's share of its
+    events in the ``window_days`` before the split that carry that code, plus 1e-3 x the class's share among
+    all the queries' events in those windows (global popularity, to break ties; it only uses events before
+    each split), or 1e-3 x ``prior`` (its first C entries) when given (then a row's score does not depend on
+    which other rows are scored with it). float64 [n, C]."""
+    entity, time = _queries(entity, time)
+    total, counts = _window_code_counts(
+        cache, source, entity, time, window_days, column, np.asarray(class_codes)
+    )
+    glob = (
+        counts.sum(axis=0) / max(total.sum(), 1.0) if prior is None else np.asarray(prior)[: counts.shape[1]]
+    )
+    return counts / np.maximum(total, 1.0)[:, None] + 1e-3 * glob[None, :]
 
 
 def list_shares(

@@ -1,12 +1,14 @@
-"""Gradient-boosted trees (LightGBM) for the four tabular task types, as a fitted object that scores new rows
-and saves as text (LightGBM's own model format: no pickle).
+"""Gradient-boosted trees (LightGBM) on tabular rows, as a fitted object that scores new rows and saves as text
+(LightGBM's own model format: no pickle). The caller names LightGBM's objective (a task says which,
+``Task.lightgbm``); the labels' shape says how many boosters: ``binary`` fits one per column of a 2-d label
+array (one-vs-rest, outputs [n, C]) and one for 1-d labels (outputs [n]).
 
 One home for every LightGBM model of the project: the "hand-crafted aggregates + LightGBM" baseline, the
 hybrid candidate on aggregates + foundation embedding (scenarios/candidates.py) and the recommendation
 re-ranker's ranking objective (scenarios/rerank.py) all fit through ``fit_gbm`` / ``fit_ranker``.
 
-    binary        one booster, early-stopped on validation AUROC (log-loss when validation has one class)
-    multilabel    one booster per column (one-vs-rest), sharing one binned Dataset; a column without both
+    binary        one booster per label column, early-stopped on validation AUROC (log-loss when validation
+                  has one class); the boosters of several columns share one binned Dataset; a column without both
                   classes in training is the training prevalence, a constant. The columns are fitted in
                   ``workers`` threads (default: the CPUs this process may use), one LightGBM thread each and
                   each with its own copy of the Dataset: the same models as one after the other, in less
@@ -46,7 +48,7 @@ PARAMS = {
 }
 MAX_ROUNDS = 500
 EARLY_STOPPING = 30
-TASKS = ("binary", "multilabel", "multiclass", "regression")
+OBJECTIVES = ("binary", "multiclass", "regression")  # LightGBM's objectives fit_gbm fits
 WORKERS_ENV = "BASEMODEL_GBM_WORKERS"  # threads fitting one-vs-rest columns (default: from the CPUs)
 
 
@@ -94,28 +96,34 @@ def _train(params: dict, train, valid, rounds: int = MAX_ROUNDS) -> tuple[str, i
     return booster.model_to_string(num_iteration=best), int(best)
 
 
-def _params(task: str, seed: int, n_class: int = 0, metric: str = "auc") -> dict:
-    params = {**PARAMS, "seed": seed}
-    if task == "regression":
-        return {**params, "objective": "regression", "metric": "l2"}
-    if task == "multiclass":
-        return {**params, "objective": "multiclass", "num_class": n_class, "metric": "multi_logloss"}
+def _params(objective: str, seed: int, n_class: int = 0, metric: str = "auc") -> dict:
+    params = {**PARAMS, "seed": seed, "objective": objective}
+    if objective == "regression":
+        return {**params, "metric": "l2"}
+    if objective == "multiclass":
+        return {**params, "num_class": n_class, "metric": "multi_logloss"}
     return {**params, "metric": metric}
+
+
+def _one_booster(objective: str) -> bool:
+    """One booster for all outputs (softmax, values), not one per label column."""
+    return objective != "binary"
 
 
 @dataclass
 class GBM:
-    """Fitted LightGBM model(s) of one task. ``models`` holds LightGBM model text, one per output column
-    (multilabel) or one in all; a float in place of the text is a constant output (a column without both
+    """Fitted LightGBM model(s) of one objective. ``models`` holds LightGBM model text, one per label column
+    (``columns``) or one in all; a float in place of the text is a constant output (a column without both
     classes in training)."""
 
-    task: str
+    objective: str  # LightGBM's: binary, multiclass or regression
     models: list[str | float]
-    n_out: int = 1  # multiclass: classes; multilabel: columns
+    n_out: int = 1  # multiclass: classes; label columns: columns
     rounds: list[int] = field(default_factory=list)
-    max_rows: int = 0  # multilabel: rows one booster may train on (0: all; see sample_rows)
+    max_rows: int = 0  # label columns: rows one booster may train on (0: all; see sample_rows)
     train_rows: list[int] = field(default_factory=list)  # rows each booster trained on (0: a constant)
     available_rows: int = 0  # training rows there were
+    columns: bool = False  # one booster per column of 2-d labels: outputs [n, C]
     _boosters: list = field(default_factory=list, repr=False, compare=False)
 
     def _booster(self, i: int):
@@ -126,9 +134,9 @@ class GBM:
         return self._boosters[i]
 
     def predict(self, X: np.ndarray) -> np.ndarray:
-        """Probabilities [n] (binary) / [n, C] (multilabel, multiclass) or values [n] (regression)."""
+        """Probabilities [n] (binary) / [n, C] (label columns, multiclass) or values [n] (regression)."""
         X = np.asarray(X, np.float32)
-        if self.task == "multiclass":
+        if self.objective == "multiclass":
             booster = self._booster(0)
             if len(X) == 0:
                 return np.zeros((0, self.n_out))
@@ -139,17 +147,17 @@ class GBM:
                 out[:, i] = self._booster(i).predict(X) if len(X) else 0.0
             else:
                 out[:, i] = m
-        return out if self.task == "multilabel" else out[:, 0]
+        return out if self.columns else out[:, 0]
 
     def refit(self, X: np.ndarray, Y: np.ndarray, seed: int = 0) -> GBM:
         """The same models trained again on (X, Y) (more windows) for the rounds early stopping kept, without
         a validation set, with the same row bound: what a production retrain on the newest windows does."""
         Y = np.asarray(Y)
         train, _ = _datasets(X, X[:1], None, {**PARAMS, "seed": seed})
-        if self.task in ("regression", "multiclass"):
+        if _one_booster(self.objective):
             train.set_label(Y.astype(np.float64))
-            text, _ = _train(_params(self.task, seed, self.n_out), train, None, self.rounds[0])
-            return GBM(self.task, [text], self.n_out, list(self.rounds))
+            text, _ = _train(_params(self.objective, seed, self.n_out), train, None, self.rounds[0])
+            return GBM(self.objective, [text], self.n_out, list(self.rounds))
         Y = Y.reshape(len(Y), -1)
         models: list[str | float] = []
         rows: list[int] = []
@@ -160,12 +168,14 @@ class GBM:
                 rows.append(0)
                 continue
             data, n = _column_data(train, y, self.max_rows, seed, c)
-            models.append(_train(_params(self.task, seed), data, None, r)[0])
+            models.append(_train(_params(self.objective, seed), data, None, r)[0])
             rows.append(n)
-        return GBM(self.task, models, self.n_out, list(self.rounds), self.max_rows, rows, len(Y))
+        return GBM(
+            self.objective, models, self.n_out, list(self.rounds), self.max_rows, rows, len(Y), self.columns
+        )
 
     def sampling(self) -> dict:
-        """What the boosters trained on: the bound, the rows available, each booster's rows (multilabel)."""
+        """What the boosters trained on: the bound, the rows available, each booster's rows (label columns)."""
         return {
             "max_rows": self.max_rows,
             "rows": self.available_rows,
@@ -176,7 +186,8 @@ class GBM:
     def to_json(self) -> str:
         return json.dumps(
             {
-                "task": self.task,
+                "objective": self.objective,
+                "columns": self.columns,
                 "models": self.models,
                 "n_out": self.n_out,
                 "rounds": self.rounds,
@@ -189,14 +200,19 @@ class GBM:
     @classmethod
     def from_json(cls, text: str) -> GBM:
         d = json.loads(text)
+        objective, columns = d.get("objective"), d.get("columns")
+        if objective is None:  # written before the objective was stored: its task's name
+            objective, columns = d["task"], len(d["models"]) > 1 or d["task"] not in OBJECTIVES
+            objective = objective if objective in OBJECTIVES else "binary"
         return cls(
-            d["task"],
+            objective,
             d["models"],
             d["n_out"],
             d.get("rounds", []),
             d.get("max_rows", 0),
             d.get("train_rows", []),
             d.get("available_rows", 0),
+            bool(columns),
         )
 
 
@@ -252,7 +268,7 @@ def _column_data(train, y: np.ndarray, max_rows: int, seed: int, column: int):
 
 
 def fit_gbm(
-    task: str,
+    objective: str,
     X_train: np.ndarray,
     Y_train: np.ndarray,
     X_val: np.ndarray,
@@ -267,33 +283,36 @@ def fit_gbm(
     """Gradient-boosted trees trained on (X_train, Y_train), early-stopped on (X_val, Y_val).
 
     Args:
-        task: "binary" (Y [n] of 0/1), "multilabel" (Y [n, C] of 0/1; one model per column), "multiclass"
-            (Y [n] class indices; one softmax model) or "regression" (Y [n] values; L2 loss).
+        objective: LightGBM's: "binary" (Y [n] of 0/1, or Y [n, C] of 0/1 with one model per column),
+            "multiclass" (Y [n] class indices; one softmax model) or "regression" (Y [n] values; L2 loss).
         categorical_features: column indices LightGBM treats as categorical (integer codes >= 0).
         seed: LightGBM seed (bagging, feature fraction).
         workers: threads fitting the one-vs-rest columns (default ``default_workers()``); any number gives
             the same models.
         progress: a line per fitted booster (``label: class i/C fitted ...``) with the elapsed seconds.
-        max_rows: multilabel: rows one booster may train on (0: all; see ``sample_rows``).
+        max_rows: label columns: rows one booster may train on (0: all; see ``sample_rows``).
     At most ``MAX_ROUNDS`` rounds, patience ``EARLY_STOPPING``."""
-    if task not in TASKS:
-        raise ValueError(f"LightGBM supports {', '.join(TASKS)}, not '{task}'")
+    if objective not in OBJECTIVES:
+        raise ValueError(f"fit_gbm fits LightGBM's {', '.join(OBJECTIVES)} objectives, not '{objective}'")
     progress = progress or NullProgress()
     started = time.perf_counter()
     Y_train, Y_val = np.asarray(Y_train), np.asarray(Y_val)
-    if task in ("regression", "multiclass"):
+    if _one_booster(objective):
         train, valid = _datasets(X_train, X_val, categorical_features, {**PARAMS, "seed": seed})
         train.set_label(Y_train.astype(np.float64))
         valid.set_label(Y_val.astype(np.float64))
-        n_class = int(max(Y_train.max(initial=0), Y_val.max(initial=0))) + 1 if task == "multiclass" else 1
-        progress.log(f"{label}: fitting one {task} booster on {len(Y_train):,} rows")
-        text, rounds = _train(_params(task, seed, n_class), train, valid)
+        n_class = (
+            int(max(Y_train.max(initial=0), Y_val.max(initial=0))) + 1 if objective == "multiclass" else 1
+        )
+        progress.log(f"{label}: fitting one {objective} booster on {len(Y_train):,} rows")
+        text, rounds = _train(_params(objective, seed, n_class), train, valid)
         progress.log(f"{label}: fitted ({rounds} rounds) in {time.perf_counter() - started:.1f} s")
-        return GBM(task, [text], n_class, [rounds])
-    if task == "binary":
+        return GBM(objective, [text], n_class, [rounds])
+    columns = Y_train.ndim == 2
+    if not columns:
         Y_train, Y_val = Y_train.reshape(-1, 1), Y_val.reshape(-1, 1)
     n_cols = Y_train.shape[1]
-    max_rows = max_rows if task == "multilabel" else 0
+    max_rows = max_rows if columns else 0
     models: list[str | float] = [0.0] * n_cols
     kept, rows = [0] * n_cols, [0] * n_cols
     todo = []
@@ -308,7 +327,7 @@ def fit_gbm(
     # OpenMP threads wait for each other at every step, which a busy machine turns into a 5x slowdown per tree
     # (2 threads, CJ departments, load 10 on 2 cores); the trees are the same for any number of threads
     threads = max(1, min(int(PARAMS["num_threads"]), _cpus() // workers))
-    what = "one booster" if task == "binary" else f"{len(todo)} of {n_cols} classes ({workers} threads)"
+    what = f"{len(todo)} of {n_cols} classes ({workers} threads)" if columns else "one booster"
     bound = f", at most {max_rows:,} rows per booster" if max_rows and len(Y_train) > max_rows else ""
     progress.log(f"{label}: fitting {what} on {len(Y_train):,} rows{bound}")
     lock, done = threading.Lock(), [n_cols - len(todo)]
@@ -322,11 +341,11 @@ def fit_gbm(
             data, rows[c] = _column_data(train, y_tr, max_rows, seed, c)
             valid.set_label(y_va)
             metric = "auc" if _both(y_va) else "binary_logloss"
-            fit_params = {**_params(task, seed, metric=metric), "num_threads": threads}
+            fit_params = {**_params(objective, seed, metric=metric), "num_threads": threads}
             models[c], kept[c] = _train(fit_params, data, valid)
             with lock:
                 done[0] += 1
-                what = f"class {done[0]}/{n_cols}" if task == "multilabel" else "booster"
+                what = f"class {done[0]}/{n_cols}" if columns else "booster"
                 progress.log(
                     f"{label}: {what} fitted ({kept[c]} rounds, {rows[c]:,} rows) in "
                     f"{time.perf_counter() - t0:.1f} s, {time.perf_counter() - started:.1f} s elapsed"
@@ -337,7 +356,7 @@ def fit_gbm(
     else:  # LightGBM releases the GIL while it trains; each thread has its own binned Dataset
         with ThreadPoolExecutor(workers) as pool:
             list(pool.map(fit_columns, [todo[i::workers] for i in range(workers)]))
-    return GBM(task, models, n_cols, kept, max_rows, rows, len(Y_train))
+    return GBM(objective, models, n_cols, kept, max_rows, rows, len(Y_train), columns)
 
 
 def fit_ranker(

@@ -31,7 +31,6 @@ from typing import Any, Protocol
 import numpy as np
 
 from basemodel_pipeline.config import Scenario
-from basemodel_pipeline.config.models import PythonTarget
 from basemodel_pipeline.evaluation import baselines, metrics
 from basemodel_pipeline.evaluation.gbm import GBM, fit_gbm
 from basemodel_pipeline.progress import NullProgress, Progress
@@ -107,12 +106,12 @@ class Popularity:
 
     def fit(self, train: Rows, stop: Rows) -> None:
         target, task = self.ctx.scenario.target, self.ctx.task
-        if not isinstance(target, PythonTarget):
+        if target.declarative:
             prior = task.class_prior(train.labels)
         else:
             prior = task.constant_prior(labels_of(self.ctx, train))
             if prior is None:  # recent activity, its direction chosen on the early-stopping rows
-                s = baselines.popularity_scores("binary", stop.cache, stop.entity, stop.time, target.source)
+                s = baselines.recent_activity(stop.cache, stop.entity, stop.time, target.source)
                 self.sign = 1.0 if metrics.auroc(labels_of(self.ctx, stop), s) >= 0.5 else -1.0
         if prior is not None:
             self.prior = [float(v) for v in prior]
@@ -120,11 +119,11 @@ class Popularity:
     def predict(self, rows: Rows) -> np.ndarray:
         ctx, target = self.ctx, self.ctx.scenario.target
         cache, e, t = rows.cache, rows.entity, rows.time
-        if not isinstance(target, PythonTarget):
+        if target.declarative:
             prior = None if self.prior is None else np.asarray(self.prior)
             return ctx.task.popularity(cache, e, t, ctx.scenario, prior)
         if self.prior is None:
-            return self.sign * baselines.popularity_scores("binary", cache, e, t, target.source)
+            return self.sign * baselines.recent_activity(cache, e, t, target.source)
         return ctx.task.constant(self.prior, len(rows))
 
     def refit(self, rows: Rows) -> None:

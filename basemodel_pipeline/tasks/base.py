@@ -3,6 +3,9 @@ the class by the config's ``task:`` name (docs/tasks.md).
 
 A ``Task`` is built from the scenario's ``TargetSpec`` (what the checkpoint stores) and owns
 
+    target -> labels    its output space fixed on the training windows (``choose_spec``, a class method) and
+                        the labelled examples of its declarative target (``examples``); ``spec_for`` and
+                        ``labelled`` add Python targets (targets/python.py), the same for every task
     labels -> targets   the head's width (``out_dim``), its bias at the training prior, the training targets
                         of a mini-batch and the loss (the scenario network is TrunkWithHead, model/trunk.py)
     details             the typed record of what the head needs beyond its classes (``details``,
@@ -36,8 +39,12 @@ from torch import nn
 
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import Scenario
+from basemodel_pipeline.config.models import PythonTarget
+from basemodel_pipeline.errors import ConfigError
 from basemodel_pipeline.evaluation import baselines, metrics
-from basemodel_pipeline.targets.labels import Labels, TargetDetails, TargetSpec
+from basemodel_pipeline.targets.events import target_source
+from basemodel_pipeline.targets.labels import Examples, Labels, TargetDetails, TargetSpec
+from basemodel_pipeline.targets.python import python_examples
 
 Label = float | np.ndarray
 
@@ -49,8 +56,9 @@ class Task(ABC):
     name: ClassVar[str]  # the config discriminator: Scenario.task
     primary_metric: ClassVar[str]  # the metric a scenario of this task is judged by
     lightgbm: ClassVar[str | None] = (
-        None  # evaluation/gbm.py's model kind of the LightGBM candidates; None: none
+        None  # LightGBM's objective of its LightGBM candidates (evaluation/gbm.py,
     )
+    # one booster per label column when ``per_label``); None: no LightGBM candidate
     ranked: ClassVar[bool] = False  # outputs are ranked item lists (scenarios/rerank.py candidates)
     per_class: ClassVar[bool] = False  # one output per named class (spec.classes)
     per_label: ClassVar[bool] = False  # each class its own yes/no question (one booster, one AUROC per label)
@@ -70,6 +78,34 @@ class Task(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name})"
+
+    # ---- target -> labels ----------------------------------------------------------------------------
+    @classmethod
+    def choose_spec(cls, cache: EventCache, scenario: Scenario, train_times: np.ndarray) -> TargetSpec:
+        """The output space of the scenario's declarative target (its classes, the details its head needs),
+        fixed on the training windows; the task's name and empty details by default."""
+        return TargetSpec(cls.name, [], [], cls.details())
+
+    def examples(self, cache: EventCache, scenario: Scenario, times: np.ndarray) -> Examples:
+        """The labelled examples of the scenario's declarative target at the split `times`."""
+        raise ConfigError(
+            f"scenario '{scenario.name}': a {self.name} scenario has no declarative target; use a python "
+            "target (target.kind: python)"
+        )
+
+    @classmethod
+    def spec_for(cls, cache: EventCache, scenario: Scenario, train_times: np.ndarray) -> TargetSpec:
+        """The spec of the scenario: a Python target's classes as configured, else ``choose_spec``'s."""
+        if isinstance(scenario.target, PythonTarget):
+            return TargetSpec(cls.name, list(scenario.target.classes), [], cls.details())
+        target_source(cache, scenario)  # a source the cache does not hold is one line naming the field
+        return cls.choose_spec(cache, scenario, train_times)
+
+    def labelled(self, cache: EventCache, scenario: Scenario, times: np.ndarray) -> Examples:
+        """The scenario's examples: those a Python target's function labels, else ``examples``'."""
+        if isinstance(scenario.target, PythonTarget):
+            return python_examples(cache, scenario, self, times)
+        return self.examples(cache, scenario, times)
 
     # ---- labels -> targets ---------------------------------------------------------------------------
     @property
@@ -188,15 +224,8 @@ class Task(ABC):
         """Each class's share of the entity's recent events in the target column (the class codes in the spec's
         order), the prior breaking ties: the popularity of the tasks with named classes."""
         target = scenario.target
-        return baselines.popularity_scores(
-            self.name,
-            cache,
-            entity,
-            time,
-            target.source,
-            column=target.column,
-            class_codes=np.array(self.spec.class_codes),
-            prior=prior,
+        return baselines.class_shares(
+            cache, entity, time, target.source, target.column, np.array(self.spec.class_codes), prior
         )
 
     # ---- outputs -------------------------------------------------------------------------------------

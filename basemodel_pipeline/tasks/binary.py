@@ -17,7 +17,9 @@ from torch import nn
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import Scenario
 from basemodel_pipeline.evaluation import baselines, metrics
-from basemodel_pipeline.targets.labels import Labels, SparseLabels, dense_labels
+from basemodel_pipeline.targets.events import window_events
+from basemodel_pipeline.targets.labels import Examples, Labels, SparseLabels, dense_labels
+from basemodel_pipeline.targets.windows import candidate_pairs
 from basemodel_pipeline.tasks.base import Label, Task, register
 
 EPS = 1e-6  # probabilities are clipped to [EPS, 1 - EPS] before their logit
@@ -41,6 +43,15 @@ class Binary(Task):
     calibrate_blend = True
     needs_both_labels = True
     charts = "curves"
+
+    # ---- target -> labels ----------------------------------------------------------------------------
+    def examples(self, cache: EventCache, scenario: Scenario, times: np.ndarray) -> Examples:
+        """1 when the window holds a matching event (``event: any``), or none (``event: none``: churn)."""
+        e, t = candidate_pairs(cache, scenario, times)
+        owner, _ = window_events(cache, scenario, e, t)
+        any_event = np.bincount(owner, minlength=len(e)) > 0
+        label = any_event if scenario.target.event == "any" else ~any_event
+        return Examples(e, t, label.astype(np.float32))
 
     # ---- labels -> targets ---------------------------------------------------------------------------
     def init_bias(self, head: nn.Linear, labels: Labels) -> None:
@@ -92,7 +103,7 @@ class Binary(Task):
     ) -> np.ndarray:
         """Recent activity; its negative for a target that is the absence of events (``event: none``)."""
         target = scenario.target
-        pop = baselines.popularity_scores("binary", cache, entity, time, target.source)
+        pop = baselines.recent_activity(cache, entity, time, target.source)
         return -pop if getattr(target, "event", None) == "none" else pop
 
     # ---- outputs -------------------------------------------------------------------------------------

@@ -18,11 +18,15 @@ from torch import nn
 
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import Scenario
+from basemodel_pipeline.errors import ConfigError
 from basemodel_pipeline.evaluation import metrics
-from basemodel_pipeline.targets.labels import Labels
+from basemodel_pipeline.targets.columns import class_values, most_frequent_code
+from basemodel_pipeline.targets.labels import Examples, Labels, TargetSpec
+from basemodel_pipeline.targets.windows import candidate_pairs
 from basemodel_pipeline.tasks.base import Label, Task, register
 
 EPS = 1e-6  # probabilities are clipped to at least EPS before their log (blends)
+OTHER_CLASS = "(other)"  # the class of every value past top_k (target.other_class)
 
 
 def softmax(z: np.ndarray) -> np.ndarray:
@@ -56,6 +60,39 @@ class Multiclass(Task):
     @property
     def out_dim(self) -> int:
         return len(self.spec.classes)
+
+    # ---- target -> labels ----------------------------------------------------------------------------
+    @classmethod
+    def choose_spec(cls, cache: EventCache, scenario: Scenario, train_times: np.ndarray) -> TargetSpec:
+        """The top_k values most often an example's most frequent one in training (and "(other)")."""
+        target, values = scenario.target, class_values(cache, scenario)
+        e, t = candidate_pairs(cache, scenario, train_times)
+        _, top = most_frequent_code(cache, scenario, e, t)
+        freq = np.bincount(top, minlength=len(values))
+        freq[0] = 0
+        codes = np.argsort(-freq, kind="stable")[: target.top_k]
+        codes = np.sort(codes[freq[codes] > 0])
+        classes = [str(values[c]) for c in codes]
+        if target.other_class and (freq > 0).sum() > len(codes):
+            classes.append(OTHER_CLASS)
+        if len(classes) < 2:
+            raise ConfigError(
+                f"scenario '{scenario.name}': fewer than 2 classes of '{target.column}' in training"
+            )
+        return TargetSpec(cls.name, classes, codes.tolist())
+
+    def examples(self, cache: EventCache, scenario: Scenario, times: np.ndarray) -> Examples:
+        """The class of the window's most frequent value (examples without a matching event dropped)."""
+        spec = self.spec
+        e, t = candidate_pairs(cache, scenario, times)
+        ex_idx, code = most_frequent_code(cache, scenario, e, t)
+        size = cache.source(scenario.target.source).info[scenario.target.column].vocab_size + 1
+        other = len(spec.classes) - 1 if spec.classes[-1] == OTHER_CLASS else -1
+        lut = np.full(size, other, np.int64)
+        lut[np.asarray(spec.class_codes, np.int64)] = np.arange(len(spec.class_codes))
+        cls = lut[code]
+        keep = cls >= 0
+        return Examples(e[ex_idx[keep]], t[ex_idx[keep]], cls[keep])
 
     # ---- labels -> targets ---------------------------------------------------------------------------
     def init_bias(self, head: nn.Linear, labels: Labels) -> None:

@@ -21,8 +21,21 @@ import pyarrow as pa
 import torch
 from torch import nn
 
+from basemodel_pipeline.cache.store import EventCache
+from basemodel_pipeline.config import Scenario
+from basemodel_pipeline.dates import DAY
 from basemodel_pipeline.evaluation import metrics
-from basemodel_pipeline.targets.labels import Labels, SparseLabels, TargetDetails, TargetSpec, dense_labels
+from basemodel_pipeline.targets.columns import class_values
+from basemodel_pipeline.targets.events import window_events
+from basemodel_pipeline.targets.labels import (
+    Examples,
+    Labels,
+    SparseLabels,
+    TargetDetails,
+    TargetSpec,
+    dense_labels,
+)
+from basemodel_pipeline.targets.windows import candidate_pairs
 from basemodel_pipeline.tasks.base import Task, register
 
 Bonus = tuple[np.ndarray, np.ndarray, np.ndarray]  # (row, item, decayed count) of the entities' own history
@@ -57,6 +70,48 @@ def sketch_table(d: RecommendationDetails) -> np.ndarray:
     return (table + np.arange(d.partitions)[:, None] * d.width).astype(np.int64)
 
 
+def window_items(cache: EventCache, scenario: Scenario, times: np.ndarray) -> Examples:
+    """Items of the window as a distribution per example (weights sum to 1); examples without items dropped."""
+    target = scenario.target
+    src = cache.source(target.source)
+    e, t = candidate_pairs(cache, scenario, times)
+    owner, rows = window_events(cache, scenario, e, t)
+    ts = np.asarray(src.ts)[rows]
+    if target.next_basket:  # only the first active (UTC) day of each example's window
+        day = ts // DAY
+        first_day = np.full(len(e), np.iinfo(np.int64).max)
+        np.minimum.at(first_day, owner, day)
+        keep = day == first_day[owner]
+        owner, rows, ts = owner[keep], rows[keep], ts[keep]
+    size = src.info[target.column].vocab_size + 1
+    code = np.asarray(src.columns[target.column])[rows].astype(np.int64)
+    keep = code > 0
+    owner, code, ts = owner[keep], code[keep], ts[keep]
+    # first appearance of each (example, item): rows are time-ordered within an example
+    key = owner * size + code
+    _, first = np.unique(key, return_index=True)
+    first.sort()
+    owner, code, ts = owner[first], code[first], ts[first]
+    if target.items != "all":
+        h_owner, h_rows = src.window_rows(e, src.offsets[e], t)
+        h_key = np.unique(h_owner * size + np.asarray(src.columns[target.column])[h_rows].astype(np.int64))
+        seen = np.isin(owner * size + code, h_key)
+        keep = ~seen if target.items == "new" else seen
+        owner, code, ts = owner[keep], code[keep], ts[keep]
+    if target.decay == "sequential":
+        start = np.r_[0, np.cumsum(np.bincount(owner, minlength=len(e)))[:-1]]
+        weight = target.gamma ** (np.arange(len(owner)) - start[owner])
+    elif target.decay == "time":
+        weight = 0.5 ** ((ts - t[owner]) / DAY / target.decay_half_life_days)
+    else:
+        weight = np.ones(len(owner))
+    total = np.bincount(owner, weights=weight, minlength=len(e))
+    has = total > 0
+    remap = np.cumsum(has) - 1
+    labels = SparseLabels.from_pairs(remap[owner], code - 1, weight / total[owner], int(has.sum()), size - 1)
+    return Examples(e[has], t[has], labels)
+
+
 @register
 class Recommendation(Task):
     name = "recommendation"
@@ -88,6 +143,30 @@ class Recommendation(Task):
         """The relevant items as CSR arrays (indptr, indices, n_items)."""
         assert isinstance(labels, SparseLabels)
         return (labels.indptr, labels.indices, labels.n_cols)
+
+    # ---- target -> labels ----------------------------------------------------------------------------
+    @classmethod
+    def choose_spec(cls, cache: EventCache, scenario: Scenario, train_times: np.ndarray) -> TargetSpec:
+        """The whole catalogue (the column's values), its training popularity and the head's layout."""
+        target, values = scenario.target, class_values(cache, scenario)
+        ex = window_items(cache, scenario, train_times)
+        assert isinstance(ex.labels, SparseLabels)
+        n_items = len(values) - 1
+        pop = np.bincount(ex.labels.indices, minlength=n_items).astype(np.float64)
+        details = RecommendationDetails(
+            n_items=n_items,
+            head="dense" if n_items <= target.dense_max_items else "sketch",
+            partitions=target.sketch_partitions,
+            width=target.sketch_width,
+            popularity=pop.astype(int).tolist(),
+            source=target.source,
+            column=target.column,
+            items=[str(v) for v in values[1:]],
+        )
+        return TargetSpec(cls.name, [], [], details)
+
+    def examples(self, cache: EventCache, scenario: Scenario, times: np.ndarray) -> Examples:
+        return window_items(cache, scenario, times)
 
     # ---- labels -> targets ---------------------------------------------------------------------------
     def init_bias(self, head: nn.Linear, labels: Labels) -> None:

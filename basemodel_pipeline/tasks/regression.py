@@ -29,8 +29,10 @@ from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import Scenario
 from basemodel_pipeline.dates import DAY
 from basemodel_pipeline.evaluation import metrics
-from basemodel_pipeline.targets.events import regression_values
-from basemodel_pipeline.targets.labels import Labels, TargetDetails, TargetSpec
+from basemodel_pipeline.targets.columns import check_column
+from basemodel_pipeline.targets.events import regression_values, target_source
+from basemodel_pipeline.targets.labels import Examples, Labels, TargetDetails, TargetSpec
+from basemodel_pipeline.targets.windows import candidate_pairs
 from basemodel_pipeline.tasks.base import Task, register
 
 HURDLE_ZERO_SHARE = 0.1  # a non-negative target zero in at least this share of rows -> hurdle
@@ -116,6 +118,19 @@ class Regression(Task):
     @classmethod
     def fit_details(cls, details: TargetDetails, train_labels: Labels) -> TargetDetails:
         return details.with_values(**regression_stats(np.asarray(train_labels, np.float64)))
+
+    # ---- target -> labels ----------------------------------------------------------------------------
+    @classmethod
+    def choose_spec(cls, cache: EventCache, scenario: Scenario, train_times: np.ndarray) -> TargetSpec:
+        target = scenario.target
+        if target.aggregation == "sum":
+            check_column(target_source(cache, scenario), scenario, target.column or "", "numeric")
+        return TargetSpec(cls.name, [], [], RegressionDetails(log1p=target.log1p))
+
+    def examples(self, cache: EventCache, scenario: Scenario, times: np.ndarray) -> Examples:
+        """The count or sum of the window's matching events (log1p of it for a ``log1p`` target)."""
+        e, t = candidate_pairs(cache, scenario, times)
+        return Examples(e, t, regression_values(cache, scenario, e, t).astype(np.float32))
 
     # ---- labels -> targets ---------------------------------------------------------------------------
     def init_bias(self, head: nn.Linear, labels: Labels) -> None:
