@@ -7,7 +7,7 @@ WORKSPACE ?= demo_workspace
 HOST ?= 127.0.0.1
 PORT ?= 3000
 
-.PHONY: venv demo test test-fast lint ui bench results clean-demo peers-venv engine engine-stop
+.PHONY: venv demo test test-fast lint ui bench results import-graph clean-demo peers-venv engine engine-stop
 
 $(STAMP): requirements.lock pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -45,6 +45,10 @@ bench: $(STAMP)
 # bench/RESULTS.md from bench/results/*.json (standard library only); run after a benchmark, commit both
 results:
 	$(PYTHON) bench/results_page.py
+
+# docs/import-graph.svg: the layers and the imports between packages (test_import_graph checks it is current)
+import-graph: $(STAMP)
+	$(BIN)/python docs/import_graph.py
 
 # bench/bench_peers.py's own environment (CoLES from pytorch-lifestream beside the pipeline); never .venv
 PEERS := .venv-peers
