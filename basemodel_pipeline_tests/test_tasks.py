@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from typing import Any, get_args
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -16,7 +16,7 @@ from torch import nn
 from basemodel_pipeline.config import scenarios as config_scenarios
 from basemodel_pipeline.evaluation import metrics
 from basemodel_pipeline.targets.labels import SparseLabels, TargetDetails, TargetSpec
-from basemodel_pipeline.tasks import TASKS, Task, register, task_for, task_named
+from basemodel_pipeline.tasks import TASKS, Task, register, task_for, task_named, unregister
 from basemodel_pipeline.tasks.binary import Binary
 from basemodel_pipeline.tasks.multiclass import Multiclass
 from basemodel_pipeline.tasks.multilabel import Multilabel
@@ -33,9 +33,16 @@ def _spec(task: str, **details: Any) -> TargetSpec:
 
 
 # ---- the registry ----------------------------------------------------------------------------------------
-def test_every_task_of_the_config_has_a_class_and_nothing_else_does() -> None:
-    names = set(get_args(config_scenarios.Task))
-    assert set(TASKS) == names == set(config_scenarios.TASKS)
+def test_every_task_type_is_one_registered_class_whose_rules_the_config_reads() -> None:
+    assert set(TASKS) == {"binary", "multiclass", "multilabel", "regression", "recommendation"}
+    assert set(config_scenarios.TASK_RULES) == set(TASKS)  # the registry is the one list of task types
+    assert (
+        config_scenarios.task_rules("recommendation").ranked
+        and config_scenarios.task_rules("multiclass").per_class
+    )
+    assert config_scenarios.task_rules("regression").target_kind == "regression"
+    with pytest.raises(ValueError, match="task 'survival' is not a task type; known: binary, multiclass"):
+        config_scenarios.task_rules("survival")
     for name, cls in TASKS.items():
         assert cls.name == name and issubclass(cls, Task)
     assert task_named("binary") is Binary and isinstance(task_for(_spec("regression")), Regression)
@@ -132,8 +139,8 @@ def test_a_new_task_registers_from_its_own_module_and_trains() -> None:
         table = task.output_table(np.array(["e1", "e2", "e3", "e4"]), DAY, out, None, None)
         assert table.column_names == ["entity_id", "as_of", "count"]
     finally:
-        TASKS.pop("toy_count")
-    assert "toy_count" not in TASKS
+        unregister("toy_count")
+    assert "toy_count" not in TASKS and "toy_count" not in config_scenarios.TASK_RULES
 
 
 # ---- labels -> targets, loss, decoding: the formulas of the head before the task classes -------------------

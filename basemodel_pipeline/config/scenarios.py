@@ -8,13 +8,14 @@ is read (PipelineConfig._references, sources.data_checks).
 
 from __future__ import annotations
 
+import importlib
+from dataclasses import dataclass
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
 from basemodel_pipeline.config.base import ColumnName, Name, Strict
 
-TASKS = ("binary", "multiclass", "multilabel", "regression", "recommendation")
 TARGET_TIMEOUT_S = 10.0  # a python target's import and each call (per example: milliseconds, as a rule)
 # multilabel LightGBM: rows one per-label booster trains on (docs/scenarios.md, "The cost of LightGBM")
 LIGHTGBM_MAX_ROWS = 10_000
@@ -29,7 +30,32 @@ CandidateName = Literal[
     "reranker",
     "repeat_purchases",
 ]
-Task = Literal["binary", "multiclass", "multilabel", "regression", "recommendation"]
+TASKS_PACKAGE = "basemodel_pipeline.tasks"  # importing it registers the shipped task types
+
+
+@dataclass(frozen=True)
+class TaskRules:
+    """What validating a scenario needs to know of its task type. Each task class registers its own when it
+    is registered (tasks/base.py ``register``): the config names no task types."""
+
+    target_kind: str  # the kind of declarative target it reads (besides python)
+    ranked: bool = (
+        False  # its candidates are the ranking ones (no LightGBM, no blend) and it needs its target
+    )
+    per_class: bool = False  # a python target of it names its classes (>= 2)
+
+
+TASK_RULES: dict[str, TaskRules] = {}
+
+
+def task_rules(name: str) -> TaskRules:
+    """The rules of task type `name`; ValueError naming the known ones for an unknown name. The shipped task
+    types register on first use: tasks/ sits above config/ (docs/architecture.md), so it is imported by name."""
+    if name not in TASK_RULES:
+        importlib.import_module(TASKS_PACKAGE)
+    if name not in TASK_RULES:
+        raise ValueError(f"task '{name}' is not a task type; known: {', '.join(sorted(TASK_RULES))}")
+    return TASK_RULES[name]
 
 
 class Condition(Strict):
@@ -206,7 +232,10 @@ class RetrainPolicy(Strict):
 
 class Scenario(Strict):
     name: Name
-    task: Task
+    task: Name = Field(
+        description="The task type (docs/tasks.md): binary, multiclass, multilabel, regression, "
+        "recommendation, or one a module of tasks/ registers."
+    )
     target: Target
     mode: Literal["frozen", "full", "lora"] | None = Field(
         default=None,
@@ -249,7 +278,8 @@ class Scenario(Strict):
     def _task_matches_target(self) -> Scenario:
         ranking = {"reranker", "repeat_purchases", "recent_popularity", "cooccurrence"}
         tabular = {"lightgbm_hybrid", "lightgbm_hybrid_seeds", "lightgbm_aggregates"}
-        wrong = ranking if self.task != "recommendation" else tabular | {"blend"}
+        rules = task_rules(self.task)
+        wrong = tabular | {"blend"} if rules.ranked else ranking
         for field, names in (
             ("candidates", self.candidates or []),
             ("publish", [self.publish] if self.publish else []),
@@ -259,14 +289,14 @@ class Scenario(Strict):
                 raise ValueError(f"{field}: {', '.join(bad)} is not a candidate of a {self.task} scenario")
         kind = self.target.kind
         if kind == "python":
-            if self.task == "recommendation":
-                raise ValueError("recommendation needs a declarative target (kind: recommendation)")
-            if self.task in ("multiclass", "multilabel") and len(self.target.classes) < 2:
+            if rules.ranked:
+                raise ValueError(f"{self.task} needs a declarative target (kind: {rules.target_kind})")
+            if rules.per_class and len(self.target.classes) < 2:
                 raise ValueError(
                     f"a python target of a {self.task} scenario needs target.classes (>= 2 names)"
                 )
-        elif self.task != kind:
+        elif kind != rules.target_kind:
             raise ValueError(
-                f"task '{self.task}' needs a target of kind '{self.task}' or 'python', got '{kind}'"
+                f"task '{self.task}' needs a target of kind '{rules.target_kind}' or 'python', got '{kind}'"
             )
         return self

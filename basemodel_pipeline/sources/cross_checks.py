@@ -99,7 +99,7 @@ class CrossChecks(CheckContext):
 
         if not is_list_type(self.column_type(src, column)):
             return
-        if sc.task == "multilabel" and field == "column":
+        if sc.target.kind == "multilabel" and field == "column":  # a list column labels a multilabel target
             return
         use = "a filter" if field.startswith("filter") else f"the column of a {sc.task} target"
         self.fail(

@@ -40,6 +40,7 @@ from torch import nn
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import Scenario
 from basemodel_pipeline.config.models import PythonTarget
+from basemodel_pipeline.config.scenarios import TASK_RULES, TaskRules
 from basemodel_pipeline.errors import ConfigError
 from basemodel_pipeline.evaluation import baselines, metrics
 from basemodel_pipeline.targets.events import target_source
@@ -53,7 +54,8 @@ class Task(ABC):
     """One task type. Subclasses set the class attributes and implement the abstract methods; the defaults
     fit a task with one output per row and 0-d labels (binary, regression)."""
 
-    name: ClassVar[str]  # the config discriminator: Scenario.task
+    name: ClassVar[str]  # the config's name of the task type: Scenario.task
+    target_kind: ClassVar[str | None] = None  # the declarative target it reads (config kind); None: its name
     primary_metric: ClassVar[str]  # the metric a scenario of this task is judged by
     lightgbm: ClassVar[str | None] = (
         None  # LightGBM's objective of its LightGBM candidates (evaluation/gbm.py,
@@ -270,9 +272,17 @@ T = TypeVar("T", bound=type[Task])
 
 
 def register(cls: T) -> T:
-    """Class decorator: make `cls` the task of its ``name`` (a later registration of a name replaces it)."""
+    """Class decorator: make `cls` the task of its ``name`` (a later registration of a name replaces it), and
+    give config validation its rules (config/scenarios.py ``TaskRules``)."""
     TASKS[cls.name] = cls
+    TASK_RULES[cls.name] = TaskRules(cls.target_kind or cls.name, cls.ranked, cls.per_class)
     return cls
+
+
+def unregister(name: str) -> None:
+    """Forget the task type `name` (a task registered for a while, as tests do)."""
+    TASKS.pop(name, None)
+    TASK_RULES.pop(name, None)
 
 
 def task_named(name: str) -> type[Task]:
