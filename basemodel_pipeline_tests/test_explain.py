@@ -154,8 +154,8 @@ def test_completeness(world, scenario: str, baseline: str) -> None:
     _, cfg, _ = world
     cache, m, e, t, X = _inputs(cfg, scenario)
     with torch.no_grad():
-        scores = m.head.scores(m.model(torch.from_numpy(X)).numpy())
-    output = choose_output(m.head, None, scores)
+        scores = m.task.scores(m.model(torch.from_numpy(X)).numpy())
+    output = choose_output(m.task, None, scores)
     base = baseline_features(baseline, cache, m, e, t)
     A, fx, fb = integrated_gradients(output.fn(m.model), X, base, steps=128)
     gap = fx - fb - A.astype(np.float64).sum(1)
@@ -199,7 +199,7 @@ def test_hashed_values_split_their_buckets(world) -> None:
     _, cfg, _ = world
     cache, m, e, t, X = _inputs(cfg, "phones", 1)
     ex = Explainer(cache, m.enc)
-    fn = choose_output(m.head, None, None).fn(m.model)
+    fn = choose_output(m.task, None, None).fn(m.model)
     A, *_ = integrated_gradients(fn, X, baseline_features("empty", cache, m, e, t))
     ex.add(A, e, t)
     items = next(v for v in ex.tables if isinstance(v, HashedValues) and v.column == "item")
@@ -264,7 +264,7 @@ def test_population(world) -> None:
 
 
 def test_report_explanation_from_finetune_state(world) -> None:
-    """add_report_explanation works on what scenarios/finetune._finish holds (Shared, model, head, test)."""
+    """add_report_explanation works on what scenarios/finetune._finish holds (Shared, model, task, test)."""
     from basemodel_pipeline.model.checkpoint import read_meta
 
     _, cfg, _ = world
@@ -276,7 +276,7 @@ def test_report_explanation_from_finetune_state(world) -> None:
     shared.featurise(list(ex.values()))
     m = Model.load(ws.latest_scenario_dir(cfg, "phones"))
     extra = {"report.html": "<html><body><h1>phones</h1></body></html>"}
-    add_report_explanation(extra, shared, m.model, m.head, ex["test"])
+    add_report_explanation(extra, shared, m.model, m.task, ex["test"])
     expl = json.loads(extra["explanation.json"])
     assert expl["entities"] == min(len(ex["test"]), REPORT_POPULATION)
     assert expl["columns"][0]["column"] == "channel"

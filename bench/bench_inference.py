@@ -83,7 +83,7 @@ def quality(args: argparse.Namespace) -> dict:
         scorer.outputs(cache, X[:256], test.entity[:256], dt.date.today(), 10)  # warm-up
         t0 = time.perf_counter()
         for _ in range(args.repeats):
-            scores = scorer.head.scores(runtime.predict(scorer.model, X, scorer.device, amp=scorer.amp))
+            scores = scorer.task.scores(runtime.predict(scorer.model, X, scorer.device, amp=scorer.amp))
         wall = (time.perf_counter() - t0) / args.repeats
         result[f"{precision}_{_metric(sc.task)}"] = round(
             float(task_named(sc.task).primary(test.labels, scores)), 5

@@ -82,17 +82,17 @@ OWN_VALUE_KINDS = ("direct", "weekday", "hour")  # event columns whose every val
 class Output:
     """Which scalar of the model is explained."""
 
-    head: Task
+    task: Task
     index: int  # output column (class index; 0 for binary and regression)
     label: str | None  # class label (multiclass, multilabel)
 
     @property
     def description(self) -> str:
-        return self.head.explained_what(self.label)
+        return self.task.explained_what(self.label)
 
     def _transform(self, out: torch.Tensor) -> torch.Tensor:
         """Model outputs [n, out_dim] -> the explained scalar [n] (Task.explained)."""
-        return self.head.explained(out, self.index)
+        return self.task.explained(out, self.index)
 
     def fn(self, model: TrunkWithHead) -> Callable[[torch.Tensor], torch.Tensor]:
         """x [n, dim] -> the explained output [n]."""
@@ -128,25 +128,25 @@ def explainable() -> list[str]:
     return [name for name, task in TASKS.items() if task.explainable]
 
 
-def choose_output(head: Task, label: str | None, scores: np.ndarray | None) -> Output:
+def choose_output(task: Task, label: str | None, scores: np.ndarray | None) -> Output:
     """The class named `label`, else the top class of `scores` (mean over rows) for multi-class tasks."""
-    if not head.explainable:
-        raise UserError(f"explanations cover {', '.join(explainable())} scenarios, not {head.name}")
-    if not head.per_class:
+    if not task.explainable:
+        raise UserError(f"explanations cover {', '.join(explainable())} scenarios, not {task.name}")
+    if not task.per_class:
         if label is not None:
-            raise ArgumentError("label", None, f"a {head.name} scenario has one output; leave the class out")
-        return Output(head, 0, None)
-    classes = [str(c) for c in head.spec.classes]
+            raise ArgumentError("label", None, f"a {task.name} scenario has one output; leave the class out")
+        return Output(task, 0, None)
+    classes = [str(c) for c in task.spec.classes]
     if label is not None:
         if label not in classes:
             shown = ", ".join(classes[:10]) + (f", ... ({len(classes)} classes)" if len(classes) > 10 else "")
             raise ArgumentError(
                 "label", repr(label), f"is not a class of this scenario; its classes: {shown}"
             )
-        return Output(head, classes.index(label), label)
+        return Output(task, classes.index(label), label)
     assert scores is not None
     j = int(np.argmax(np.asarray(scores).reshape(-1, len(classes)).mean(0)))
-    return Output(head, j, classes[j])
+    return Output(task, j, classes[j])
 
 
 # ---- integrated gradients -----------------------------------------------------------------------------
@@ -345,13 +345,13 @@ class Model:
 
     model: TrunkWithHead
     enc: FeatureEncoder
-    head: Task
+    task: Task
     meta: CheckpointMeta | None = None  # None: a model not yet published (the report's explanation)
 
     @classmethod
     def load(cls, checkpoint: Path) -> Model:
-        model, meta, head = load_scenario(checkpoint)
-        return cls(model, FeatureEncoder.from_dict(meta.encoder), head, meta)
+        model, meta, task = load_scenario(checkpoint)
+        return cls(model, FeatureEncoder.from_dict(meta.encoder), task, meta)
 
 
 def explain(
@@ -377,8 +377,8 @@ def explain(
     training = m.model.training
     m.model.eval()
     try:
-        scores = m.head.scores(runtime.predict(m.model, X, torch.device("cpu"), amp=None))
-        out = choose_output(m.head, label, scores if m.head.per_class else None)
+        scores = m.task.scores(runtime.predict(m.model, X, torch.device("cpu"), amp=None))
+        out = choose_output(m.task, label, scores if m.task.per_class else None)
         ex = Explainer(cache, m.enc)
         base = baseline_features(baseline, cache, m, entity, times)
         first, rest = out.split(m.model)
@@ -398,7 +398,7 @@ def explain(
     if score.ndim == 2:
         score = score[:, out.index]
     result: dict[str, Any] = {
-        "task": m.head.name,
+        "task": m.task.name,
         "output": {"description": out.description, "class": out.label, "index": out.index},
         "baseline": {"kind": baseline, "output": float(f_b.mean())},
         "steps": {"initial": steps, "max_used": int(np.concatenate(steps_used).max())},

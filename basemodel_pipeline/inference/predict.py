@@ -126,13 +126,13 @@ def load_scenario(checkpoint: Path) -> tuple[Any, CheckpointMeta, Task]:
     return model, meta, task_for(target)
 
 
-def load_published(checkpoint: Path, meta: CheckpointMeta, head: Task) -> Candidate:
+def load_published(checkpoint: Path, meta: CheckpointMeta, task: Task) -> Candidate:
     """The candidate the scenario published (scenarios/selection.py): the network alone in checkpoints
     written before candidates existed."""
-    ctx = Context(Scenario.model_validate(meta.scenario), head.spec, head)
+    ctx = Context(Scenario.model_validate(meta.scenario), task.spec, task)
     published = meta.published or {
-        "kind": "neural_ranking" if head.ranked else "neural",
-        "weight": getattr(head.spec.details, "repeat_weight", None) or 0.0,
+        "kind": "neural_ranking" if task.ranked else "neural",
+        "weight": getattr(task.spec.details, "repeat_weight", None) or 0.0,
     }
     folder = checkpoint / "candidates"
     files = {f.name: f.read_bytes() for f in folder.iterdir()} if folder.is_dir() else {}
@@ -145,7 +145,7 @@ class Scorer:
 
     model: torch.nn.Module
     meta: CheckpointMeta
-    head: Task  # the scenario's task: decoding and the predictions table
+    task: Task  # the scenario's task: decoding and the predictions table
     device: torch.device
     amp: torch.dtype | None
     precision: str
@@ -153,10 +153,10 @@ class Scorer:
 
     @classmethod
     def load(cls, checkpoint: Path, precision: str = "auto", device: str = "cpu") -> Scorer:
-        model, meta, head = load_scenario(checkpoint)
+        model, meta, task = load_scenario(checkpoint)
         dev = runtime.resolve_device(device)
         model, amp, chosen = prepare_model(model.eval(), precision, dev)
-        return cls(model, meta, head, dev, amp, chosen, load_published(checkpoint, meta, head))
+        return cls(model, meta, task, dev, amp, chosen, load_published(checkpoint, meta, task))
 
     def outputs(
         self, cache: EventCache, X: np.ndarray, entity: np.ndarray, as_of: dt.date, top_k: int
@@ -168,7 +168,7 @@ class Scorer:
         rows = Rows(
             cache, enc, np.asarray(entity, np.int64), t, RowView(X), None, self.model, self.device, self.amp
         )
-        if self.head.ranked:
+        if self.task.ranked:
             return self.published.rank(rows, top_k)
         return self.published.predict(rows)
 
@@ -322,12 +322,12 @@ def predict(
             e = entity[a : a + CHUNK]
             sample.add(X)
             out = scorer.outputs(cache, X, e, as_of, model_top_k)
-            writer.write(scorer.head.output_table(ids[e], as_of, out, top_k, threshold))
+            writer.write(scorer.task.output_table(ids[e], as_of, out, top_k, threshold))
             progress.advance("predict", len(e))
         if len(entity) == 0:  # an empty shard or subset still writes the table's columns
             writer.write(
-                scorer.head.output_table(
-                    ids[:0], as_of, scorer.head.empty_outputs(model_top_k), top_k, threshold
+                scorer.task.output_table(
+                    ids[:0], as_of, scorer.task.empty_outputs(model_top_k), top_k, threshold
                 )
             )
         info = writer.close()

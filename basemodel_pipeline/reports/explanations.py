@@ -88,16 +88,16 @@ def run_explain(
 
 
 def add_report_explanation(
-    extra: dict[str, str], shared: Any, model: TrunkWithHead, head: Task, test: Any
+    extra: dict[str, str], shared: Any, model: TrunkWithHead, task: Task, test: Any
 ) -> None:
     """For scenarios/finetune._finish: explain up to REPORT_POPULATION test examples (population, mean
     baseline), add the section to extra["report.html"] and the JSON as extra["explanation.json"].
 
     shared: scenarios.shared.Shared (cache, enc, X, rows()); test: the test Examples. Recommendation: nothing."""
-    if not head.explainable or len(test) == 0:
+    if not task.explainable or len(test) == 0:
         return
     pick = sample_entities(len(test), REPORT_POPULATION)
     X = shared.X[shared.rows(test)[pick]].astype(np.float32)
-    expl = explain(shared.cache, Model(model, shared.enc, head), test.entity[pick], test.time[pick], X=X)
+    expl = explain(shared.cache, Model(model, shared.enc, task), test.entity[pick], test.time[pick], X=X)
     extra["report.html"] = with_explanation(extra["report.html"], expl)
     extra["explanation.json"] = json.dumps(expl, indent=2)

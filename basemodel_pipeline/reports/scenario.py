@@ -13,5 +13,5 @@ def report_files(done: Finished) -> dict[str, str]:
     """{"report.html": ..., "explanation.json": ...} (no explanation for tasks it does not cover)."""
     files = {"report.html": scenario_report(done.scenario, done.result, done.truth, done.outputs)}
     # the network's view of what drives the model, on a sample of the test examples
-    add_report_explanation(files, done.shared, done.model, done.head, done.test)
+    add_report_explanation(files, done.shared, done.model, done.task, done.test)
     return files

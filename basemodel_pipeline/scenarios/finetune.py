@@ -67,7 +67,7 @@ class Finished:
     shared: Shared
     scenario: Scenario
     model: TrunkWithHead
-    head: Task
+    task: Task
     test: Examples  # the test window's examples
     result: dict[str, Any]  # what metrics.json holds
     truth: Any  # the test labels
@@ -156,7 +156,7 @@ def _finish(
     cfg = shared.cfg
     parts = split_parts(ex)
     t0 = time.perf_counter()
-    model, head, history, best = train_network(
+    model, task, history, best = train_network(
         shared, scenario, spec, {"train": parts["train"], "val": parts["stop"]}, progress
     )
     timing["train_s"] = time.perf_counter() - t0
@@ -164,7 +164,7 @@ def _finish(
     work["train_examples_per_s"] = round(len(parts["train"]) * len(history) / max(timing["train_s"], 1e-9), 1)
     mode = scenario.mode or cfg.training_params.finetune.mode
     model.to(runtime.resolve_device(cfg.training_params.foundation.device))
-    fit = _fit_candidates(shared, scenario, spec, {**parts, "test": ex["test"]}, model, head, mode, progress)
+    fit = _fit_candidates(shared, scenario, spec, {**parts, "test": ex["test"]}, model, task, mode, progress)
     t0 = time.perf_counter()
     selection, published = _choose(fit, parts["select"], scenario)
     timing["select_s"] = time.perf_counter() - t0
@@ -216,7 +216,7 @@ def _finish(
         )
         learned = list(everything.values())
     result["fit_windows"]["published"] = fit_windows(learned, scenario)
-    done = Finished(shared, scenario, model, head, ex["test"], result, truth, outputs)
+    done = Finished(shared, scenario, model, task, ex["test"], result, truth, outputs)
     version, final, verdict = _publish(done, spec, selection, published, report, timing, progress)
     kept = kept_outputs(outputs, truth, ex["test"]) if keep_outputs else {}
     summary = run_summary(final, version, result, selection, timing, work, fit.stage_info["reused"])
@@ -242,14 +242,14 @@ def _fit_candidates(
     spec: TargetSpec,
     parts: dict[str, Examples],
     model: TrunkWithHead,
-    head: Task,
+    task: Task,
     mode: str,
     progress: Progress,
 ) -> _Fit:
     """Every candidate the scenario names, fitted on the training rows (early stopping on "stop"); the
     baselines staged by run_baselines are read instead of fitted again."""
     cfg = shared.cfg
-    ctx = Context(scenario, spec, head, cfg.training_params.finetune.seed, progress)
+    ctx = Context(scenario, spec, task, cfg.training_params.finetune.seed, progress)
     rows = {k: shared.rows_of(v, model, mode) for k, v in parts.items()}
     candidates = candidate_models(ctx, scenario.candidates, small=shared.cache.n_entities < SMALL_ENTITIES)
     if isinstance(ctx.task, Recommendation):
@@ -390,7 +390,7 @@ def _publish(
         kind="scenario",
         scenario=scenario.model_dump(mode="json"),
         target=stored,
-        arch=shared.fmeta.arch.with_out_dim(done.head.out_dim),
+        arch=shared.fmeta.arch.with_out_dim(done.task.out_dim),
         encoder=shared.fmeta.encoder,
         foundation_version=shared.fmeta.version,
         cache_fingerprint=shared.cache.manifest["fingerprint"],
