@@ -11,11 +11,14 @@ for SIGTERM, 130 for SIGINT), what a shell or an orchestrator expects of a proce
 not swallow it, and code that already cleans up on Ctrl-C does the same on SIGTERM. Signals that arrive while
 the stage unwinds are ignored, so an impatient second Ctrl-C or an orchestrator's repeated SIGTERM cannot cut the
 cleanup short (SIGKILL still ends the process at once; the next run of the stage then removes what it left).
+A stage's worker processes (`predict --workers`) are stopped with it: SIGTERM is passed on to them and each
+unwinds its own job the same way.
 """
 
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import signal
 import threading
 from collections.abc import Iterator
@@ -68,6 +71,7 @@ def stopping_cleanly() -> Iterator[None]:
         if received:
             return  # already unwinding: let the cleanup finish
         received.append(signum)
+        end_children()
         raise Stopped(signum)
 
     previous = {s: signal.signal(s, on_signal) for s in SIGNALS}
@@ -77,3 +81,19 @@ def stopping_cleanly() -> Iterator[None]:
         for s, handler in previous.items():
             if handler is not None:  # None: installed from C, cannot be put back from Python
                 signal.signal(s, handler)
+
+
+def end_children() -> None:
+    """Send SIGTERM to this process's multiprocessing children (a pool's workers, which run their jobs inside
+    `stopping_cleanly` and ignore SIGINT: `in_worker`), so that they unwind now instead of finishing their
+    work while the stage waits for them."""
+    for child in multiprocessing.active_children():
+        with contextlib.suppress(OSError, ValueError):
+            child.terminate()
+
+
+def in_worker() -> None:
+    """Initialise a worker process of a stage: Ctrl-C, which the terminal sends to the whole process group, is
+    left to the stage, which ends its workers itself (end_children); between jobs SIGTERM ends the worker."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)

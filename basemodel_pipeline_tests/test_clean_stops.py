@@ -9,6 +9,7 @@ the signal and then checks what is left. One test signals pretraining in its own
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -27,63 +28,71 @@ from basemodel_pipeline_tests.conftest import patient
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# argv: SIGNALS PAUSE MATCH NTH FACE ARGS...  PAUSE is module:function ("-": none); the NTH call whose arguments'
-# text contains MATCH touches SIGNALS/paused and blocks (the signal ends it). FACE is `cli` (the basemodel
-# command) or a module run as __main__ (an entrypoint).
+# argv: FACE ARGS...; FACE is `cli` (the basemodel command) or a module run as __main__ (an entrypoint).
+# STOPS_PAUSE is module:function or module:Class.method (unset: no pause); in this process and in the worker
+# processes it spawns (they import this script again, as __mp_main__), the STOPS_NTH call whose arguments' text
+# contains STOPS_MATCH touches STOPS_SIGNALS/paused and blocks until a signal ends it.
 WRAPPER = r"""
-import importlib, runpy, sys, time
+import importlib, os, runpy, sys, time
 from pathlib import Path
 
-signals, pause, match, nth, face, rest = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6:]
-if pause != "-":
-    module_name, name = pause.rsplit(":", 1)
-    module = importlib.import_module(module_name)
-    original = getattr(module, name)
-    calls = []
+pause = os.environ.get("STOPS_PAUSE")
+if pause:
+    module_name, attr = pause.rsplit(":", 1)
+    owner, _, name = attr.rpartition(".")
+    target = importlib.import_module(module_name)
+    target = getattr(target, owner) if owner else target
+    original = getattr(target, name)
+    match, nth, calls = os.environ["STOPS_MATCH"], int(os.environ["STOPS_NTH"]), []
 
     def paused(*args, **kwargs):
         if match in repr((args, kwargs)):
             calls.append(1)
             if len(calls) == nth:
-                (signals / "paused").touch()
+                (Path(os.environ["STOPS_SIGNALS"]) / "paused").touch()
                 while True:
                     time.sleep(0.05)
         return original(*args, **kwargs)
 
-    setattr(module, name, paused)
-if face == "cli":
-    from basemodel_pipeline.cli import main
+    setattr(target, name, paused)
+if __name__ == "__main__":
+    face, rest = sys.argv[1], sys.argv[2:]
+    if face == "cli":
+        from basemodel_pipeline.cli import main
 
-    sys.argv = ["basemodel", *rest]
-    main()
-else:
-    sys.argv = [face, *rest]
-    runpy.run_module(face, run_name="__main__", alter_sys=True)
+        sys.argv = ["basemodel", *rest]
+        main()
+    else:
+        sys.argv = [face, *rest]
+        runpy.run_module(face, run_name="__main__", alter_sys=True)
 """
 
 ENTRY = "basemodel_pipeline.entrypoints."
 
 
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")}
+def _command(tmp: Path, face: str, args: tuple[str, ...]) -> list[str]:
+    script = tmp / "stage_wrapper.py"
+    script.write_text(WRAPPER)
+    return [sys.executable, str(script), face, *args]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DAGSTER_PIPES", "STOPS_"))}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     env["COLUMNS"] = "200"
-    return env
+    return {**env, **extra}
 
 
 def start(
-    tmp: Path, face: str, *args: str, pause: str = "-", match: str = "", nth: int = 1
+    tmp: Path, face: str, *args: str, pause: str = "", match: str = "", nth: int = 1
 ) -> subprocess.Popen:
-    script = tmp / "stage_wrapper.py"
-    script.write_text(WRAPPER)
-    cmd = [sys.executable, str(script), str(tmp), pause, match, str(nth), face, *args]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    env = _env(STOPS_PAUSE=pause, STOPS_MATCH=match, STOPS_NTH=str(nth), STOPS_SIGNALS=str(tmp))
+    cmd = _command(tmp, face, args)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
 def run(tmp: Path, face: str, *args: str) -> subprocess.CompletedProcess:
-    script = tmp / "stage_wrapper.py"
-    script.write_text(WRAPPER)
-    cmd = [sys.executable, str(script), str(tmp), "-", "", "1", face, *args]
+    cmd = _command(tmp, face, args)
     return subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=patient(300))
 
 
@@ -101,11 +110,16 @@ def wait_paused(proc: subprocess.Popen, tmp: Path) -> None:
 
 def stop(proc: subprocess.Popen, signum: signal.Signals = signal.SIGTERM) -> tuple[int, str, str]:
     """Send `signum` and wait (generously) for the process to end: its exit code, stdout and stderr."""
+    import psutil
+
+    children = psutil.Process(proc.pid).children(recursive=True)
     proc.send_signal(signum)
     try:
         out, err = proc.communicate(timeout=patient(30))
     except subprocess.TimeoutExpired:
-        proc.kill()
+        for process in [*children, proc]:  # its children hold its pipes open too
+            with contextlib.suppress(psutil.Error, OSError):
+                process.kill()
         out, err = proc.communicate()
         raise AssertionError(f"still running long after {signum.name}:\n{out}\n{err}") from None
     return proc.returncode, out, err
@@ -291,6 +305,74 @@ def test_scoring_stopped_with_its_output_staged_publishes_nothing_and_leaves_no_
     again = run(tmp_path, *command)
     assert again.returncode == 0, again.stderr
     assert len(list(out_dir.glob(f"*/{name}.parquet"))) == 1
+
+
+def test_predict_with_workers_stopped_by_sigterm_ends_its_workers_and_their_part_files(
+    tiny_trained: Path, tmp_path: Path
+) -> None:
+    """`basemodel predict --workers 2` while its workers hold their part files written but not yet renamed:
+    SIGTERM to the command alone (what `docker stop` and Dagster's terminate send) ends its workers too, well
+    before their shards would finish, and no part file or staging is left."""
+    import psutil
+
+    config = _trained_copy(tiny_trained, tmp_path)
+    workspace = Path(load_config(config).workspace)
+    command = ["cli", "predict", str(config), "--scenario", "churn", "--workers", "2"]
+    proc = start(tmp_path, *command, pause="basemodel_pipeline.inference.shards:PartWriter.close")
+    wait_paused(proc, tmp_path)
+    workers = psutil.Process(proc.pid).children(recursive=True)
+    assert workers and staging(workspace / "predictions")
+
+    rc, _, err = stop(proc, signal.SIGTERM)
+
+    assert_stopped(rc, err, "predict churn", signal.SIGTERM, "redo it")
+    gone, alive = psutil.wait_procs(workers, timeout=patient(15))
+    assert not alive, [p.pid for p in alive]
+    assert staging(workspace) == []
+    again = run(tmp_path, *command)
+    assert again.returncode == 0, again.stderr
+
+
+# A Dagster run of one asset that launches COMMAND through Pipes as the project's subprocess launcher does
+# (PipesSubprocessClient, forward_termination: Dagster's terminate interrupts the run and passes SIGINT on).
+ORCHESTRATOR = r"""
+import sys
+import dagster as dg
+
+
+@dg.asset
+def step(context: dg.AssetExecutionContext):
+    client = dg.PipesSubprocessClient(forward_termination=True, termination_timeout_seconds=120)
+    return client.run(context=context, command=sys.argv[1:]).get_materialize_result()
+
+
+print("run succeeded" if dg.materialize([step], raise_on_error=False).success else "run failed", flush=True)
+"""
+
+
+def test_a_pipes_step_stops_cleanly_when_dagster_interrupts_its_run(
+    tiny_trained: Path, tmp_path: Path
+) -> None:
+    """Dagster interrupted while its Pipes step (the embed entrypoint) has its output staged: Dagster passes
+    SIGINT on, the step logs its `stopped:` line to Dagster, ends, and leaves no staging; the run fails."""
+    config = _trained_copy(tiny_trained, tmp_path)
+    workspace = Path(load_config(config).workspace)
+    (tmp_path / "orchestrator.py").write_text(ORCHESTRATOR)
+    step = _command(tmp_path, ENTRY + "embed", ("--config", str(config)))
+    env = _env(STOPS_PAUSE=PUBLISH, STOPS_MATCH="/embeddings/", STOPS_NTH="1", STOPS_SIGNALS=str(tmp_path))
+    cmd = [sys.executable, str(tmp_path / "orchestrator.py"), *step]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    wait_paused(proc, tmp_path)
+    assert staging(workspace / "embeddings")
+
+    rc, out, err = stop(proc, signal.SIGINT)  # what a terminate does to the run's process
+
+    line = "stopped: embed received SIGINT; its staging is removed; run it again to redo it"
+    assert rc == 0 and "run failed" in out, err
+    assert "[pipes] execution interrupted, sending SIGINT to subprocess" in err
+    assert [x for x in err.splitlines() if "dagster - ERROR" in x and x.endswith(line)], err
+    assert staging(workspace) == []
+    assert not list((workspace / "embeddings").glob("*/embeddings.parquet"))
 
 
 def test_embed_disk_full_preflight_removes_its_staging(

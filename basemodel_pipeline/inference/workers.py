@@ -16,6 +16,7 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
+from basemodel_pipeline import stops
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import PipelineConfig, Scenario
@@ -72,14 +73,17 @@ def cap_workers(requested: int, cores: int, free: int | None) -> tuple[int, str 
 def _start_worker(threads: int) -> None:
     """Each worker's share of the cores: torch's threads, and the variable predict reads (runtime.set_threads)."""
     os.environ["OMP_NUM_THREADS"] = os.environ["BASEMODEL_TORCH_THREADS"] = str(threads)
+    stops.in_worker()  # a stop of the stage ends its workers (stops.end_children)
     import torch
 
     torch.set_num_threads(threads)
 
 
 def _score_shard(cfg: PipelineConfig, scenario: Scenario, options: ScoringOptions) -> None:
-    """One worker's job: score its shard (options.shard) into its part file."""
-    predict(cfg, scenario, options, NullProgress())
+    """One worker's job: score its shard (options.shard) into its part file (a stop removes the part's
+    staging)."""
+    with stops.stopping_cleanly():
+        predict(cfg, scenario, options, NullProgress())
 
 
 def predict_with_workers(
