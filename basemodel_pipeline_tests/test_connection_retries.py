@@ -56,6 +56,7 @@ def fast_retries(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TEST_REFUSED_PASSWORD", PASSWORD)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", AWS_SECRET)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "refused-key-id")
+    monkeypatch.setenv("BASEMODEL_BIGQUERY_CALL_RETRY_S", "1")  # the Google client's own retries, per call
 
 
 def pointed_at(tiny_config: Path, location: dict[str, Any]) -> Path:
@@ -110,6 +111,11 @@ def synapse_at(port: int) -> dict[str, Any]:
     return {"database_type": "synapse", "connection_params": params}
 
 
+def bigquery_at(port: int) -> dict[str, Any]:
+    params = {"project_id": "acme", "dataset_id": "events", "api_endpoint": f"http://127.0.0.1:{port}"}
+    return {"database_type": "bigquery", "connection_params": params}
+
+
 def server_login(port: int) -> dict[str, Any]:
     return {"port": port, "password": "${TEST_REFUSED_PASSWORD}", "database": "analytics"}
 
@@ -126,6 +132,7 @@ def databricks_at(port: int) -> dict[str, Any]:
 
 LOCATIONS: dict[str, tuple[str, Callable[[int], dict[str, Any]]]] = {
     "snowflake": ("snowflake.connector", snowflake_at),
+    "bigquery": ("google.cloud.bigquery", bigquery_at),
     "s3-duckdb-httpfs": ("duckdb_extension_httpfs", lambda port: s3_at(port, "duckdb")),
     "s3-pyarrow": ("pyarrow.fs", lambda port: s3_at(port, "pyarrow")),
     "clickhouse": ("clickhouse_connect", clickhouse_at),

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from basemodel_pipeline.outputs.warehouse import TableWriter, sql_type
-from basemodel_pipeline.sources.bigquery import BigQueryBackend
+from basemodel_pipeline.sources.bigquery import BigQueryBackend, api_retry, query
 
 
 def wide(kind: str) -> pa.DataType:
@@ -35,7 +35,7 @@ class BigQueryWriter(TableWriter):
     _loaded = False
 
     def execute(self, sql: str) -> None:
-        self.backend.client.query(sql).result()
+        query(self.backend.client, sql).result(retry=api_retry())
 
     def create_stage(self) -> None:
         cols = ", ".join(f"{self.q(n)} {sql_type(k, self.dialect)}" for n, k in self.kinds.items())

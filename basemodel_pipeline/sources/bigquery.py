@@ -18,6 +18,7 @@ from sqlglot import exp
 from basemodel_pipeline.config.models import DataSource
 from basemodel_pipeline.config.sources import BigQueryLocation, BigQueryParams
 from basemodel_pipeline.retry import host_port
+from basemodel_pipeline.settings import setting
 from basemodel_pipeline.sources.base import Backend
 from basemodel_pipeline.sources.sql import table_from_name
 
@@ -32,6 +33,26 @@ TRANSIENT = (
     gexc.RetryError,
 )
 STORAGE_UNAVAILABLE = (gexc.NotFound, gexc.PermissionDenied, gexc.Forbidden, gexc.MethodNotImplemented)
+
+
+def call_retry_s() -> float:
+    """How long the Google client itself retries one API call: its defaults (600 s for the call, 600 s more
+    for inserting the job) kept a refused connection busy for over ten minutes before our retry (with_retry: backoff, then
+    one line) ever saw it. BASEMODEL_BIGQUERY_CALL_RETRY_S, default 30 s."""
+    return float(setting("BASEMODEL_BIGQUERY_CALL_RETRY_S", "30"))
+
+
+def api_retry() -> Any:
+    """The client's retry of one API call, bounded by call_retry_s."""
+    from google.cloud.bigquery.retry import DEFAULT_RETRY
+
+    return DEFAULT_RETRY.with_timeout(call_retry_s())
+
+
+def query(client: Any, sql: str) -> Any:
+    """client.query with the API call's retry bounded and without the client's job retry (its insert retry
+    runs ten minutes whatever it is given): a failed job is retried by with_retry, with its backoff."""
+    return client.query(sql, retry=api_retry(), job_retry=None)
 
 
 def credentials(p: BigQueryParams) -> Any:
@@ -88,8 +109,8 @@ class BigQueryBackend(Backend):
         return table
 
     def execute(self, sql: str) -> pa.RecordBatchReader:
-        job = self.client.query(sql)
-        rows = job.result(page_size=PAGE_ROWS)
+        job = query(self.client, sql)
+        rows = job.result(page_size=PAGE_ROWS, retry=api_retry())
         batches: Iterator[pa.RecordBatch] | None = None
         first = None
         if self.storage is not None:
@@ -103,11 +124,11 @@ class BigQueryBackend(Backend):
                 )
                 batches = None
         if batches is None:
-            rows = job.result(page_size=PAGE_ROWS)
+            rows = job.result(page_size=PAGE_ROWS, retry=api_retry())
             batches = iter(rows.to_arrow_iterable(bqstorage_client=None))
             first = next(batches, None)
         if first is None:
-            schema = job.result().to_arrow(create_bqstorage_client=False).schema
+            schema = job.result(retry=api_retry()).to_arrow(create_bqstorage_client=False).schema
             return pa.RecordBatchReader.from_batches(schema, iter(()))
 
         def all_batches() -> Iterator[pa.RecordBatch]:
