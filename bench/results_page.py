@@ -411,8 +411,32 @@ def peers(files: Files) -> list[str]:
             ],
             rows,
         )
+        body += _where_the_time_goes(d)
         out += block(f"### {dataset_name(d, path)}", body, provenance(path, d))
     return out
+
+
+def _where_the_time_goes(d: dict) -> list[str]:
+    """One line: the pipeline's stages and, per scenario, fine-tuning's phases, in seconds of that run."""
+    times = d.get("ours.times")
+    if not isinstance(times, dict):
+        return []
+    stages = ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {num(v)} s" for k, v in times.items())
+    phases = []
+    for key, value in sorted(d.items()):
+        if key.startswith("ours.") and key.endswith(".timing_s") and isinstance(value, dict):
+            name = key[len("ours.") : -len(".timing_s")]
+            phases.append(
+                f"{name}: " + ", ".join(f"{k.removesuffix('_s')} {num(v)}" for k, v in value.items())
+            )
+    line = f"Where the pipeline's time goes (s): {stages}."
+    if phases:
+        line += (
+            " Fine-tuning phases (s; featurise is one pass shared by the scenarios): "
+            + "; ".join(phases)
+            + "."
+        )
+    return ["", line, ""]
 
 
 def _after(d: dict, p: str) -> dict:
