@@ -156,18 +156,6 @@ def test_next_event_days_add_points_shorter_than_the_horizon() -> None:
         FoundationParams(next_event_days=[0])
 
 
-def test_foundation_early_stopping_rule() -> None:
-    from basemodel_pipeline.training.resume import RunState
-
-    def _stalled(history: list, patience: int) -> bool:
-        return RunState(history=history).stalled(patience)
-
-    h = [{"val_loss": v} for v in (3.0, 2.5, 2.6, 2.7)]
-    assert _stalled(h, patience=2)  # 2.6, 2.7 do not beat 2.5
-    assert not _stalled(h[:3], patience=2)  # too few epochs to tell
-    assert not _stalled([{"val_loss": v} for v in (3.0, 2.5, 2.6, 2.4)], patience=2)
-
-
 @pytest.mark.parametrize(
     ("setting", "field", "message"),
     [

@@ -33,7 +33,7 @@ test window's rows; the parts' test (entity, time) keys and labels are checked e
          household's events before validation_start_date (the foundation's training examples also end
          there); then the GRU's state after each example's history (the hidden state at its last event
          before the split time: the same as encoding the prefix, as the GRU is causal) fed to the fixed probe
-         (evaluation/probe.py) and to the pipeline's LightGBM candidate; scoring = one GRU pass over every
+         (training/probe.py) and to the pipeline's LightGBM candidate; scoring = one GRU pass over every
          household's whole history + LightGBM.
 
 Intervals: one paired bootstrap over the test rows (one per household), 1,000 resamples, the same draws for
@@ -366,8 +366,8 @@ def run_coles(cfg, cache: EventCache, names: list[str], sampler: MemorySampler, 
     import pytorch_lightning as pl
 
     from basemodel_pipeline.dates import epoch_seconds
-    from basemodel_pipeline.evaluation.probe import probe_scores
     from basemodel_pipeline.inference.state import default_as_of
+    from basemodel_pipeline.training.probe import probe_scores
 
     dp = resolve_windows(cfg).data_params  # rolling windows: resolved against the cache
     start_day = epoch_seconds(dp.data_start_date)

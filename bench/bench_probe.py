@@ -8,7 +8,7 @@ The embeddings are what `basemodel embed` exports: `model.embed(features)` in fl
 Protocols (all run by default; every result holds each probe seed and their mean):
 - ``recsys`` (RecSys Challenge 2025): one embedding per entity as of the test split point
   (data_params.training_end_date), targets in the window after it; the probe is cross-fitted over 5 folds of
-  entities (evaluation/probe.py: cross_fitted_scores), so every entity is scored by a probe that never saw it;
+  entities (training/probe.py: cross_fitted_scores), so every entity is scored by a probe that never saw it;
   the score is the mean of the 5 per-fold AUROCs (fold_metric: each fold has its own probe and calibration).
 - ``weekly``: the scenario split (docs/design.md, "Evaluation protocol"): the probe fits on the weekly training split points, chooses
   its epoch on the validation split points and is scored on the test window. The foundation was trained to
@@ -39,20 +39,14 @@ from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.cache.windows import resolve_windows
 from basemodel_pipeline.config import load_config
-from basemodel_pipeline.evaluation.probe import (
-    Metric,
-    cross_fitted_scores,
-    entity_folds,
-    fold_metric,
-    paired_bootstrap,
-    probe_scores,
-)
+from basemodel_pipeline.evaluation.resampling import Metric, entity_folds, fold_metric, paired_bootstrap
 from basemodel_pipeline.features.aggregates import aggregate_features
 from basemodel_pipeline.features.sketch import FeatureEncoder
 from basemodel_pipeline.model.checkpoint import load_checkpoint
 from basemodel_pipeline.scenarios.targets import build_examples, choose_classes
 from basemodel_pipeline.targets.labels import Examples
 from basemodel_pipeline.tasks import task_named
+from basemodel_pipeline.training.probe import cross_fitted_scores, probe_scores
 from basemodel_pipeline.training.splits import scenario_split_times
 from basemodel_pipeline.workspace import cache_dir
 

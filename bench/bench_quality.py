@@ -49,7 +49,7 @@ import yaml
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.demo import prepare_demo
 from basemodel_pipeline.evaluation import metrics
-from basemodel_pipeline.evaluation.probe import bootstrap_rounds, cluster_sampler
+from basemodel_pipeline.evaluation.resampling import bootstrap_rounds, cluster_sampler
 from basemodel_pipeline.pipeline import run_cache, run_extract, run_pretrain
 from basemodel_pipeline.progress import NullProgress
 from basemodel_pipeline.scenarios.finetune import finetune_many

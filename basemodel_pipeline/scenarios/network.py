@@ -3,11 +3,7 @@ scenarios/finetune.py."""
 
 from __future__ import annotations
 
-import copy
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -22,7 +18,7 @@ from basemodel_pipeline.scenarios.lora import add_lora, merge_lora
 from basemodel_pipeline.scenarios.shared import Shared
 from basemodel_pipeline.targets.labels import Examples, TargetSpec
 from basemodel_pipeline.tasks import Task, task_for
-from basemodel_pipeline.training import loop, resume
+from basemodel_pipeline.training import fit, loop, resume
 
 RESUME = ".resume"  # under the scenario's checkpoint root, beside its versions
 
@@ -55,7 +51,6 @@ def train_network(
     steps = epochs * -(-n // p.batch_size)
     opt, sched = loop.optimizer_and_schedule(params, lr, p.weight_decay, min(100, steps // 10), steps)
     rng = np.random.default_rng(p.seed)
-    primary = head.primary_metric
     sign = 1.0 if head.higher_is_better() else -1.0
     val_truth = head.truth(ex["val"].labels)
     bar = f"finetune {scenario.name}"
@@ -65,50 +60,49 @@ def train_network(
         xb = torch.from_numpy(inputs[rows["train"][idx]]).to(device)
         return xb, head.targets(ex["train"].labels, idx).to(device)
 
-    def on_step(loss: float, size: int) -> None:
-        progress.advance(bar, 1, loss=loss)
+    def train(run: resume.RunState, epoch: int) -> None:
+        def on_step(loss: float, size: int) -> None:
+            run.stepped(epoch, loss, size)
+            progress.advance(bar, 1, loss=loss)
 
-    run = _Resumable(
-        _resume_dir(shared, scenario, fixed_epochs), _run_key(shared, scenario, spec, ex, fixed_epochs)
-    )
-    run.restore(net, opt, sched, rng, p.checkpoint_every_epochs, progress)
-    progress.advance(bar, run.epoch * -(-n // p.batch_size))
-    for epoch in range(run.epoch, epochs):
-        if run.bad >= p.patience:  # early stopping (a resumed run may have stopped already)
-            break
-        started = time.perf_counter()
         try:  # the shared loop (training/loop.py): bf16 autocast on CUDA, fp32 on the CPU
-            train_loss = loop.train_epoch(
-                net, n, batch, head.loss, opt, sched, p.batch_size, rng, device, on_step
-            )
+            loop.train_epoch(net, n, batch, head.loss, opt, sched, p.batch_size, rng, device, on_step)
         except FloatingPointError as exc:
             raise FloatingPointError(f"scenario '{scenario.name}': {exc}") from None
+
+    def validate(epoch: int) -> float:
         val_logits = runtime.predict(net, inputs[rows["val"]], device)
-        val_metric = float(head.primary(val_truth, head.network_outputs(val_logits)))
-        run.history.append(
-            {
-                "epoch": epoch + 1,
-                "train_loss": train_loss,
-                "val_metric": val_metric,
-                "seconds": round(time.perf_counter() - started, 2),
-            }
-        )
-        progress.log(
-            f"{scenario.name} epoch {epoch + 1}: train_loss={train_loss:.4f} val_{primary}={val_metric:.4f}"
-        )
-        score = sign * val_metric if np.isfinite(val_metric) else -np.inf
-        if run.best_state is None or score > run.best or fixed_epochs is not None:
-            run.best, run.best_state, run.bad = score, copy.deepcopy(net.state_dict()), 0
-        else:
-            run.bad += 1
-        run.epoch = epoch + 1
-        run.save(net, opt, sched, rng, p.checkpoint_every_epochs)
-    best, best_state, history = run.best, run.best_state, run.history
+        return float(head.primary(val_truth, head.network_outputs(val_logits)))
+
+    saver = resume.Saver(
+        _resume_dir(shared, scenario, fixed_epochs), _run_key(shared, scenario, spec, ex, fixed_epochs),
+        net, opt, sched, every_epochs=p.checkpoint_every_epochs, rng=rng, bar=bar,
+        label="the network's training",
+    )  # fmt: skip
+    stopping = fit.Stopping(
+        "val_metric",
+        head.higher_is_better(),
+        p.patience,
+        fixed_epochs is not None,
+        f"val_{head.primary_metric}",
+    )
+    run = fit.fit(
+        saver.resume(progress),
+        epochs,
+        train,
+        validate,
+        net,
+        stopping,
+        progress.log,
+        saver,
+        f"{scenario.name} ",
+    )
+    best_state = run.best_state
     assert best_state is not None
     net.load_state_dict(best_state)
     if mode == "lora":
         merge_lora(model.trunk)
-    return model.cpu(), head, history, sign * best
+    return model.cpu(), head, run.history, sign * fit.score(run.best, head.higher_is_better())
 
 
 def _trainable(
@@ -157,45 +151,3 @@ def _run_key(
         {k: [len(v), int(v.entity.sum()), int(v.time.sum())] for k, v in ex.items()},
         fixed_epochs,
     )
-
-
-@dataclass
-class _Resumable:
-    """Where a scenario network's training stands after its last finished epoch, saved with the weights,
-    the optimizer, the schedule and both random generators (training/resume.py: safetensors + JSON, one
-    rename), so that a killed fine-tuning restarts at the next epoch and ends where an uninterrupted one
-    ends."""
-
-    directory: Path
-    key: str
-    epoch: int = 0  # epochs finished
-    history: list[dict] = field(default_factory=list)
-    best: float = -np.inf  # the best validation score (higher is better: the metric times its sign)
-    bad: int = 0  # epochs since it improved
-    best_state: dict[str, torch.Tensor] | None = None
-
-    def restore(
-        self, net: nn.Module, opt: Any, sched: Any, rng: np.random.Generator, every: int, progress: Progress
-    ) -> None:
-        if not every:
-            return
-        found = resume.load_state(self.directory, self.key, net, opt, sched, warn=progress.log)
-        if found is None:
-            return
-        info, self.best_state = found
-        self.epoch, self.history, self.bad = info["epoch"], info["history"], info["bad"]
-        self.best = float(info["best"])
-        rng.bit_generator.state = info["numpy_rng"]
-        progress.log(f"resuming the network's training after epoch {self.epoch} ({self.directory})")
-
-    def save(self, net: nn.Module, opt: Any, sched: Any, rng: np.random.Generator, every: int) -> None:
-        if not every or self.epoch % every:
-            return
-        info = {
-            "epoch": self.epoch,
-            "history": self.history,
-            "best": self.best if np.isfinite(self.best) else -1e300,
-            "bad": self.bad,
-            "numpy_rng": rng.bit_generator.state,
-        }
-        resume.save_state(self.directory, self.key, net, opt, sched, self.best_state, info)

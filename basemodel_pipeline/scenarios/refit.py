@@ -22,6 +22,7 @@ from basemodel_pipeline.scenarios.rerank import Reranker
 from basemodel_pipeline.scenarios.shared import Shared
 from basemodel_pipeline.targets.labels import Examples, TargetSpec, concat_examples
 from basemodel_pipeline.tasks import task_named
+from basemodel_pipeline.training.fit import Stopping, best_epoch
 
 
 def uses_network(cand: Candidate) -> bool:
@@ -50,9 +51,8 @@ def refit(
     everything = concat_examples(labelled)
     task = task_named(scenario.task)
     if uses_network(published):
-        sign = 1.0 if task.higher_is_better() else -1.0
-        scores = [sign * h["val_metric"] if np.isfinite(h["val_metric"]) else -np.inf for h in history]
-        epochs = int(np.argmax(scores)) + 1
+        # the epoch train_network kept
+        epochs = best_epoch(history, Stopping("val_metric", task.higher_is_better()))
         progress.log(
             f"{scenario.name}: refitting the network on {len(everything):,} examples for {epochs} epochs"
         )

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from basemodel_pipeline.evaluation.gbm import fit_ranker
-from basemodel_pipeline.evaluation.probe import entity_folds
+from basemodel_pipeline.evaluation.resampling import entity_folds
 from basemodel_pipeline.scenarios.candidates import Context
 from basemodel_pipeline.scenarios.inputs import Rows
 from basemodel_pipeline.scenarios.item_stats import (

@@ -1,6 +1,7 @@
-"""The one training loop: an optimizer with its schedule, and an epoch of mini-batch steps. Pretraining
-(training/pretrain.py) and the scenario networks (scenarios/network.py) both train through it; the device,
-threads, mixed precision and batched forward passes are runtime.py's."""
+"""The one step loop: an optimizer with its schedule, and an epoch of mini-batch steps. Pretraining
+(training/pretrain.py) and the scenario networks (scenarios/network.py) both step through it, inside the one
+epoch loop (training/fit.py); the device, threads, mixed precision and batched forward passes are
+runtime.py's."""
 
 from __future__ import annotations
 

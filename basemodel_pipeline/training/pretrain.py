@@ -34,7 +34,7 @@ from basemodel_pipeline.features.kernels import new_day, source_tensors
 from basemodel_pipeline.features.sketch import FeatureEncoder
 from basemodel_pipeline.model.checkpoint import CheckpointMeta, TrunkConfig, build_model, publish_checkpoint
 from basemodel_pipeline.progress import NullProgress, Progress
-from basemodel_pipeline.training import loop, promotion, resume
+from basemodel_pipeline.training import fit, loop, promotion, resume
 from basemodel_pipeline.training.calibrate import Sizes, calibrate
 from basemodel_pipeline.training.distributed import World, init_world, shutdown
 from basemodel_pipeline.training.epochs import EpochRunner
@@ -320,19 +320,18 @@ def _pretrain(
     saver = _saver(cfg, cache, sizes, world, model, opt, sched)
     run = saver.resume(progress)
     epochs = EpochRunner(ex, world, world.wrap(model), loss_fn, opt, sched, sizes, device, p.seed, progress)
+    stopping = fit.Stopping("val_loss", patience=p.patience)
+
+    def validate(epoch: int) -> float:  # the loss on the fixed validation set
+        with torch.no_grad():
+            out = torch.from_numpy(runtime.predict(model, Xv, device, amp=sizes.amp_dtype))
+            return float(loss_fn(out, Yv.cpu()))
+
+    def train(run: resume.RunState, epoch: int) -> None:
+        epochs.train(run, epoch, epoch_chunks(cache.n_entities, sizes, lo, hi, p.seed, epoch, ex), saver)
+
     try:
-        for epoch in range(run.epoch, p.epochs):
-            drawn = epoch_chunks(cache.n_entities, sizes, lo, hi, p.seed, epoch, ex)
-            epochs.train(run, epoch, drawn, saver)
-            with torch.no_grad():  # validation loss on the fixed validation set
-                out = torch.from_numpy(runtime.predict(model, Xv, device, amp=sizes.amp_dtype))
-                val_loss = float(loss_fn(out, Yv.cpu()))
-            train_loss = run.end_epoch(epoch, val_loss, model)
-            progress.log(f"epoch {epoch + 1}: train_loss={train_loss:.4f} val_loss={val_loss:.4f}")
-            saver.save(run)
-            if run.stalled(p.patience):  # early stopping on the validation loss
-                progress.log(f"validation loss did not improve for {p.patience} epochs: stopping")
-                break
+        fit.fit(run, p.epochs, train, validate, model, stopping, progress.log, saver)
     finally:
         epochs.close()
     assert run.best_state is not None
@@ -381,8 +380,8 @@ def _saver(
         cache.manifest["fingerprint"],
         cache.manifest["created"],  # a rebuilt cache (new data) starts afresh
     )
-    every = p.checkpoint_every_steps if world.main else 0
-    return resume.Saver(ws.foundation_root(cfg) / ".resume", key, model, opt, sched, every)
+    every = p.checkpoint_every_steps if world.main else 0  # and at each epoch's end
+    return resume.Saver(ws.foundation_root(cfg) / ".resume", key, model, opt, sched, every, int(every > 0))
 
 
 def _validation_set(

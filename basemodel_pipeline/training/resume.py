@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
@@ -28,6 +29,7 @@ from basemodel_pipeline.progress import Progress
 
 TENSORS = "state.safetensors"
 META = "state.json"
+FORMAT = 2  # state.json's "format": 2 is RunState's record (earlier states, without it, are ignored)
 
 
 def state_key(*parts: Any) -> str:
@@ -37,8 +39,9 @@ def state_key(*parts: Any) -> str:
 
 @dataclass
 class RunState:
-    """Where a pretraining run stands. Saved with the weights (state.json's "info", best_state as tensors)
-    every checkpoint_every_steps, so a killed run resumes at the batch it reached."""
+    """Where a training run stands: the one record of pretraining, a scenario network and the probe
+    (training/fit.py moves it on). Saved with the weights (state.json's "info", best_state as tensors) every
+    few steps or epochs, so a killed run resumes at the batch or epoch it reached."""
 
     epoch: int = 0  # the epoch in progress
     batch: int = 0  # batches done in it
@@ -46,9 +49,10 @@ class RunState:
     loss_sum: float = 0.0  # this epoch's training loss, summed over its examples
     loss_count: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)  # one record per finished epoch
-    best: float = float("inf")  # the best validation loss so far
+    best: float = float("nan")  # the validation value of the kept epoch (NaN: none yet)
+    bad: int = 0  # epochs since the validation value last improved
     n_examples: int = 0  # training examples seen, all epochs
-    best_state: dict[str, torch.Tensor] | None = None  # the best epoch's weights
+    best_state: dict[str, torch.Tensor] | None = None  # the kept epoch's weights
 
     def info(self) -> dict[str, Any]:
         """The counters, for state.json."""
@@ -64,23 +68,6 @@ class RunState:
         self.epoch, self.batch, self.step = epoch, self.batch + 1, self.step + 1
         self.loss_sum += loss * examples
         self.loss_count += examples
-
-    def end_epoch(self, epoch: int, val_loss: float, model: torch.nn.Module) -> float:
-        """Record the epoch (keeping the weights if they are the best yet) and reset the per-epoch
-        counters; returns the epoch's training loss."""
-        train_loss = self.loss_sum / max(self.loss_count, 1)
-        self.history.append({"epoch": epoch + 1, "train_loss": train_loss, "val_loss": val_loss})
-        if val_loss < self.best:
-            self.best, self.best_state = val_loss, deepcopy(model.state_dict())
-        self.epoch, self.batch, self.loss_sum, self.loss_count = epoch + 1, 0, 0.0, 0
-        return train_loss
-
-    def stalled(self, patience: int) -> bool:
-        """None of the last `patience` epochs improved on the best validation loss before them."""
-        if len(self.history) <= patience:
-            return False
-        before = min(h["val_loss"] for h in self.history[:-patience])
-        return min(h["val_loss"] for h in self.history[-patience:]) >= before
 
 
 def _flatten_optimizer(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
@@ -113,6 +100,7 @@ def save_state(
     try:
         save_file(tensors, str(staging / TENSORS))
         meta = {
+            "format": FORMAT,
             "key": key,
             "tensors_sha256": ws.sha256_file(staging / TENSORS),
             "info": info,
@@ -140,6 +128,10 @@ def _read_state(directory: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor
     needed = ("key", "tensors_sha256", "info", "param_groups", "sched_last_epoch", "has_best")
     if not isinstance(meta, dict) or any(k not in meta for k in needed):
         raise _Unusable(f"{META} lacks {', '.join(k for k in needed if k not in (meta or {}))}")
+    if meta.get("format") != FORMAT:
+        raise _Unusable(
+            f"it was saved by another version (format {meta.get('format', 1)}, this one reads {FORMAT})"
+        )
     try:
         if ws.sha256_file(directory / TENSORS) != meta["tensors_sha256"]:
             raise _Unusable(f"{TENSORS} does not match the checksum in {META}")
@@ -214,32 +206,61 @@ def clear_state(directory: Path) -> None:
 
 
 class Saver:
-    """The run's resumable state: restored once at the start, saved every `every` steps and at each
-    epoch's end (rank 0 only; every=0: never), removed once the checkpoint is published."""
+    """A run's resumable state: restored once at the start, saved every `every_steps` optimizer steps and
+    every `every_epochs` epochs (0: never; a rank other than 0 saves nothing), removed once the checkpoint is
+    published. `rng`: a numpy generator the run draws from across epochs, saved and restored with the state.
+    `bar`: the progress bar the resumed steps advance; `label`: what the resume line names (pretraining's
+    line names the step)."""
 
     def __init__(
-        self, directory: Path, key: str, model: torch.nn.Module, opt: Any, sched: Any, every: int
+        self,
+        directory: Path,
+        key: str,
+        model: torch.nn.Module,
+        opt: Any,
+        sched: Any,
+        every_steps: int = 0,
+        every_epochs: int = 0,
+        rng: np.random.Generator | None = None,
+        bar: str = "pretrain",
+        label: str = "",
     ) -> None:
         self.directory, self.key, self.model, self.opt, self.sched = directory, key, model, opt, sched
-        self.every, self.resumed = every, False
+        self.every_steps, self.every_epochs, self.rng, self.bar, self.label = (
+            every_steps, every_epochs, rng, bar, label,
+        )  # fmt: skip
+        self.resumed = False
 
     def resume(self, progress: Progress) -> RunState:
         found = load_state(self.directory, self.key, self.model, self.opt, self.sched, warn=progress.log)
         if found is None:
             return RunState()
         run = RunState.from_info(*found)
+        if self.rng is not None:
+            self.rng.bit_generator.state = found[0]["numpy_rng"]
         self.resumed = True
-        progress.log(f"resuming from step {run.step} (epoch {run.epoch + 1}, batch {run.batch})")
-        progress.advance("pretrain", run.step)
+        if self.label:
+            progress.log(f"resuming {self.label} after epoch {run.epoch} ({self.directory})")
+        else:
+            progress.log(f"resuming from step {run.step} (epoch {run.epoch + 1}, batch {run.batch})")
+        progress.advance(self.bar, run.step)
         return run
 
     def step(self, run: RunState) -> None:
-        if self.every and run.step % self.every == 0:
+        """After each optimizer step: saves every `every_steps` steps."""
+        if self.every_steps and run.step % self.every_steps == 0:
+            self.save(run)
+
+    def epoch_end(self, run: RunState) -> None:
+        """After each epoch (run.epoch epochs done): saves every `every_epochs` epochs."""
+        if self.every_epochs and run.epoch % self.every_epochs == 0:
             self.save(run)
 
     def save(self, run: RunState) -> None:
-        if self.every:
-            save_state(self.directory, self.key, self.model, self.opt, self.sched, run.best_state, run.info())
+        info = run.info()
+        if self.rng is not None:
+            info["numpy_rng"] = self.rng.bit_generator.state
+        save_state(self.directory, self.key, self.model, self.opt, self.sched, run.best_state, info)
 
     def clear(self) -> None:
         clear_state(self.directory)

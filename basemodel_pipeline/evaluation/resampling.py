@@ -1,8 +1,8 @@
-"""Embedding probe (RecSys Challenge 2025 style): one fixed MLP per task trained on frozen inputs.
+"""Resampling statistics: entity folds, per-fold metrics and the paired bootstrap of a metric's difference.
 
-The same probe runs on the foundation embeddings and on the hand-crafted aggregates, so the comparison
-measures the representation, not the downstream model. Scores are judged by a ``Metric``, a function of
-(labels, scores) such as a task's ``primary`` (tasks/).
+Scenario selection (scenarios/selection.py), the re-ranker's folds (scenarios/rerank.py), the embedding probe
+(training/probe.py) and the benchmarks judge scores with these. A ``Metric`` is a function of (labels, scores)
+such as a task's ``primary`` (tasks/).
 """
 
 from __future__ import annotations
@@ -11,68 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import torch
-from torch import nn
 
 Metric = Callable[[Any, Any], float]  # (labels, scores) -> the metric
-
-PROBE_HIDDEN = 256
-PROBE_EPOCHS = 6
-PROBE_MIN_STEPS = 300  # small training sets get more epochs, so that every probe takes enough optimizer steps
-PROBE_LR = 1e-3
-PROBE_BATCH = 512
-
-
-def _standardise(train: np.ndarray, *others: np.ndarray) -> list[np.ndarray]:
-    train = np.nan_to_num(train.astype(np.float32))
-    mean, std = train.mean(0), train.std(0) + 1e-6
-    return [(x - mean) / std for x in (train, *(np.nan_to_num(o.astype(np.float32)) for o in others))]
-
-
-def probe_scores(
-    X_train: np.ndarray,
-    Y_train: np.ndarray,
-    X_val: np.ndarray,
-    Y_val: np.ndarray,
-    X_test: np.ndarray,
-    metric: Metric,
-    seed: int = 0,
-) -> np.ndarray:
-    """Train the fixed probe (Linear-ReLU-Linear, AdamW, PROBE_EPOCHS epochs or at least PROBE_MIN_STEPS
-    steps, best epoch on validation by `metric`, higher is better) and return test probabilities [n] or
-    [n, C]."""
-    torch.manual_seed(seed)
-    rng = np.random.default_rng(seed)
-    Xtr, Xv, Xte = _standardise(X_train, X_val, X_test)
-    Ytr = Y_train.reshape(len(Y_train), -1).astype(np.float32)
-    net = nn.Sequential(
-        nn.Linear(Xtr.shape[1], PROBE_HIDDEN),
-        nn.ReLU(),
-        nn.Dropout(0.2),
-        nn.Linear(PROBE_HIDDEN, Ytr.shape[1]),
-    )
-    opt = torch.optim.AdamW(net.parameters(), lr=PROBE_LR, weight_decay=1e-4)
-    loss_fn = nn.BCEWithLogitsLoss()
-    best, best_test = -np.inf, None
-    batches = max(1, len(Xtr) // PROBE_BATCH)
-    for _ in range(max(PROBE_EPOCHS, -(-PROBE_MIN_STEPS // batches))):
-        net.train()
-        for idx in np.array_split(rng.permutation(len(Xtr)), batches):
-            loss = loss_fn(net(torch.from_numpy(Xtr[idx])), torch.from_numpy(Ytr[idx]))
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        net.eval()
-        with torch.no_grad():
-            pv = torch.sigmoid(net(torch.from_numpy(Xv))).numpy()
-            pt = torch.sigmoid(net(torch.from_numpy(Xte))).numpy()
-        if Ytr.shape[1] == 1:
-            pv, pt = pv[:, 0], pt[:, 0]
-        score = metric(Y_val, pv)
-        if score > best:
-            best, best_test = score, pt
-    assert best_test is not None
-    return best_test
 
 
 def entity_folds(entity: np.ndarray, k: int) -> np.ndarray:
@@ -80,28 +20,6 @@ def entity_folds(entity: np.ndarray, k: int) -> np.ndarray:
     entity lands in the same fold and the folds do not depend on the order of the rows."""
     mixed = (np.asarray(entity).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(32)
     return (mixed % np.uint64(k)).astype(np.int64)
-
-
-def cross_fitted_scores(
-    X: np.ndarray, Y: np.ndarray, entity: np.ndarray, metric: Metric, folds: int = 5, seed: int = 0
-) -> np.ndarray:
-    """Out-of-fold probe scores [n] or [n, C] when there is a single time point (RecSys Challenge 2025:
-    one embedding per entity as of a date, targets after it). For fold f the probe fits on the other folds
-    except f + 1, chooses its epoch on fold f + 1 and scores fold f, so no entity is scored by a probe that
-    saw it. Score them per fold (fold_metric with entity_folds(entity, folds)), not pooled."""
-    if folds < 3:
-        raise ValueError(f"cross_fitted_scores needs at least 3 folds, got {folds}")
-    fold = entity_folds(entity, folds)
-    out: np.ndarray | None = None
-    for f in range(folds):
-        test, val = fold == f, fold == (f + 1) % folds
-        fit = ~(test | val)
-        scores = probe_scores(X[fit], Y[fit], X[val], Y[val], X[test], metric, seed)
-        if out is None:
-            out = np.zeros((len(X), *scores.shape[1:]), np.float32)
-        out[test] = scores
-    assert out is not None
-    return out
 
 
 def _group_rows(n: int, groups: np.ndarray | None) -> list[np.ndarray]:
