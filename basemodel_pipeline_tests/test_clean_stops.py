@@ -188,16 +188,33 @@ def _trained_copy(tiny_trained: Path, tmp_path: Path) -> Path:
     return tmp_path / "ws" / tiny_trained.name
 
 
-def test_cache_build_stopped_by_sigterm_removes_its_staging_and_its_sort_spill(tiny_config: Path) -> None:
-    """The cache build is stopped in the middle of its DuckDB work: the staging version and the spill
-    directory on another volume (cache.spill_directory) are both gone, and the next run builds the cache."""
+CACHE_PAUSES = {  # a call made inside the DuckDB work, with the staging version and the spill directory made
+    "build": "basemodel_pipeline.cache.build:write_attributes",
+    "append": "basemodel_pipeline.cache.append:_write",
+}
+
+
+@pytest.mark.parametrize("kind", list(CACHE_PAUSES))
+def test_cache_stopped_by_sigterm_removes_its_staging_and_its_sort_spill(
+    kind: str, tiny_config: Path
+) -> None:
+    """A cache build, or an append of new days, stopped in the middle of its DuckDB work: the staging version
+    and the spill directory on another volume (cache.spill_directory) are both gone, and the next run builds
+    (or appends) the cache."""
     tmp = tiny_config.parent
     spill = tmp / "spill"
     config = _configured(tiny_config, cache={"spill_directory": str(spill)})
     cfg = load_config(config)
     run_extract(cfg)
     workspace = Path(cfg.workspace)
-    proc = start(tmp, "cli", "cache", str(config), pause="basemodel_pipeline.cache.build:write_attributes")
+    if kind == "append":  # a cache without the last three days, which then land
+        days = sorted((workspace / "extracts" / "transactions").glob("*.parquet"))[-3:]
+        for day in days:
+            day.rename(tmp / day.name)
+        run_cache(cfg)
+        for day in days:
+            (tmp / day.name).rename(day)
+    proc = start(tmp, "cli", "cache", str(config), pause=CACHE_PAUSES[kind])
     wait_paused(proc, tmp)
     assert staging(workspace / "cache") and any(spill.iterdir())  # inside its work: staging and spill exist
 
@@ -209,6 +226,7 @@ def test_cache_build_stopped_by_sigterm_removes_its_staging_and_its_sort_spill(t
     again = run(tmp, "cli", "cache", str(config))
     assert again.returncode == 0, again.stderr
     assert staging(workspace, spill) == []
+    assert ("appended" in again.stdout) == (kind == "append"), again.stdout
 
 
 def test_pretrain_stopped_by_sigterm_keeps_its_state_and_resumes(tiny_config: Path) -> None:

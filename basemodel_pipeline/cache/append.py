@@ -71,33 +71,35 @@ def append_days(
     manifest new) and publish it; None when the new data cannot be appended (rebuild instead)."""
     ws.clean_stale_tmp(final.parent)  # a killed writer's staging
     tmp = ws.staging_dir(final)
-    versions.link_files(final, manifest["files"], tmp)
-    name = f"{len(manifest.get('appends', [])) + 1:04d}"
-    out = tmp / "appends" / name
-    out.mkdir(parents=True)
-    spill = (
-        Path(cfg.cache.spill_directory) / f".{final.name}.{name}.tmp"
-        if cfg.cache.spill_directory
-        else tmp / ".spill"
-    )
-    con = W.connect(cfg, spill / "duckdb")
     try:
-        result = _write(cfg, con, final, manifest, new_days, out, name, spill, progress)
-    except duckdb.Error as exc:  # e.g. a column whose type changed: rebuild, which reports real problems
-        progress.log(f"cannot append ({exc}); rebuilding the cache")
-        result = None
+        versions.link_files(final, manifest["files"], tmp)
+        name = f"{len(manifest.get('appends', [])) + 1:04d}"
+        out = tmp / "appends" / name
+        out.mkdir(parents=True)
+        spill = (
+            Path(cfg.cache.spill_directory) / f".{final.name}.{name}.tmp"
+            if cfg.cache.spill_directory
+            else tmp / ".spill"
+        )
+        con = W.connect(cfg, spill / "duckdb")
+        try:
+            result = _write(cfg, con, final, manifest, new_days, out, name, spill, progress)
+        except duckdb.Error as exc:  # e.g. a column whose type changed: rebuild, which reports real problems
+            progress.log(f"cannot append ({exc}); rebuilding the cache")
+            result = None
+        finally:
+            con.close()
+            shutil.rmtree(spill, ignore_errors=True)
+        if result is None:
+            return None
+        new_manifest, hashes = result
+        new_manifest["inputs"] = signature
+        new_manifest["files"] = {**manifest["files"], **W.file_records(tmp, hashes, under=out)}
+        (tmp / "manifest.json").write_text(json.dumps(new_manifest, indent=2))
+        versions.publish(tmp, final)
+        return {**W.summary(final, new_manifest, reused=False), "appended": new_manifest["appends"][-1]}
     finally:
-        con.close()
-        shutil.rmtree(spill, ignore_errors=True)
-    if result is None:
-        shutil.rmtree(tmp, ignore_errors=True)
-        return None
-    new_manifest, hashes = result
-    new_manifest["inputs"] = signature
-    new_manifest["files"] = {**manifest["files"], **W.file_records(tmp, hashes, under=out)}
-    (tmp / "manifest.json").write_text(json.dumps(new_manifest, indent=2))
-    versions.publish(tmp, final)
-    return {**W.summary(final, new_manifest, reused=False), "appended": new_manifest["appends"][-1]}
+        ws.discard_dir(tmp)  # nothing once published; a failed or stopped append's staging otherwise
 
 
 def _write(

@@ -187,10 +187,13 @@ def compact_cache(final: Path, manifest: dict[str, Any], progress: Progress) -> 
     progress.log(f"compacting {len(active_segments(manifest))} appended segments of {final}")
     ws.clean_stale_tmp(final.parent)
     tmp = ws.staging_dir(final)
-    new, hashes = compact(final, manifest, tmp)
-    new["files"] = file_records(tmp, hashes)
-    (tmp / "manifest.json").write_text(json.dumps(new, indent=2))
-    versions.publish(tmp, final)
+    try:
+        new, hashes = compact(final, manifest, tmp)
+        new["files"] = file_records(tmp, hashes)
+        (tmp / "manifest.json").write_text(json.dumps(new, indent=2))
+        versions.publish(tmp, final)
+    finally:
+        ws.discard_dir(tmp)  # nothing once published; a failed or stopped compaction's staging otherwise
     return new
 
 
