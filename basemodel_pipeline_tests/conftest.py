@@ -1,4 +1,4 @@
-"""Shared fixtures: a tiny synthetic dataset with a demo-shaped config (basemodel_pipeline.synthetic).
+"""Shared fixtures: a tiny synthetic dataset with a demo-shaped config (basemodel_pipeline.demo.synthetic).
 
 ``tiny_dataset`` is written once per session and must not be modified; tests that change the data, the
 config or the workspace take ``tiny_config``, a private copy in the test's own tmp_path.
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from basemodel_pipeline.synthetic import write_tiny_dataset
+from basemodel_pipeline.demo.synthetic import write_tiny_dataset
 
 try:  # fakesnow.server() the function, taken before anything imports the submodule fakesnow.server, which
     # replaces the package attribute: a second server in one test process would otherwise get the module

@@ -39,13 +39,9 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "workspace",
                 "diskfaults",
                 "stops",
-                # root utilities that import nothing above the ground floor
-                "alerts",  # alert messages and sinks
-                "demo",  # demo data sets and config
-                "synthetic",  # synthetic event data
-                "synthetic_scale",  # the scalable synthetic generator (a package) and its command line
-                "publish",  # copies finished workspace files to object storage
                 "retry",  # the retry policy of every remote call (sources, outputs, publish)
+                "alerts",  # alert messages and sinks
+                "publish",  # copies finished workspace files to object storage
                 "retention",  # deletes old workspace versions
             }
         ),
@@ -63,6 +59,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("inference", frozenset({"inference"})),
     ("reports", frozenset({"reports", "verify"})),  # verify reads what every stage wrote
     ("pipeline", frozenset({"pipeline"})),
+    ("demo", frozenset({"demo"})),  # demo data sets and configs, synthetic generators: no stage imports them
     ("faces", frozenset({"cli", "entrypoints", "defs", "definitions"})),
 )
 

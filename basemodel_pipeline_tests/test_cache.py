@@ -118,8 +118,8 @@ def test_a_moved_workspace_keeps_its_cache_and_models(tmp_path: Path) -> None:
     import shutil
 
     from basemodel_pipeline.config import data_fingerprint
+    from basemodel_pipeline.demo.synthetic import write_tiny_dataset
     from basemodel_pipeline.pipeline import run_finetune, run_predict, run_pretrain
-    from basemodel_pipeline.synthetic import write_tiny_dataset
 
     a, b = tmp_path / "laptop" / "project", tmp_path / "server" / "volume"
     cfg = load_config(write_tiny_dataset(a))
@@ -145,7 +145,7 @@ def test_a_moved_workspace_keeps_its_cache_and_models(tmp_path: Path) -> None:
 
 def test_fingerprint_hashes_paths_relative_to_the_workspace_or_config(tmp_path: Path) -> None:
     from basemodel_pipeline.config import data_fingerprint, parse_config
-    from basemodel_pipeline.synthetic import tiny_config_text
+    from basemodel_pipeline.demo.synthetic import tiny_config_text
 
     text = tiny_config_text(dt.date(2023, 1, 1), 120).replace("workspace: .", "workspace: work")
 

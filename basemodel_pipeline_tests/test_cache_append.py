@@ -244,7 +244,7 @@ def scale_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A synthetic_scale dataset big enough that a build takes a few seconds, extracted once."""
     out = tmp_path_factory.mktemp("scale")
     subprocess.run(
-        [sys.executable, "-m", "basemodel_pipeline.synthetic_scale", "--out", str(out), "--customers", "3000",
+        [sys.executable, "-m", "basemodel_pipeline.demo.synthetic_scale", "--out", str(out), "--customers", "3000",
          "--events", "600000"],
         check=True, capture_output=True,
     )  # fmt: skip

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from basemodel_pipeline.config import load_config, parse_config
-from basemodel_pipeline.demo import DEMO_CONFIG
+from basemodel_pipeline.demo.datasets import DEMO_CONFIG
 from basemodel_pipeline.errors import ConfigError, UserError
 from basemodel_pipeline.sources.data_checks import check_config_against_data, source_columns
 from basemodel_pipeline.sources.parquet import read_parquet_sql
@@ -81,7 +81,7 @@ def test_tiny_config_loads_and_matches_its_data(tiny_dataset: Path) -> None:
 
 
 def test_tiny_dataset_is_deterministic(tmp_path: Path, tiny_dataset: Path) -> None:
-    from basemodel_pipeline.synthetic import write_tiny_dataset
+    from basemodel_pipeline.demo.synthetic import write_tiny_dataset
 
     again = write_tiny_dataset(tmp_path)
     for name in ("transactions", "products", "demographics"):

@@ -11,6 +11,7 @@ import pytest
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.dates import DAY
+from basemodel_pipeline.demo.synthetic import write_tiny_dataset
 from basemodel_pipeline.pipeline import run_cache, run_extract
 from basemodel_pipeline.scenarios.item_stats import (
     COOC_DAYS,
@@ -20,7 +21,6 @@ from basemodel_pipeline.scenarios.item_stats import (
     PopularityTable,
     item_history,
 )
-from basemodel_pipeline.synthetic import write_tiny_dataset
 from basemodel_pipeline.workspace import cache_dir
 
 

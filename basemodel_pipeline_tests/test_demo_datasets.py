@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from basemodel_pipeline import demo
 from basemodel_pipeline.config import load_config
+from basemodel_pipeline.demo import datasets as demo
 from basemodel_pipeline.errors import UserError
 
 RAW = """InvoiceNo,StockCode,Description,Quantity,InvoiceDate,UnitPrice,CustomerID,Country

@@ -82,7 +82,7 @@ def test_cli_demo_reports_a_failed_run(tmp_path: Path, monkeypatch: pytest.Monke
 
     monkeypatch.setattr("basemodel_pipeline.defs.materialize.materialize_all", broken)
     monkeypatch.setattr(
-        "basemodel_pipeline.demo.prepare_demo",
+        "basemodel_pipeline.demo.datasets.prepare_demo",
         lambda ws, full=False, dataset="completejourney": Path(ws) / "config.yaml",
     )
     monkeypatch.setattr(cli_workspace, "load_config", lambda path: None)

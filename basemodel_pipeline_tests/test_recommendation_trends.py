@@ -15,11 +15,11 @@ import yaml
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.dates import DAY
+from basemodel_pipeline.demo.synthetic import write_tiny_dataset
 from basemodel_pipeline.pipeline import run_cache, run_extract, run_finetune, run_predict, run_pretrain
 from basemodel_pipeline.scenarios.item_stats import WINDOWS, PopularityTable
 from basemodel_pipeline.scenarios.rerank import FEATURES
 from basemodel_pipeline.scenarios.selection import worse_on_test
-from basemodel_pipeline.synthetic import write_tiny_dataset
 from basemodel_pipeline.tasks import task_named
 from basemodel_pipeline.workspace import cache_dir
 

@@ -14,10 +14,10 @@ import yaml
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.config.params import DataParams
+from basemodel_pipeline.demo.synthetic import write_tiny_dataset
 from basemodel_pipeline.errors import ConfigError
 from basemodel_pipeline.inference.options import ScoringOptions
 from basemodel_pipeline.pipeline import run_cache, run_extract, run_finetune, run_predict, run_pretrain
-from basemodel_pipeline.synthetic import write_tiny_dataset
 
 START = dt.date(2023, 1, 1)
 

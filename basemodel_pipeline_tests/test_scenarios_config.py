@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from basemodel_pipeline.config import load_config
-from basemodel_pipeline.demo import DEMO_CONFIG, FULL_CONFIG
+from basemodel_pipeline.demo.datasets import DEMO_CONFIG, FULL_CONFIG
 from basemodel_pipeline.errors import ConfigError
 from basemodel_pipeline.sources.data_checks import check_config_against_data
 

@@ -1,4 +1,4 @@
-"""The scalable synthetic generator (basemodel_pipeline.synthetic_scale), at small sizes."""
+"""The scalable synthetic generator (basemodel_pipeline.demo.synthetic_scale), at small sizes."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from basemodel_pipeline.config import load_config
-from basemodel_pipeline.synthetic_scale import TRANSACTIONS_SCHEMA, generate_dataset
+from basemodel_pipeline.demo.synthetic_scale import TRANSACTIONS_SCHEMA, generate_dataset
 
 CUSTOMERS, EVENTS = 2_000, 100_000
 
@@ -127,7 +127,7 @@ def test_config_loads(dataset: tuple[Path, dict]) -> None:
 
 def test_cli(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "basemodel_pipeline.synthetic_scale", "--out", str(tmp_path), "--customers", "300",
+        [sys.executable, "-m", "basemodel_pipeline.demo.synthetic_scale", "--out", str(tmp_path), "--customers", "300",
          "--events", "20000", "--seed", "3"],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
@@ -139,7 +139,7 @@ def test_cli(tmp_path: Path) -> None:
 MEMORY_SCRIPT = """
 import json, sys, tracemalloc
 import pyarrow as pa
-from basemodel_pipeline.synthetic_scale import generate_dataset
+from basemodel_pipeline.demo.synthetic_scale import generate_dataset
 tracemalloc.start()
 r = generate_dataset(sys.argv[1], 2000, int(sys.argv[2]), n_products=3000, n_brands=300, block_events=10_000)
 peak = tracemalloc.get_traced_memory()[1]

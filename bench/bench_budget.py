@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_budget.py --dataset completejourney --scales 1 4 16
     .venv/bin/python bench/bench_budget.py --workdir DIR --scales 1 4 16 [--device cuda] [--deadline-s 420]
 
-DIR holds a synthetic data set (python -m basemodel_pipeline.synthetic_scale --out DIR ...; bench_foundation.py
+DIR holds a synthetic data set (python -m basemodel_pipeline.demo.synthetic_scale --out DIR ...; bench_foundation.py
 makes one). For each scale s the foundation is trained with s x the default budget (same seed, same cache):
 --by examples (max_examples_per_epoch x s, the default; it binds on large data), split_points (split points per
 entity x s, for small data where the cap does not bind) or epochs and the same scenarios are fine-tuned on it. Recorded per scale: foundation
@@ -39,7 +39,7 @@ from bench_quality import Log, metric_of, paired_interval  # noqa: E402
 
 from basemodel_pipeline.config import load_config  # noqa: E402
 from basemodel_pipeline.config.params import FoundationParams  # noqa: E402
-from basemodel_pipeline.demo import prepare_demo  # noqa: E402
+from basemodel_pipeline.demo.datasets import prepare_demo  # noqa: E402
 from basemodel_pipeline.pipeline import run_baselines, run_cache, run_extract, run_pretrain  # noqa: E402
 from basemodel_pipeline.runtime import resolve_device  # noqa: E402
 from basemodel_pipeline.scenarios.finetune import finetune_many  # noqa: E402

@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_cache.py --events 50000000 --customers 500000 --workdir /work/scratch/cache/syn50
     .venv/bin/python bench/bench_cache.py --events 10000000 --customers 100000 --workdir /work/scratch/cache/syn10
 
-Generates (or reuses) the synthetic dataset in --workdir (basemodel_pipeline.synthetic_scale) and its extracts,
+Generates (or reuses) the synthetic dataset in --workdir (basemodel_pipeline.demo.synthetic_scale) and its extracts,
 then in a scratch workspace beside it (the extracts hard-linked, so the dataset is never modified):
 1. builds the cache from scratch: cache_events_per_s, peak_rss_mb / peak_anon_mb of the build;
 2. writes one new day (the last day shifted by one day; --append-events resizes it) and appends it:

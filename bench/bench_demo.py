@@ -21,7 +21,7 @@ import torch
 
 from basemodel_pipeline import pipeline
 from basemodel_pipeline.config import load_config
-from basemodel_pipeline.demo import prepare_demo
+from basemodel_pipeline.demo.datasets import prepare_demo
 
 REFERENCE_INFERENCE_ENTITIES_PER_S = 2_718  # BaseModel: per GPU
 

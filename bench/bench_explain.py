@@ -24,7 +24,7 @@ from basemodel_pipeline import pipeline
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import load_config
-from basemodel_pipeline.demo import prepare_demo
+from basemodel_pipeline.demo.datasets import prepare_demo
 from basemodel_pipeline.model.checkpoint import read_meta
 from basemodel_pipeline.reports.explanations import run_explain
 from basemodel_pipeline.workspace import cache_dir

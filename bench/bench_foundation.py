@@ -82,7 +82,7 @@ def dataset(workdir: Path, events: int, customers: int) -> Path:
     config = workdir / "config.yaml"
     if not config.exists():
         subprocess.run(
-            [sys.executable, "-m", "basemodel_pipeline.synthetic_scale", "--out", str(workdir),
+            [sys.executable, "-m", "basemodel_pipeline.demo.synthetic_scale", "--out", str(workdir),
              "--customers", str(customers), "--events", str(events)],
             check=True,
         )  # fmt: skip

@@ -22,8 +22,8 @@ import numpy as np
 import pyarrow as pa
 
 from basemodel_pipeline.config import load_config
+from basemodel_pipeline.demo.synthetic import write_tiny_dataset
 from basemodel_pipeline.outputs import open_writer, write_table
-from basemodel_pipeline.synthetic import write_tiny_dataset
 
 RESULTS = Path(__file__).parent / "results"
 AS_OF = dt.date(2024, 3, 1)

@@ -679,11 +679,11 @@ SMALL = {"customers": 25_000, "events": 60_000}  # --dataset synthetic_small: a 
 
 def prepare_workspace(workspace: Path, dataset: str = "completejourney") -> dict:
     """The data set's Parquet files and config in `workspace`, extracted and cached (timed)."""
-    from basemodel_pipeline.demo import prepare_demo
+    from basemodel_pipeline.demo.datasets import prepare_demo
     from basemodel_pipeline.pipeline import run_cache, run_extract
 
     if dataset == "synthetic_small":  # synthetic_scale's generator, demo scenarios; kept when already there
-        from basemodel_pipeline.synthetic_scale.dataset import generate_dataset
+        from basemodel_pipeline.demo.synthetic_scale.dataset import generate_dataset
 
         if not (workspace / "config.yaml").exists():
             generate_dataset(workspace, SMALL["customers"], SMALL["events"], n_products=2_000, seed=0)

@@ -6,7 +6,7 @@
     .venv/bin/python bench/bench_quality.py --dataset completejourney --scenarios churn --update  # re-run some
 
 For each seed the foundation is retrained (training_params.foundation.seed and finetune.seed = the seed) and
-every scenario of the data set's full demo config (basemodel_pipeline/demo.py, plus EXTRA_SCENARIOS for a task
+every scenario of the data set's full demo config (basemodel_pipeline/demo/datasets.py, plus EXTRA_SCENARIOS for a task
 type it lacks) is fine-tuned: each fits its
 candidates, chooses on validation windows and scores the test window once (scenarios/selection.py). What is
 compared is what the scenario publishes ("model") against each baseline the pipeline computes (popularity,
@@ -47,7 +47,7 @@ import psutil
 import yaml
 
 from basemodel_pipeline.config import load_config
-from basemodel_pipeline.demo import prepare_demo
+from basemodel_pipeline.demo.datasets import prepare_demo
 from basemodel_pipeline.evaluation import metrics
 from basemodel_pipeline.evaluation.resampling import bootstrap_rounds, cluster_sampler
 from basemodel_pipeline.pipeline import run_cache, run_extract, run_pretrain

@@ -22,7 +22,7 @@ from pathlib import Path
 from basemodel_pipeline import pipeline
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.config import load_config
-from basemodel_pipeline.demo import prepare_demo
+from basemodel_pipeline.demo.datasets import prepare_demo
 from basemodel_pipeline.progress import NullProgress
 from basemodel_pipeline.scenarios.finetune import finetune_many
 

@@ -1,4 +1,4 @@
-"""Benchmark: the scalable synthetic generator (basemodel_pipeline.synthetic_scale).
+"""Benchmark: the scalable synthetic generator (basemodel_pipeline.demo.synthetic_scale).
 
     .venv/bin/python bench/bench_synthetic.py [--events 50000000] [--customers N] [--out /tmp/bench_synth]
 
@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from basemodel_pipeline.synthetic_scale import generate_dataset
+from basemodel_pipeline.demo.synthetic_scale import generate_dataset
 
 RESULT = Path(__file__).parent / "results" / "synthetic_generator.json"
 

@@ -39,7 +39,7 @@ import numpy as np
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.pipeline import run_cache, run_extract
-from basemodel_pipeline.synthetic import write_tiny_dataset
+from basemodel_pipeline.demo.synthetic import write_tiny_dataset
 from basemodel_pipeline.training.pretrain import fit_encoder
 d = pathlib.Path(tempfile.mkdtemp())
 cfg = load_config(write_tiny_dataset(d))

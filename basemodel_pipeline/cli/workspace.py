@@ -134,7 +134,7 @@ def demo(
     Runs land in <workspace>/dagster_home, so `make ui` shows them afterwards.
     """
     from basemodel_pipeline.defs.materialize import RunFailed, demo_instance, materialize_all
-    from basemodel_pipeline.demo import prepare_demo
+    from basemodel_pipeline.demo.datasets import prepare_demo
 
     start = time.perf_counter()
     with user_errors():

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from basemodel_pipeline.config import DataSource, PipelineConfig, load_config, parse_config
-from basemodel_pipeline.demo import DEMO_CONFIG
+from basemodel_pipeline.demo.datasets import DEMO_CONFIG
 from basemodel_pipeline.errors import ConfigError
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from basemodel_pipeline.synthetic import AGES, INCOMES
-from basemodel_pipeline.synthetic_scale.world import (
+from basemodel_pipeline.demo.synthetic import AGES, INCOMES
+from basemodel_pipeline.demo.synthetic_scale.world import (
     CHURN_FRACTION,
     FAVOURITE_SHARE,
     FAVOURITE_WEIGHTS,

@@ -13,7 +13,7 @@ import datetime as dt
 import numpy as np
 import pyarrow as pa
 
-from basemodel_pipeline.synthetic import AGES, INCOMES, WEEKDAY_WEIGHT
+from basemodel_pipeline.demo.synthetic import AGES, INCOMES, WEEKDAY_WEIGHT
 
 DEPARTMENTS = (
     "GROCERY", "DRUG GM", "PRODUCE", "MEAT", "DELI", "PASTRY",

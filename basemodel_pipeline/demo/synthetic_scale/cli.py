@@ -1,6 +1,6 @@
-"""The command line of the synthetic_scale generator (run by ``python -m basemodel_pipeline.synthetic_scale``):
+"""The command line of the synthetic_scale generator (run by ``python -m basemodel_pipeline.demo.synthetic_scale``):
 
-    python -m basemodel_pipeline.synthetic_scale --out DIR --customers 500000 --events 50000000
+    python -m basemodel_pipeline.demo.synthetic_scale --out DIR --customers 500000 --events 50000000
 
 Progress goes to stderr, one line per block; the summary of generate_dataset to stdout as one JSON line.
 """
@@ -12,14 +12,14 @@ import json
 import sys
 from pathlib import Path
 
-from basemodel_pipeline.synthetic_scale.dataset import generate_dataset
+from basemodel_pipeline.demo.synthetic_scale.dataset import generate_dataset
 
 DESCRIPTION = "A scalable synthetic retail dataset (50M+ events) streamed to Parquet with bounded memory."
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m basemodel_pipeline.synthetic_scale", description=DESCRIPTION
+        prog="python -m basemodel_pipeline.demo.synthetic_scale", description=DESCRIPTION
     )
     parser.add_argument("--out", required=True, type=Path, help="output directory")
     parser.add_argument("--customers", required=True, type=int)

@@ -14,10 +14,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import yaml
 
-from basemodel_pipeline.demo import DEMO_CONFIG
-from basemodel_pipeline.synthetic import AGES, INCOMES, WEEKDAY_WEIGHT
-from basemodel_pipeline.synthetic_scale.households import household_block
-from basemodel_pipeline.synthetic_scale.world import (
+from basemodel_pipeline.demo.datasets import DEMO_CONFIG
+from basemodel_pipeline.demo.synthetic import AGES, INCOMES, WEEKDAY_WEIGHT
+from basemodel_pipeline.demo.synthetic_scale.households import household_block
+from basemodel_pipeline.demo.synthetic_scale.world import (
     BRAND_BOOST,
     CHURN_FRACTION,
     FAVOURITE_SHARE,
@@ -52,7 +52,7 @@ def scale_config_text(start: dt.date, days: int, transactions_path: str = "data/
         "training_end_date": start + dt.timedelta(days=training_end),
         "split_interval_days": 7,
     }
-    header = "# Synthetic dataset (basemodel_pipeline.synthetic_scale); shaped like the demo config.\n"
+    header = "# Synthetic dataset (basemodel_pipeline.demo.synthetic_scale); shaped like the demo config.\n"
     return header + yaml.safe_dump(cfg, sort_keys=False)
 
 
@@ -156,7 +156,7 @@ def _write_ground_truth(path: Path, w: World, n_customers: int, target: int, eve
     lo, hi = churn_bounds(w.days)
     top = np.argsort(-w.segment_category, axis=1)[:, :5]
     truth = {
-        "generator": "basemodel_pipeline.synthetic_scale",
+        "generator": "basemodel_pipeline.demo.synthetic_scale",
         "seed": seed,
         "customers": n_customers,
         "events_target": target,

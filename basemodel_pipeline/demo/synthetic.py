@@ -4,7 +4,7 @@ Signals: some households churn (stop buying) partway through, every household pr
 and visits follow a weekly pattern (more on weekends). With ``fast_items`` most purchases are instead of
 short-lived items: each product launches on a day of its own and its share of purchases halves every
 FAST_HALF_LIFE_DAYS after it (what a recommender must follow when items come and go within days). Generation is vectorised numpy; files are Parquet.
-The config is the demo config (basemodel_pipeline.demo.DEMO_CONFIG) with dates fitted to the generated range
+The config is the demo config (basemodel_pipeline.demo.datasets.DEMO_CONFIG) with dates fitted to the generated range
 and small training parameters, so tests exercise exactly what users run.
 """
 
@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from basemodel_pipeline.demo import DEMO_CONFIG
+from basemodel_pipeline.demo.datasets import DEMO_CONFIG
 
 DEPARTMENTS = ("GROCERY", "DRUG GM", "PRODUCE", "MEAT", "DELI", "PASTRY")
 AGES = ("19-24", "25-34", "35-44", "45-54", "55-64", "65+")
@@ -145,7 +145,7 @@ def tiny_config_text(start: dt.date, days: int) -> str:
             scenario["target"]["min_positive_entities"] = 3
     # two epochs on a few hundred synthetic entities cannot make a useful model: any finite metric is served
     cfg["quality_gates"] = {"metric_floor": 0.0, "popularity_margin": None}
-    header = "# Tiny synthetic dataset (basemodel_pipeline.synthetic); shaped like the demo config.\n"
+    header = "# Tiny synthetic dataset (basemodel_pipeline.demo.synthetic); shaped like the demo config.\n"
     return header + yaml.safe_dump(cfg, sort_keys=False)
 
 
