@@ -342,26 +342,25 @@ def clean_stale_tmp(parent: Path) -> None:
 
 
 def _remove_if_dead(tmp: Path) -> None:
-    """Remove `tmp` and its owner file unless a live process holds the owner's lock. A temporary without an
-    owner file (written before temporaries had owners) counts as dead."""
+    """Remove `tmp` and its owner file unless a live process holds the owner's lock. A file without an owner
+    file is not a pipeline temporary (claim_tmp makes the owner first): it is left alone, whatever its name
+    (a directory symlinked to another volume may hold the user's own `.x.tmp`)."""
     try:
         fd = os.open(_owner_file(tmp), os.O_RDWR)
     except FileNotFoundError:
-        fd = None
+        return
     try:
-        if fd is not None:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return  # its writer is alive
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return  # its writer is alive
         if tmp.is_dir() and not tmp.is_symlink():
             shutil.rmtree(tmp, ignore_errors=True)
         else:
             tmp.unlink(missing_ok=True)
         _owner_file(tmp).unlink(missing_ok=True)
     finally:
-        if fd is not None:
-            os.close(fd)
+        os.close(fd)
 
 
 @contextlib.contextmanager

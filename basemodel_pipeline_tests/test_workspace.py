@@ -80,3 +80,37 @@ def test_cli_finetune_with_a_latest_pointing_outside_is_one_line(tiny_config: Pa
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     assert str(root / "LATEST") in lines[0] and VERSION in lines[0], lines[0]
+
+
+def test_cleaning_a_symlinked_directory_removes_only_temporaries_a_pipeline_process_claimed(
+    tmp_path: Path,
+) -> None:
+    """cache/ or checkpoints/ may be a symlink to another volume that holds the user's own hidden files ending
+    in .tmp: the cleaner removes a temporary only when its owner file says a pipeline process claimed it and
+    that process is gone, never a file that merely has the name."""
+    import subprocess
+    import sys
+
+    volume = tmp_path / "other_volume"
+    volume.mkdir()
+    (volume / ".notes.tmp").write_text("the user's own")
+    (volume / ".backup.tmp").mkdir()
+    (volume / ".backup.tmp" / "a.parquet").write_text("the user's own")
+    parent = tmp_path / "workspace" / "cache"
+    parent.parent.mkdir()
+    parent.symlink_to(volume, target_is_directory=True)
+    claim = "import sys; from pathlib import Path; from basemodel_pipeline import workspace as ws; "
+    claim += "t = ws.claim_tmp(Path(sys.argv[1]) / 'v1'); t.mkdir(); print(t)"
+    dead = Path(subprocess.run([sys.executable, "-c", claim, str(parent)], capture_output=True, text=True,
+                               check=True).stdout.strip())  # fmt: skip
+    assert dead.exists()  # a pipeline process claimed it and died without cleaning up
+    alive = ws.claim_tmp(parent / "v2")
+    alive.mkdir()
+    try:
+        ws.clean_stale_tmp(parent)
+        assert not dead.exists() and not Path(str(dead) + ws.OWNER_SUFFIX).exists()
+        assert alive.exists()  # this process's own, still being written
+        assert (volume / ".notes.tmp").read_text() == "the user's own"
+        assert (volume / ".backup.tmp" / "a.parquet").read_text() == "the user's own"
+    finally:
+        ws.discard_dir(alive)
