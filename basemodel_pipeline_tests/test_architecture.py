@@ -40,9 +40,6 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "diskfaults",
                 "stops",
                 "retry",  # the retry policy of every remote call (sources, outputs, publish)
-                "alerts",  # alert messages and sinks
-                "publish",  # copies finished workspace files to object storage
-                "retention",  # deletes old workspace versions
             }
         ),
     ),
@@ -57,7 +54,8 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("tasks", frozenset({"tasks"})),  # one class per task type, owning its labels (docs/tasks.md)
     ("scenarios", frozenset({"scenarios"})),
     ("inference", frozenset({"inference"})),
-    ("reports", frozenset({"reports", "verify"})),  # verify reads what every stage wrote
+    ("reports", frozenset({"reports"})),
+    ("ops", frozenset({"ops"})),  # retention, publish, alerts, verify (which reads what every stage wrote)
     ("pipeline", frozenset({"pipeline"})),
     ("demo", frozenset({"demo"})),  # demo data sets and configs, synthetic generators: no stage imports them
     ("faces", frozenset({"cli", "entrypoints", "defs", "definitions"})),

@@ -252,7 +252,7 @@ def test_publishing_to_a_refused_s3_endpoint_is_retried_then_one_line(
     boto3 = pytest.importorskip("boto3")
     from botocore.config import Config
 
-    from basemodel_pipeline.publish import publish_dir
+    from basemodel_pipeline.ops.publish import publish_dir
 
     port = closed_port()
     client = boto3.client(

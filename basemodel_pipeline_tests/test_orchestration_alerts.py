@@ -16,12 +16,12 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from basemodel_pipeline.alerts import Alert, AlertDeliveryError, WebhookSink, deliver, redact
 from basemodel_pipeline.defs import build_assets, build_checks, build_definitions
 from basemodel_pipeline.defs.alerts.freshness import build_freshness_checks
 from basemodel_pipeline.defs.alerts.resources import AlertSinks, slack_text
 from basemodel_pipeline.defs.alerts.sensors import build_alert_sensors
 from basemodel_pipeline.defs.shared.resources import resources_for
+from basemodel_pipeline.ops.alerts import Alert, AlertDeliveryError, WebhookSink, deliver, redact
 
 SECRET = "T0SECRET/B0TOKEN/xyzzy42"
 PRODUCTS = dg.AssetKey(["extracts", "products"])

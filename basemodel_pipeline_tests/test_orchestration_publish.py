@@ -16,7 +16,7 @@ from basemodel_pipeline.defs.publish.assets import published_artifacts
 from basemodel_pipeline.defs.shared.partitions import scenarios_partitions
 from basemodel_pipeline.defs.shared.resources import ArtifactPublisher, BasemodelConfigResource
 from basemodel_pipeline.errors import ConfigError, DataError
-from basemodel_pipeline.publish import MARKER, parse_s3_url, publish_dir, published_manifest
+from basemodel_pipeline.ops.publish import MARKER, parse_s3_url, publish_dir, published_manifest
 
 
 @pytest.fixture(scope="module")

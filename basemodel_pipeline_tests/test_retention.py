@@ -26,8 +26,8 @@ from basemodel_pipeline.model.checkpoint import (
     load_checkpoint,
     publish_checkpoint,
 )
+from basemodel_pipeline.ops.retention import plan_retention, prune
 from basemodel_pipeline.outputs import open_writer
-from basemodel_pipeline.retention import plan_retention, prune
 
 ARCH = {"in_dim": 4, "hidden_dim": 8, "num_blocks": 1, "dropout": 0.0, "out_dim": 1}
 runner = CliRunner()

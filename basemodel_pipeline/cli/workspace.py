@@ -28,7 +28,7 @@ def prune(
 
     Keeps the newest versions of each and everything still in use (LATEST, a version being published, the
     checkpoints kept scenarios and outputs were made from)."""
-    from basemodel_pipeline.retention import prune as prune_workspace
+    from basemodel_pipeline.ops.retention import prune as prune_workspace
 
     path = config or config_arg
     if path is None:
@@ -60,7 +60,7 @@ def verify(config: ConfigArg) -> None:
 
     One line per artifact (ok / FAILED and what to do / stale: built from older cache content / absent: never
     made); exit code 1 when one is damaged or its manifest is missing (stale ones are not damaged)."""
-    from basemodel_pipeline.verify import verify_workspace
+    from basemodel_pipeline.ops.verify import verify_workspace
 
     with user_errors():
         findings = verify_workspace(load_config(config))

@@ -5,7 +5,7 @@
       keep_predictions: 30   # as-of dates per scenario
       keep_embeddings: 3     # as-of dates
 
-Whatever is still in use is kept beyond these counts (basemodel_pipeline/retention.py).
+Whatever is still in use is kept beyond these counts (basemodel_pipeline/ops/retention.py).
 """
 
 from __future__ import annotations

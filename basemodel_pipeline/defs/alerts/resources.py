@@ -15,7 +15,7 @@ import os
 
 import dagster as dg
 
-from basemodel_pipeline.alerts import Alert, AlertDeliveryError, AlertSink, LogSink, WebhookSink
+from basemodel_pipeline.ops.alerts import Alert, AlertDeliveryError, AlertSink, LogSink, WebhookSink
 
 WEBHOOK_ENV_VAR = "BASEMODEL_ALERT_WEBHOOK_URL"
 SLACK_TOKEN_ENV_VAR = "BASEMODEL_SLACK_TOKEN"

@@ -31,8 +31,8 @@ from typing import Any
 
 import dagster as dg
 
-from basemodel_pipeline.alerts import Alert, Incidents, deliver, failures_since, short_reason, utc_minute
 from basemodel_pipeline.defs.alerts.resources import AlertSinks
+from basemodel_pipeline.ops.alerts import Alert, Incidents, deliver, failures_since, short_reason, utc_minute
 from basemodel_pipeline.settings import seconds_setting
 
 EXCEPTION_PREFIX = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Failure)?: ")

@@ -1,11 +1,11 @@
-"""workspace_retention: apply the config's retention policy to the workspace (basemodel_pipeline.retention)."""
+"""workspace_retention: apply the config's retention policy to the workspace (basemodel_pipeline.ops.retention)."""
 
 import dagster as dg
 
 from basemodel_pipeline.defs.shared.execution import materialize_in_process
 from basemodel_pipeline.defs.shared.resources import BasemodelConfigResource
 from basemodel_pipeline.defs.shared.versions import code_version
-from basemodel_pipeline.retention import prune
+from basemodel_pipeline.ops.retention import prune
 
 
 class RetentionRunConfig(dg.Config):

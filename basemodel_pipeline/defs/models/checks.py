@@ -41,7 +41,7 @@ def foundation_checkpoint_sha256(context: dg.AssetCheckExecutionContext) -> dg.A
     meta = latest_metadata(context.instance, foundation_model.key)
     if not meta or "path" not in meta:
         return dg.AssetCheckResult(passed=False, description="foundation_model has no materialization yet")
-    from basemodel_pipeline.verify import verify_checkpoint
+    from basemodel_pipeline.ops.verify import verify_checkpoint
 
     return finding_result(verify_checkpoint("foundation", "foundation", Path(meta["path"])), meta["path"])
 
@@ -61,7 +61,7 @@ def scenario_checkpoint_sha256(context: dg.AssetCheckExecutionContext) -> dg.Ass
         return dg.AssetCheckResult(
             passed=False, description=f"scenario_model[{scenario}] has no materialization"
         )
-    from basemodel_pipeline.verify import verify_checkpoint
+    from basemodel_pipeline.ops.verify import verify_checkpoint
 
     return finding_result(verify_checkpoint("scenario", scenario, Path(meta["path"])), meta["path"])
 

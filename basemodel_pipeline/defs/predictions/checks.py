@@ -31,7 +31,7 @@ def predictions_output_sha256(context: dg.AssetCheckExecutionContext) -> dg.Asse
     if not path.is_file():  # a warehouse table: its writer replaced the slice in one transaction
         return dg.AssetCheckResult(passed=True, description=f"{meta.get('destination')}: not a file output")
     from basemodel_pipeline.cache.versions import read_manifest
-    from basemodel_pipeline.verify import verify_output
+    from basemodel_pipeline.ops.verify import verify_output
 
     cache_meta = latest_metadata(context.instance, dg.AssetKey("event_cache"))
     cache = read_manifest(Path(cache_meta["path"])) if cache_meta and "path" in cache_meta else None

@@ -2,7 +2,7 @@
 
 Publishes, for one scenario partition, the foundation checkpoint it was trained from, the scenario
 checkpoint (with metrics.json, its report) and its latest predictions, each under its workspace-relative
-path (basemodel_pipeline.publish). Runs after predictions, so only scenarios whose blocking checks passed
+path (basemodel_pipeline.ops.publish). Runs after predictions, so only scenarios whose blocking checks passed
 are ever published; training itself never writes to object storage.
 """
 

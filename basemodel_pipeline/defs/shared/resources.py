@@ -93,13 +93,13 @@ class QualityGates(dg.ConfigurableResource):
 
 
 class ArtifactPublisher(dg.ConfigurableResource):
-    """Copies finished artifacts to object storage (basemodel_pipeline.publish) through dagster-aws's S3."""
+    """Copies finished artifacts to object storage (basemodel_pipeline.ops.publish) through dagster-aws's S3."""
 
     url: str = Field(description="s3://bucket/prefix; workspace-relative paths go below it.")
     s3: S3Resource
 
     def publish(self, directory: str | Path, workspace: str | Path) -> dict[str, Any]:
-        from basemodel_pipeline.publish import publish_dir
+        from basemodel_pipeline.ops.publish import publish_dir
 
         return publish_dir(self.s3.get_client(), Path(directory), Path(workspace), self.url)
 

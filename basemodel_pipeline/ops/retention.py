@@ -200,7 +200,7 @@ def _checkpoints(root: Path, keep: int | None, used_by: dict[str, str]) -> list[
 
 def _foundation_of(checkpoint: Path) -> str | None:
     """model.json's foundation_version (model/checkpoint.CheckpointMeta), read here without the model
-    layer, which retention, on the ground floor, does not import."""
+    layer: retention needs nothing above the ground floor."""
     try:
         return json.loads((checkpoint / "model.json").read_text()).get("foundation_version")
     except (OSError, ValueError, AttributeError):
