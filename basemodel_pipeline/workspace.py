@@ -374,7 +374,13 @@ def exclusive_lock(
     lock file and cleared when the block ends, so a pid found there on taking the lock is a holder that died
     (killed or crashed): that is logged, and whatever it left (a resume state) is then this run's."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+    except IsADirectoryError:
+        raise UserError(
+            f"{path} is a directory, not the lock file it should be: remove it (the pipeline keeps nothing "
+            "there) and run again"
+        ) from None
     held = False
     try:
         if not _try_flock(fd):

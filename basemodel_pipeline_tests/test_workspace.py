@@ -114,3 +114,21 @@ def test_cleaning_a_symlinked_directory_removes_only_temporaries_a_pipeline_proc
         assert (volume / ".backup.tmp" / "a.parquet").read_text() == "the user's own"
     finally:
         ws.discard_dir(alive)
+
+
+def test_a_lock_file_that_is_a_directory_is_one_line_naming_it(tiny_config: Path) -> None:
+    lock = tiny_config.parent / "extracts" / "transactions" / ".extract.lock"
+    lock.mkdir(parents=True)
+    result = CliRunner().invoke(app, ["extract", str(tiny_config)])
+    assert result.exit_code == 2, result.output
+    assert f"{lock} is a directory, not the lock file it should be" in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_directory_given_as_the_config_says_so(tiny_config: Path) -> None:
+    result = CliRunner().invoke(app, ["validate", str(tiny_config.parent)])
+    assert result.exit_code == 2
+    assert (
+        f"{tiny_config.parent} is a directory: pass the path of the YAML config file in it" in result.stderr
+    )
+    assert "config.yaml" in result.stderr  # the config files it holds, to copy

@@ -306,6 +306,12 @@ def _too_large(file: Path, size: int) -> NoReturn:
 
 def load_config(path: str | os.PathLike[str]) -> PipelineConfig:
     file = Path(path)
+    if file.is_dir():
+        found = sorted(p.name for p in file.glob("*.y*ml"))[:5]
+        raise ConfigError(
+            f"{file} is a directory: pass the path of the YAML config file in it"
+            + (f" ({', '.join(found)})" if found else " (it holds no .yaml file)")
+        )
     if not file.is_file():
         raise ConfigError(f"{file}: config file not found (pass the path to your YAML config)")
     with file.open("rb") as fh:  # read no more than the limit allows
