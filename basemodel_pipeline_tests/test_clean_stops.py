@@ -414,3 +414,26 @@ def test_embed_disk_full_preflight_removes_its_staging(
     with pytest.raises(diskfaults.DiskFull, match="no space left on"):
         run_embed(cfg)
     assert staging(Path(cfg.workspace)) == []
+
+
+def test_extract_stopped_by_sigterm_removes_its_staging_and_the_rerun_completes(tiny_config: Path) -> None:
+    """An extract stopped while it sorts its second day into place: its day-partition staging and DuckDB spill
+    are removed, the day files already renamed into place stay whole, and the rerun extracts every day."""
+    tmp = tiny_config.parent
+    cfg = load_config(tiny_config)
+    out = Path(cfg.workspace) / "extracts" / "transactions"
+    proc = start(
+        tmp, "cli", "extract", str(tiny_config), "--source", "transactions",
+        pause="basemodel_pipeline.sources.extract:write_sorted", match=".parquet", nth=2,
+    )  # fmt: skip
+    wait_paused(proc, tmp)
+    assert staging(out)  # inside its work: the staging and spill exist
+    rc, _, err = stop(proc, signal.SIGTERM)
+
+    assert_stopped(rc, err, "extract", signal.SIGTERM, "redo it")
+    assert staging(out) == []
+    again = run(tmp, "cli", "extract", str(tiny_config))
+    assert again.returncode == 0, again.stderr
+    assert staging(out) == []
+    full = sorted(p.name for p in out.glob("*.parquet"))
+    assert len(full) > 2
