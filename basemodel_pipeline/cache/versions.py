@@ -174,15 +174,20 @@ def publish(tmp: Path, final: Path) -> Path:
 
 
 def sweep(final: Path) -> list[str]:
-    """Delete every version but the current one that no reader holds (under the writer lock); a killed
-    writer's unpublished version goes too. Returns the names deleted."""
+    """Delete every version but the current one that no reader holds (under the writer lock). Only the
+    pipeline's own versions: a directory with a version's name and the cache's manifest.json (a directory on
+    that volume that merely sits there is the user's). The paths are compared resolved: `cache/` may be a
+    symlink to another volume, and the current version must never be taken for an old one.
+    Returns the names deleted."""
     root = versions_dir(final)
     if not root.is_dir():
         return []
     current = final.resolve()
     removed = []
     for version in sorted(root.iterdir()):
-        if version.name.startswith(".") or version == current or not version.is_dir():
+        if version.name.startswith(".") or version.resolve() == current or not version.is_dir():
+            continue
+        if not ws.VERSION_NAME.match(version.name) or not (version / "manifest.json").is_file():
             continue
         trash = final.parent / f".{final.name}.{version.name}.old.tmp"
         try:
