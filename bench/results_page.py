@@ -29,6 +29,7 @@ DATASETS = {
     "completejourney": "The Complete Journey",
     "nycflights13": "nycflights13",
     "onlineretail": "UCI Online Retail",
+    "synthetic_small": "sparse synthetic data (25,000 customers, 60,000 events)",
 }
 # the units of the amounts the regression scenarios publish (a label, not a figure)
 UNITS = {
