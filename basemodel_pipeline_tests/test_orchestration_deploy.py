@@ -171,6 +171,20 @@ def test_dockerfile_targets_are_non_root_with_httpfs_baked_in() -> None:
     assert compose_targets <= set(stages)
 
 
+def test_the_code_server_registers_the_scenario_partitions_before_it_serves() -> None:
+    """The code server's container runs `basemodel sync-partitions` on the configured file before it serves,
+    so the scenarios' partitions exist in the instance while automation is stopped. The config path and the
+    instance's URL (its password) come from the environment, never from argv."""
+    command = _compose()["services"]["basemodel_code"]["command"]
+    assert command[:2] == ["sh", "-c"]
+    script = command[2]
+    sync = script.index('basemodel sync-partitions "$$BASEMODEL_CONFIG"')
+    assert sync < script.index("exec dagster code-server start")
+    assert "PASSWORD" not in script and "POSTGRES_URL" not in script
+    local = (ROOT / "deploy" / "compose.local.yml").read_text()
+    assert "sync-partitions" not in local and "BASEMODEL_CODE_BIND: 127.0.0.1" in local  # same start, bound
+
+
 def test_docker_compose_config_parses() -> None:
     docker = shutil.which("docker")
     probe = subprocess.run([docker, "compose", "version"], capture_output=True, text=True) if docker else None
