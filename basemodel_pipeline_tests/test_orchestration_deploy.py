@@ -64,6 +64,11 @@ def test_deploy_instance_config_on_postgres(
         # this long after the run ended, and a CANCELING run is CANCELED after the trainers' stop timeout
         assert instance.run_monitoring_settings["free_slots_after_run_end_seconds"] == 10
         assert 120 < instance.run_monitoring_settings["cancel_timeout_seconds"] <= 150
+        # a terminated run worker gets longer than its steps take to stop (trainer containers: Docker's 10 s;
+        # subprocess steps: the launcher's 120 s), so it records CANCELED and frees its slots itself; and
+        # less than run monitoring's cancel timeout, which only covers a run worker that died
+        stop_timeout = instance.run_launcher.container_kwargs["stop_timeout"]
+        assert 120 < stop_timeout < instance.run_monitoring_settings["cancel_timeout_seconds"]
         assert instance.get_concurrency_config().pool_config.default_pool_limit == 1
         assert "/srv/basemodel:/srv/basemodel" in instance.run_launcher.container_kwargs["volumes"]
         assert instance.run_launcher.networks == ["basemodel_network"]
