@@ -130,6 +130,31 @@ def test_scores_of_a_new_cache_wait_for_its_blocking_check(
         assert request.run_key == "score:churn:m1@c2"
 
 
+def test_retrains_on_a_new_cache_wait_for_its_blocking_check(
+    tiny_config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An every_cache scenario is retrained on a new cache only once the cache's blocking check passed on it:
+    a cache that failed manifest_sha256 trains nothing, as it scores nothing."""
+    monkeypatch.delenv("BASEMODEL_PUBLISH_URL", raising=False)
+    defs = build_definitions(str(tiny_config), env="ci")
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("scenarios", ["churn"])
+        _materialized(instance, "event_cache", version="c1")
+        _materialize(instance, "scenario_model", "churn", cache_data_version="c1", version="m1")
+        _materialize(instance, "predictions", "churn", model_version="m1", cache_data_version="c1")
+
+        _materialized(instance, "event_cache", version="c2", checks=False)  # manifest_sha256 failed
+        tick = _tick(defs, instance, tiny_config)
+        assert not tick.run_requests
+        assert "wait for the cache's blocking check to pass: churn" in (tick.skip_message or "")
+        evaluation = dg.AssetCheckEvaluation(
+            asset_key=dg.AssetKey("event_cache"), check_name="manifest_sha256", passed=True
+        )
+        instance.report_runless_asset_event(evaluation)
+        (request,) = _tick(defs, instance, tiny_config).run_requests
+        assert request.run_key == "retrain:churn:c1->c2"
+
+
 def test_a_model_trained_while_the_foundation_changed_is_retrained_once_more(
     tiny_config: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -237,7 +237,8 @@ def build_retrain_sensor(default_status: dg.DefaultSensorStatus) -> dg.SensorDef
         context: dg.SensorEvaluationContext, basemodel_config: BasemodelConfigResource
     ) -> dg.SensorResult | dg.SkipReason:
         """Retrain the scenarios whose model predates the foundation, or the cache as their `retrain` policy
-        says; score the new cache with the served model of the others."""
+        says; score the new cache with the served model of the others. Both wait for the cache's blocking
+        check to pass on its latest materialization, as the automation's gate does."""
         if not Path(basemodel_config.config_path).is_file():
             return dg.SkipReason(f"config {basemodel_config.config_path} does not exist yet")
         upstream, running = busy(context.instance)
@@ -252,6 +253,9 @@ def build_retrain_sensor(default_status: dg.DefaultSensorStatus) -> dg.SensorDef
             latest = latest_state(context.instance, sc.name)
             reason = retrain_reason(sc.retrain, latest, time.time())
             retrain = _retrain_request(sc.name, sc.retrain.when, latest, reason) if reason else None
+            if retrain is not None and not verified:  # trains on the cache: wait for its blocking check
+                unverified.append(sc.name)
+                continue
             if retrain is not None and not _launched(context.instance, str(retrain.run_key)):
                 context.log.info(f"retraining {sc.name}: {reason}")
                 requests.append(retrain)
@@ -276,7 +280,7 @@ def build_retrain_sensor(default_status: dg.DefaultSensorStatus) -> dg.SensorDef
         if not requests:
             detail = f"; older than the cache, held by their policy: {', '.join(held)}" if held else ""
             if unverified:
-                detail += f"; scores wait for the cache's blocking check to pass: {', '.join(unverified)}"
+                detail += f"; retrains and scores wait for the cache's blocking check to pass: {', '.join(unverified)}"
             return dg.SkipReason(f"no scenario to retrain or score{detail}")
         return dg.SensorResult(run_requests=requests)
 
