@@ -426,3 +426,22 @@ def test_images_install_the_runtime_lock_without_test_packages() -> None:
     ):
         assert pins[needed] == full[needed], needed
     assert "setuptools" in pins  # the project is installed without build isolation
+
+
+def test_the_local_instance_frees_a_terminated_runs_slots(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`basemodel demo` / `make ui`'s instance (dagster dev, the default run launcher): the daemon's run
+    monitoring frees a terminated run's pool slots (the single gpu slot) and ends a CANCELING run whose worker
+    died, as in the deployment."""
+    from basemodel_pipeline.defs.materialize import demo_instance
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "unused"))
+    instance = demo_instance(tmp_path)
+    try:
+        assert instance.run_monitoring_enabled
+        assert instance.run_monitoring_settings["free_slots_after_run_end_seconds"] == 10
+        assert instance.run_monitoring_settings["cancel_timeout_seconds"] <= 150
+        assert instance.get_concurrency_config().pool_config.default_pool_limit == 1
+    finally:
+        instance.dispose()

@@ -32,6 +32,12 @@ telemetry:
 concurrency:
   pools:
     default_limit: 1
+# under `dagster dev` (make ui): the daemon frees a terminated run's pool slots 10 s after it ended, and ends a
+# CANCELING run whose worker died after 150 s (docs/orchestration.md, "Terminating a run")
+run_monitoring:
+  enabled: true
+  cancel_timeout_seconds: 150
+  free_slots_after_run_end_seconds: 10
 """
 
 PER_SCENARIO = ("scenario_baselines", "scenario_model", "predictions")
