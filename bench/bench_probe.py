@@ -116,7 +116,7 @@ def run_protocol(protocol: str, cfg, model, enc, cache, sc, seeds: list[int], re
         "unseen_weeks": int(len(ex.get("val", ())) * 4 / 5),
     }[protocol]
     result["embedding_dim"] = int(inputs["test"]["embeddings"].shape[1])
-    result[f"{sc.name}_metric"] = "auroc" if sc.task == "binary" else "macro_auroc"
+    result[f"{sc.name}_metric"] = task_named(sc.task).primary_metric
     result[f"{key}_wall_s"] = round(time.perf_counter() - started, 1)
     print(key, {k: v for k, v in result.items() if k.startswith(key)}, flush=True)
 
