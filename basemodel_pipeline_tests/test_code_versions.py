@@ -15,10 +15,19 @@ ENTRY = {  # the module each asset's stage starts from (pipeline.py calls it)
     "scenario_model": "scenarios.finetune",
     "predictions": "inference.predict",
     "entity_embeddings": "inference.embed",
-    "published_artifacts": "publish",
-    "workspace_retention": "retention",
+    "published_artifacts": "ops.publish",
+    "workspace_retention": "ops.retention",
 }
-NO_CONTENT = {"", "progress", "errors", "diskfaults", "metadata", "settings"}  # messages, faults, env names
+NO_CONTENT = {
+    "",
+    "progress",
+    "errors",
+    "diskfaults",
+    "metadata",
+    "settings",
+    "retry",
+    "stops",
+}  # messages, faults, env names, retries, signals
 
 
 def covered(asset: str, module: str) -> bool:

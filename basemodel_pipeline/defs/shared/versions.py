@@ -21,7 +21,7 @@ PACKAGE = Path(basemodel_pipeline.__file__).parent
 _GROUND = ("config", "errors.py", "workspace.py", "dates.py", "pipeline.py")
 _NET = (*_GROUND, "runtime.py")  # the stages that run the network: device, mixed precision, forward passes
 _LATER = (*_NET, "sources", "cache", "features", "model")  # what every stage after the cache reads
-_SCENARIOS = ("scenarios", "tasks")  # a scenario's code and the classes of its task type
+_SCENARIOS = ("scenarios", "targets", "tasks")  # a scenario's code, its labels and its task type's class
 # Checked against the import closure of each stage's entry module (test_code_versions.py).
 DEPENDS_ON: dict[str, tuple[str, ...]] = {
     "extract": (*_GROUND, "sources"),
@@ -35,8 +35,8 @@ DEPENDS_ON: dict[str, tuple[str, ...]] = {
     "predictions": (*_LATER, "outputs", "evaluation", *_SCENARIOS, "inference"),
     "entity_embeddings": (*_LATER, "outputs", "evaluation", *_SCENARIOS, "inference"),
     "metrics_summary": (*_GROUND, "reports"),
-    "published_artifacts": (*_GROUND, "publish.py"),
-    "workspace_retention": (*_GROUND, "retention.py"),
+    "published_artifacts": (*_GROUND, "ops/publish.py"),
+    "workspace_retention": (*_GROUND, "ops/retention.py"),
 }
 
 
