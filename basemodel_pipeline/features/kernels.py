@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -153,7 +154,7 @@ def new_day(st: SourceTensors, rows: torch.Tensor, run_start: torch.Tensor) -> t
 
 def incremental_sums(
     st: SourceTensors, e: torch.Tensor, t: torch.Tensor, rates: torch.Tensor, channels: int, channel_fn,
-    mode: str = "auto",
+    mode: Literal["auto", "direct", "incremental"] = "auto",
 ) -> tuple[torch.Tensor, Segments]:  # fmt: skip
     """Decayed channel sums [n, R, channels] over all events before each query (queries sorted by entity then
     time). channel_fn(rows, owner, a) -> (chans [m, K], vals [m, K]) for the rows of queries a + owner.
@@ -164,17 +165,17 @@ def incremental_sums(
     split points) are several times cheaper direct; long ones incremental. auto picks the cheaper by counting
     the scatter-adds of each against the scan's passes; both give the same sums up to float rounding."""
     sg = segments(st, e, t)
-    start = sg.start
-    if mode == "direct" or (
-        mode == "auto" and _direct_is_cheaper(st, e, sg, channels, len(rates), channel_fn)
-    ):
-        start, mode = st.offsets[e], "direct"
+    history = st.offsets[e]  # each query's first history row: where a direct sum starts
+    direct = mode == "direct" or (
+        mode == "auto" and _direct_is_cheaper(history, sg, channels, len(rates), channel_fn)
+    )
+    start = history if direct else sg.start
     sums = torch.empty((len(e), len(rates), channels), dtype=torch.float32, device=e.device)
     for a, b in row_chunks(sg.pos - start, sg.first):
         owner, rows = expand_ranges_t(start[a:b], sg.pos[a:b])
         chans, vals = channel_fn(rows, owner, a)
         sums[a:b] = decayed_sums(vals, owner, t[a:b][owner] - st.ts[rows], chans, rates, b - a, channels)
-        if mode != "direct":
+        if not direct:
             scan(sums[a:b], t[a:b], sg.first[a:b], rates)
     return sums, sg
 
@@ -182,13 +183,12 @@ def incremental_sums(
 SCAN_PASSES = 6  # element passes over [n, R, channels] of the decayed scan (gathers, multiply, add, scatter)
 
 
-def _direct_is_cheaper(
-    st: SourceTensors, e: torch.Tensor, sg: Segments, channels: int, rates: int, channel_fn
-) -> bool:
-    """Whether summing each query's whole history costs fewer element operations than the segments + scan."""
+def _direct_is_cheaper(history: torch.Tensor, sg: Segments, channels: int, rates: int, channel_fn) -> bool:
+    """Whether summing each query's whole history (from its row `history`) costs fewer element operations than
+    the segments + scan."""
     per_event = channel_fn(sg.pos[:0], sg.pos[:0], 0)[0].shape[1]  # values per event (K)
-    extra_rows = int((sg.start - st.offsets[e]).sum())  # rows the direct sums read again
-    return extra_rows * per_event * (rates + 1) < SCAN_PASSES * len(e) * rates * channels
+    extra_rows = int((sg.start - history).sum())  # rows the direct sums read again
+    return extra_rows * per_event * (rates + 1) < SCAN_PASSES * len(history) * rates * channels
 
 
 def entity_chunks(sorted_entity: np.ndarray, chunk: int) -> list[tuple[int, int]]:
