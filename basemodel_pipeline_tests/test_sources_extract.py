@@ -445,3 +445,18 @@ def test_events_after_a_historical_data_sets_end_are_left_out_with_a_count_whate
     assert days[-1] == end.isoformat()
     assert meta["events_after_data_end_date"] > 0
     assert run_cache(cfg)["path"]
+
+
+def test_future_events_are_counted_as_future_when_the_data_end_date_lies_further_ahead(
+    tiny_config: Path,
+) -> None:
+    """With data_end_date beyond tomorrow the extract's bound is tomorrow's, so what it leaves out is future
+    events (the future_events policy and its metadata key), not events after the data's end."""
+    _stamp_future_events(tiny_config)
+    text = tiny_config.read_text().replace(
+        "  split_interval_days: 7", "  split_interval_days: 7\n  data_end_date: 2200-01-01"
+    )
+    tiny_config.write_text(text)
+    meta = run_extract(load_config(tiny_config))["transactions"]
+    assert meta["future_events_dropped"] == 20
+    assert "events_after_data_end_date" not in meta

@@ -185,8 +185,9 @@ def _extract(
 
 
 def _left_out_key(cfg: PipelineConfig) -> str:
-    """The metadata key of the events an extract left out past its bound."""
-    return "future_events_dropped" if cfg.data_params.data_end_date is None else "events_after_data_end_date"
+    """The metadata key of the events an extract left out past its bound: after a historical data set's end
+    when that end is the bound, future events otherwise (as beyond_bound and future_events decide)."""
+    return "events_after_data_end_date" if _closed_at(cfg, day_bound(cfg)) else "future_events_dropped"
 
 
 def beyond_bound(cfg: PipelineConfig, src: DataSource, days: DayRange | None, progress: Progress) -> int:
