@@ -103,13 +103,22 @@ def test_the_sensor_retrains_what_the_policy_says(tiny_config: Path, monkeypatch
         assert keys == {"department_propensity"}
 
 
-def test_scores_of_a_new_cache_wait_for_its_blocking_check(
-    tiny_config: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("policy", "held", "request_key"),
+    [
+        ({"when": "weekly", "min_days": 7}, "scores wait", "score:churn:m1@c2"),  # its served model scores
+        ({"when": "every_cache"}, "retrains and scores wait", "retrain:churn:c1->c2"),
+    ],
+    ids=["score", "retrain"],
+)
+def test_runs_on_a_new_cache_wait_for_its_blocking_check(
+    tiny_config: Path, monkeypatch: pytest.MonkeyPatch, policy: dict, held: str, request_key: str
 ) -> None:
-    """The served model scores a new cache only once the cache's blocking check passed on it."""
+    """A new cache is scored by the served model (weekly policy) or retrained on (every_cache) only once the
+    cache's blocking check passed on it: a cache that failed manifest_sha256 trains and scores nothing."""
     monkeypatch.delenv("BASEMODEL_PUBLISH_URL", raising=False)
     cfg = yaml.safe_load(tiny_config.read_text())
-    cfg["scenarios"] = [{**sc, "retrain": {"when": "weekly", "min_days": 7}} for sc in cfg["scenarios"]]
+    cfg["scenarios"] = [{**sc, "retrain": policy} for sc in cfg["scenarios"]]
     tiny_config.write_text(yaml.safe_dump(cfg))
     defs = build_definitions(str(tiny_config), env="ci")
     with dg.instance_for_test() as instance:
@@ -121,38 +130,13 @@ def test_scores_of_a_new_cache_wait_for_its_blocking_check(
         _materialized(instance, "event_cache", version="c2", checks=False)  # manifest_sha256 failed
         tick = _tick(defs, instance, tiny_config)
         assert not tick.run_requests
-        assert "scores wait for the cache's blocking check to pass: churn" in (tick.skip_message or "")
+        assert f"{held} for the cache's blocking check to pass: churn" in (tick.skip_message or "")
         evaluation = dg.AssetCheckEvaluation(
             asset_key=dg.AssetKey("event_cache"), check_name="manifest_sha256", passed=True
         )
         instance.report_runless_asset_event(evaluation)  # run again after a repair: it passes
         (request,) = _tick(defs, instance, tiny_config).run_requests
-        assert request.run_key == "score:churn:m1@c2"
-
-
-def test_retrains_on_a_new_cache_wait_for_its_blocking_check(
-    tiny_config: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """An every_cache scenario is retrained on a new cache only once the cache's blocking check passed on it:
-    a cache that failed manifest_sha256 trains nothing, as it scores nothing."""
-    monkeypatch.delenv("BASEMODEL_PUBLISH_URL", raising=False)
-    defs = build_definitions(str(tiny_config), env="ci")
-    with dg.instance_for_test() as instance:
-        instance.add_dynamic_partitions("scenarios", ["churn"])
-        _materialized(instance, "event_cache", version="c1")
-        _materialize(instance, "scenario_model", "churn", cache_data_version="c1", version="m1")
-        _materialize(instance, "predictions", "churn", model_version="m1", cache_data_version="c1")
-
-        _materialized(instance, "event_cache", version="c2", checks=False)  # manifest_sha256 failed
-        tick = _tick(defs, instance, tiny_config)
-        assert not tick.run_requests
-        assert "wait for the cache's blocking check to pass: churn" in (tick.skip_message or "")
-        evaluation = dg.AssetCheckEvaluation(
-            asset_key=dg.AssetKey("event_cache"), check_name="manifest_sha256", passed=True
-        )
-        instance.report_runless_asset_event(evaluation)
-        (request,) = _tick(defs, instance, tiny_config).run_requests
-        assert request.run_key == "retrain:churn:c1->c2"
+        assert request.run_key == request_key
 
 
 def test_a_model_trained_while_the_foundation_changed_is_retrained_once_more(
