@@ -25,9 +25,8 @@ from test_sources_support import edit_config, relocate, resetting_server
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.errors import DataError
 from basemodel_pipeline.pipeline import run_extract
-from basemodel_pipeline.retry import with_retry
+from basemodel_pipeline.retry import Unavailable, with_retry
 from basemodel_pipeline.sources import backend_class, source_schema
-from basemodel_pipeline.sources.base import SourceUnavailable
 
 TABLES = ("transactions", "products", "demographics")
 PASSWORD = "pw-Refused-7731"
@@ -167,7 +166,7 @@ def test_a_refused_connection_is_retried_then_reported_in_one_line(
     cfg = load_config(pointed_at(tiny_config, location(port)))
     src = cfg.source("transactions")
     what = f"source 'transactions' ({src.data_location.display()})"
-    with caplog.at_level(logging.WARNING), pytest.raises(SourceUnavailable) as info:
+    with caplog.at_level(logging.WARNING), pytest.raises(Unavailable) as info:
         source_schema(cfg, src)
     assert_one_line_naming(str(info.value), what, f"127.0.0.1:{port}")
     retries = retry_lines(caplog, what)
@@ -179,7 +178,7 @@ def test_snowflake_says_the_connection_was_refused(tiny_config: Path, fast_retri
     """The connector's own words ('250001: Could not connect to Snowflake backend') carry the refusal."""
     pytest.importorskip("snowflake.connector")
     cfg = load_config(pointed_at(tiny_config, snowflake_at(closed_port())))
-    with pytest.raises(SourceUnavailable) as info:
+    with pytest.raises(Unavailable) as info:
         run_extract(cfg, "transactions")
     assert "250001" in str(info.value) and "Connection refused" in str(info.value)
 
@@ -193,7 +192,7 @@ def test_a_server_that_resets_every_connection_is_retried_then_reported(
     port, accepted = resetting_port
     cfg = load_config(pointed_at(tiny_config, location(port)))
     src = cfg.source("products")
-    with pytest.raises(SourceUnavailable) as info:
+    with pytest.raises(Unavailable) as info:
         source_schema(cfg, src)
     assert_one_line_naming(
         str(info.value), f"source 'products' ({src.data_location.display()})", f"127.0.0.1:{port}"
@@ -207,7 +206,7 @@ def test_the_waits_between_attempts_grow(tiny_config: Path, fast_retries: None) 
     src = cfg.source("transactions")
     cls = backend_class("clickhouse")
     waits: list[float] = []
-    with pytest.raises(SourceUnavailable):
+    with pytest.raises(Unavailable):
         with_retry(
             lambda: cls(src, Path(cfg.workspace)),
             what="source 'transactions'",
@@ -237,7 +236,7 @@ def test_a_warehouse_output_at_a_refused_port_is_one_line(tiny_config: Path, fas
         }
 
     cfg = load_config(edit_config(tiny_config, mutate))
-    with pytest.raises(SourceUnavailable) as info:
+    with pytest.raises(Unavailable) as info:
         open_writer(cfg, "predictions", "churn", dt.date(2024, 1, 1))
     assert_one_line_naming(
         str(info.value),

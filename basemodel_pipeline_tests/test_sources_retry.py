@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from basemodel_pipeline.errors import DataError
-from basemodel_pipeline.sources.base import Backend, SourceUnavailable, with_retry
+from basemodel_pipeline.retry import Unavailable, with_retry
+from basemodel_pipeline.sources.base import Backend
 
 
 class Flaky:
@@ -43,7 +44,7 @@ def test_permanent_failure_is_not_retried() -> None:
 def test_retries_stop_after_the_last_attempt() -> None:
     fn = Flaky([ConnectionRefusedError("connection refused")] * 10)
     delays: list[float] = []
-    with pytest.raises(SourceUnavailable, match="still failing after 3 attempts"):
+    with pytest.raises(Unavailable, match="still failing after 3 attempts"):
         with_retry(
             fn, what="source 'ev' (x)", is_transient=Backend.is_transient, attempts=3, sleep=delays.append
         )

@@ -18,8 +18,8 @@ from basemodel_pipeline import sources
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.errors import DataError
 from basemodel_pipeline.pipeline import run_extract
+from basemodel_pipeline.retry import Unavailable
 from basemodel_pipeline.sources import read_source, watermark
-from basemodel_pipeline.sources.base import SourceUnavailable
 from basemodel_pipeline.sources.synapse import SynapseBackend
 
 TABLES = ["transactions", "products", "demographics"]
@@ -144,7 +144,7 @@ def test_synapse_dropped_connections_are_retried_then_reported(tiny_config: Path
     monkeypatch.setenv("BASEMODEL_SOURCE_RETRY_BASE_S", "0.01")
     with resetting_server() as (port, accepted):
         cfg = load_config(synapse_config(tiny_config, monkeypatch, port=port))
-        with pytest.raises(SourceUnavailable) as info:
+        with pytest.raises(Unavailable) as info:
             run_extract(cfg, "transactions")
     message = str(info.value)
     assert message.startswith("source 'transactions' (synapse:transactions): still failing after 3 attempts")

@@ -36,9 +36,9 @@ from basemodel_pipeline.config import DataSource, PipelineConfig
 from basemodel_pipeline.config.outputs import WarehouseOutput
 from basemodel_pipeline.errors import DataError
 from basemodel_pipeline.outputs.base import Writer
-from basemodel_pipeline.retry import mask
+from basemodel_pipeline.retry import first_line, mask
 from basemodel_pipeline.sources import backend_class, retrying
-from basemodel_pipeline.sources.base import Backend, first_line
+from basemodel_pipeline.sources.base import Backend
 
 log = logging.getLogger(__name__)
 SCENARIO = "scenario"

@@ -23,7 +23,8 @@ import pyarrow as pa
 from basemodel_pipeline.config.models import DataSource, PipelineConfig
 from basemodel_pipeline.dates import END_DAY
 from basemodel_pipeline.errors import ConfigError, DataError
-from basemodel_pipeline.sources.base import Backend, with_retry
+from basemodel_pipeline.retry import with_retry
+from basemodel_pipeline.sources.base import Backend
 from basemodel_pipeline.sources.sql import (
     Join,
     count_from_query,

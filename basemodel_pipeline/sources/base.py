@@ -21,30 +21,10 @@ from sqlglot import exp
 from basemodel_pipeline import retry
 from basemodel_pipeline.config.models import DataSource
 from basemodel_pipeline.errors import DataError
-from basemodel_pipeline.retry import (
-    ATTEMPTS,
-    BASE_DELAY_S,
-    MAX_DELAY_S,
-    TRANSIENT_WORDS,
-    first_line,
-    secret_values,
-    with_retry,
-)
+from basemodel_pipeline.retry import secret_values
 from basemodel_pipeline.sources.sql import schema_query
 
-__all__ = [
-    "ATTEMPTS",
-    "BASE_DELAY_S",
-    "MAX_DELAY_S",
-    "TRANSIENT_WORDS",
-    "Backend",
-    "SourceUnavailable",
-    "arrow_to_duckdb_types",
-    "first_line",
-    "with_retry",
-]
-
-SourceUnavailable = retry.Unavailable  # a source kept failing with transient errors after every retry
+__all__ = ["Backend", "arrow_to_duckdb_types"]
 
 
 class Backend(ABC):
