@@ -43,6 +43,7 @@ FAST_MODULES = {
     "test_fuzz_user_errors",
     "test_import_graph",
     "test_inference_state",
+    "test_input_hygiene",
     "test_outputs",
     "test_resampling",
     "test_results_page",

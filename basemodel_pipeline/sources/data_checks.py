@@ -23,6 +23,7 @@ from basemodel_pipeline.sources.check_context import one_line
 from basemodel_pipeline.sources.column_checks import ColumnChecks
 from basemodel_pipeline.sources.cross_checks import CrossChecks
 from basemodel_pipeline.sources.parquet import is_local, parquet_glob, read_parquet_sql
+from basemodel_pipeline.sources.source_files import check_files
 
 
 def source_columns(src: DataSource, con: duckdb.DuckDBPyConnection | None = None) -> dict[str, str]:
@@ -49,6 +50,7 @@ class _Checker(ColumnChecks, CrossChecks):
     def run(self) -> None:
         for i, src in enumerate(self.cfg.data_sources):
             try:
+                check_files(src)  # the same file twice
                 self.columns[src.name] = (
                     source_columns(src, self.con) if is_local(src) else self.load_sample(src)
                 )

@@ -44,6 +44,7 @@ from basemodel_pipeline.sources import (
     events_from,
     query_for,
     run_with_backend,
+    source_files,
     watermark,
     what,
 )
@@ -140,6 +141,7 @@ def _extract(
         return run
 
     future = 0
+    source_files.check_files(src)  # the same file twice: one line before anything is read
     try:
         damaged.check_source(src, deep=False)  # footers: a truncated file fails before any day is written
         if src.type != "event":
