@@ -80,3 +80,25 @@ def test_no_history_gives_empty_sketch(cache: EventCache) -> None:
     C = enc.sources[0].channels
     assert np.all(X[0, :C] == 0)
     assert X[0, C + 3] == 0.0  # has-history flag
+
+
+@pytest.mark.parametrize("sorted_queries", [True, False])
+def test_history_written_into_a_half_precision_array_equals_the_float_features(
+    cache: EventCache, sorted_queries: bool
+) -> None:
+    """Fine-tuning featurises straight into its float16 feature matrix: the same values as the float32
+    features rounded to half precision, whether the queries come sorted (one copy per chunk) or not."""
+    import torch
+
+    enc = FeatureEncoder.fit(cache, [7.0, 30.0], max_direct_vocab=8, partitions=2, buckets=4)
+    rng = np.random.default_rng(2)
+    src = cache.source("transactions")
+    e = rng.integers(0, cache.n_entities, 300)
+    t = rng.integers(int(src.ts.min()), int(src.ts.max()) + 30 * DAY, 300)
+    if sorted_queries:
+        order = np.lexsort((t, e))
+        e, t = e[order], t[order]
+    expected = enc.history(cache, e, t, chunk=41).astype(np.float16)
+    X = np.full((300, enc.dim), np.nan, np.float16)
+    enc.history_t(cache, e, t, 41, torch.device("cpu"), out=torch.from_numpy(X))
+    np.testing.assert_array_equal(X, expected)

@@ -307,18 +307,32 @@ class FeatureEncoder:
         return self.history_t(cache, entity, time, chunk, torch.device(device)).cpu().numpy()
 
     def history_t(
-        self, cache: EventCache, entity: np.ndarray, time: np.ndarray, chunk: int, device: torch.device
+        self,
+        cache: EventCache,
+        entity: np.ndarray,
+        time: np.ndarray,
+        chunk: int,
+        device: torch.device,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """history() as a tensor on `device`, in the order of the queries."""
+        """history() as a tensor, in the order of the queries: a new float32 tensor on `device`, or written
+        into `out` [n, dim] (any float dtype, any device: fine-tuning's float16 matrix in host memory)."""
         entity, time = np.asarray(entity, np.int64), np.asarray(time, np.int64)
         order = np.lexsort((time, entity))
-        out = torch.empty((len(entity), self.dim), dtype=torch.float32, device=device)
+        in_order = bool((order == np.arange(len(order))).all())  # a chunk is then one slice of `out`
+        if out is None:
+            out = torch.empty((len(entity), self.dim), dtype=torch.float32, device=device)
         # chunks on entity boundaries so all split points of an entity stay together
         for a, b in entity_chunks(entity[order], chunk):
             idx = order[a:b]
             e = torch.from_numpy(entity[idx]).to(device)
             t = torch.from_numpy(time[idx]).to(device)
-            out[torch.from_numpy(idx).to(device)] = self.history_sorted(cache, e, t)
+            if in_order and out.device == device:
+                self.history_sorted(cache, e, t, out=out[a:b])
+            elif in_order:
+                out[a:b].copy_(self.history_sorted(cache, e, t))
+            else:
+                out[torch.from_numpy(idx).to(out.device)] = self.history_sorted(cache, e, t).to(out)
         return out
 
     def _rates(self, device: torch.device) -> torch.Tensor:
@@ -332,6 +346,7 @@ class FeatureEncoder:
         t: torch.Tensor,
         totals: dict | None = None,
         windows: dict | None = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         sums, pos = [], []
         for plan in self.sources:
@@ -346,7 +361,7 @@ class FeatureEncoder:
             )
             sums.append(s)
             pos.append(sg.pos)
-        return self.assemble(cache, e, t, sums, pos, totals, windows)
+        return self.assemble(cache, e, t, sums, pos, totals, windows, out)
 
     def assemble(
         self,
@@ -357,23 +372,32 @@ class FeatureEncoder:
         pos: list[torch.Tensor],
         totals: dict | None = None,
         windows: dict | None = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Model input [n, dim] from each source's raw decayed sums [n, H, C] and first row at/after t [n].
+        """Model input [n, dim] from each source's raw decayed sums [n, H, C] and first row at/after t [n],
+        written block by block into `out` (a new float32 tensor without it; any float dtype with it).
 
         ``totals`` / ``windows``: precomputed aggregate sums per source (aggregates.all_history_totals,
         window_totals); without them the aggregates read the events before t."""
         n, H = len(e), len(self.half_lives_days)
-        parts = []
+        if out is None:
+            out = torch.empty((n, self.dim), dtype=torch.float32, device=e.device)
+        col = 0
         for plan, s, p in zip(self.sources, sums, pos, strict=True):
             st = source_tensors(cache.source(plan.name), e.device)
-            parts.append(_squash(s, plan.numeric_channels()).reshape(n, H * plan.channels))
-            parts.append(_extras(st, e, t, p))
+            width = H * plan.channels
+            _squash(s, plan.numeric_channels(), out[:, col : col + width].view(n, H, plan.channels))
+            out[:, col + width : col + width + self.EXTRAS_PER_SOURCE] = _extras(st, e, t, p)
+            col += width + self.EXTRAS_PER_SOURCE
         if self.attributes:
-            parts.append(self._attribute_features(cache, e))
+            out[:, col : col + self.attribute_dim] = self._attribute_features(cache, e)
+            col += self.attribute_dim
         if self.aggregate_dim:
             agg = torch.nan_to_num(aggregate_features_t(cache, e, t, totals, windows), nan=0.0)
-            parts.append(torch.sign(agg) * torch.log1p(agg.abs()))
-        return torch.cat(parts, 1)
+            out[:, col : col + self.aggregate_dim] = torch.sign(agg) * torch.log1p(agg.abs())
+            col += self.aggregate_dim
+        assert col == out.shape[1], f"feature layout: {col} columns filled of {out.shape[1]}"
+        return out
 
     def raw_sums(self, X: torch.Tensor) -> list[torch.Tensor]:
         """Inverse of assemble's squashing for the decayed sums: per source [n, H, C] float32 from features X."""
@@ -415,13 +439,14 @@ class FeatureEncoder:
         return self.window_channels_t(cache, plan, e, a, b).numpy()
 
 
-def _squash(x: torch.Tensor, numeric: list[int]) -> torch.Tensor:
-    """log1p for counts; signed log1p for numeric sums (channel 0 is the event count). x [..., C]."""
-    out = torch.log1p(x.clamp_min(0.0))
+def _squash(x: torch.Tensor, numeric: list[int], out: torch.Tensor | None = None) -> torch.Tensor:
+    """log1p for counts; signed log1p for numeric sums (channel 0 is the event count). x [..., C]; the
+    result goes to `out` (x's shape) when given."""
+    y = x.clamp_min(0.0).log1p_()
     num = [c for c in numeric if c != 0]
     if num:
-        out[..., num] = torch.sign(x[..., num]) * torch.log1p(x[..., num].abs())
-    return out
+        y[..., num] = torch.sign(x[..., num]) * torch.log1p(x[..., num].abs())
+    return y if out is None else out.copy_(y)
 
 
 def _unsquash(y: torch.Tensor, numeric: list[int]) -> torch.Tensor:

@@ -76,12 +76,16 @@ class Shared:
         device = runtime.resolve_device(self.cfg.training_params.foundation.device)  # the GPU featurises too
         # float16, as the per-entity state stores features: training sees what scoring will see, in half the
         # memory of float32 (the largest allocation of fine-tuning); batches reach the models as float32
-        # (runtime.take). Filled block by block: one copy.
+        # (runtime.take). Written in place chunk by chunk: the keys are sorted, so each chunk is one slice.
         self.X = np.empty((len(self.keys), self.enc.dim), np.float16)
-        for a in range(0, len(self.keys), FEATURISE_BLOCK):
-            k = self.keys[a : a + FEATURISE_BLOCK]
-            block = self.enc.history_t(self.cache, k[:, 0], k[:, 1], FEATURISE_BLOCK, device)
-            self.X[a : a + len(k)] = block.half().cpu().numpy()
+        self.enc.history_t(
+            self.cache,
+            self.keys[:, 0],
+            self.keys[:, 1],
+            FEATURISE_BLOCK,
+            device,
+            out=torch.from_numpy(self.X),
+        )
         return time.perf_counter() - t0
 
     def trunk_outputs(self, device: torch.device) -> np.ndarray:
