@@ -80,3 +80,20 @@ def test_one_lightgbm_thread_per_one_vs_rest_booster(monkeypatch: pytest.MonkeyP
     assert all("[num_threads: 1]" in t for t in multi.models if isinstance(t, str))
     binary = fit_gbm("binary", X[:600], Y[:600, 1], X[600:], Y[600:, 1], seed=0)
     assert f"[num_threads: {gbm.PARAMS['num_threads']}]" in binary.models[0]
+
+
+def test_refit_fits_its_one_vs_rest_boosters_side_by_side_like_the_fit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The production refit of a multilabel model trains its boosters the way the fit did: one LightGBM thread
+    each, side by side, and the same trees for any number of workers."""
+    monkeypatch.delenv(gbm.WORKERS_ENV, raising=False)
+    monkeypatch.setattr(gbm, "_cpus", lambda: 4)
+    X, Y = _data(1600)
+    m = fit_gbm("binary", X[:1200], Y[:1200], X[1200:], Y[1200:], seed=0, max_rows=700)
+    side_by_side = m.refit(X, Y, seed=0)
+    assert all("[num_threads: 1]" in t for t in side_by_side.models if isinstance(t, str))
+    one = m.refit(X, Y, seed=0, workers=1)
+    three = m.refit(X, Y, seed=0, workers=3)
+    assert trees(one) == trees(three) == trees(side_by_side)
+    assert one.train_rows == side_by_side.train_rows and one.rounds == m.rounds

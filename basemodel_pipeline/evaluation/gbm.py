@@ -149,27 +149,33 @@ class GBM:
                 out[:, i] = m
         return out if self.columns else out[:, 0]
 
-    def refit(self, X: np.ndarray, Y: np.ndarray, seed: int = 0) -> GBM:
+    def refit(self, X: np.ndarray, Y: np.ndarray, seed: int = 0, workers: int | None = None) -> GBM:
         """The same models trained again on (X, Y) (more windows) for the rounds early stopping kept, without
-        a validation set, with the same row bound: what a production retrain on the newest windows does."""
+        a validation set, with the same row bound: what a production retrain on the newest windows does.
+        One-vs-rest boosters train side by side like fit_gbm's (``workers``)."""
         Y = np.asarray(Y)
-        train, _ = _datasets(X, X[:1], None, {**PARAMS, "seed": seed})
         if _one_booster(self.objective):
+            train, _ = _datasets(X, X[:1], None, {**PARAMS, "seed": seed})
             train.set_label(Y.astype(np.float64))
             text, _ = _train(_params(self.objective, seed, self.n_out), train, None, self.rounds[0])
             return GBM(self.objective, [text], self.n_out, list(self.rounds))
         Y = Y.reshape(len(Y), -1)
-        models: list[str | float] = []
-        rows: list[int] = []
-        for c, (m, r) in enumerate(zip(self.models, self.rounds, strict=True)):
+        models: list[str | float] = list(self.models)
+        rows = [0] * len(self.models)
+        todo = []
+        for c, m in enumerate(self.models):
             y = (Y[:, c] > 0).astype(np.float64)
-            if not isinstance(m, str) or not _both(y):
-                models.append(float(y.mean()) if y.size else 0.0)
-                rows.append(0)
-                continue
-            data, n = _column_data(train, y, self.max_rows, seed, c)
-            models.append(_train(_params(self.objective, seed), data, None, r)[0])
-            rows.append(n)
+            if isinstance(m, str) and _both(y):
+                todo.append(c)
+            else:
+                models[c] = float(y.mean()) if y.size else 0.0
+
+        def fit_column(c: int, train, _valid, threads: int) -> None:
+            data, rows[c] = _column_data(train, (Y[:, c] > 0).astype(np.float64), self.max_rows, seed, c)
+            params = {**_params(self.objective, seed), "num_threads": threads}
+            models[c] = _train(params, data, None, self.rounds[c])[0]
+
+        _fit_columns(todo, workers, lambda params: _datasets(X, X[:1], None, params), seed, fit_column)
         return GBM(
             self.objective, models, self.n_out, list(self.rounds), self.max_rows, rows, len(Y), self.columns
         )
@@ -322,41 +328,56 @@ def fit_gbm(
             todo.append(c)
         else:
             models[c] = float(y_tr.mean()) if y_tr.size else 0.0
-    workers = max(1, min(workers or default_workers(), len(todo)))
-    # boosters side by side, one LightGBM thread each: a lone booster keeps PARAMS["num_threads"]. LightGBM's
-    # OpenMP threads wait for each other at every step, which a busy machine turns into a 5x slowdown per tree
-    # (2 threads, CJ departments, load 10 on 2 cores); the trees are the same for any number of threads
-    threads = max(1, min(int(PARAMS["num_threads"]), _cpus() // workers))
-    what = f"{len(todo)} of {n_cols} classes ({workers} threads)" if columns else "one booster"
+    what = f"{len(todo)} of {n_cols} classes" if columns else "one booster"
     bound = f", at most {max_rows:,} rows per booster" if max_rows and len(Y_train) > max_rows else ""
     progress.log(f"{label}: fitting {what} on {len(Y_train):,} rows{bound}")
     lock, done = threading.Lock(), [n_cols - len(todo)]
 
-    def fit_columns(columns: list[int]) -> None:
-        params = {**PARAMS, "seed": seed, "num_threads": threads}
-        train, valid = _datasets(X_train, X_val, categorical_features, params)
+    def fit_column(c: int, train, valid, threads: int) -> None:
+        t0 = time.perf_counter()
+        y_tr, y_va = (Y_train[:, c] > 0).astype(np.float64), (Y_val[:, c] > 0).astype(np.float64)
+        data, rows[c] = _column_data(train, y_tr, max_rows, seed, c)
+        valid.set_label(y_va)
+        metric = "auc" if _both(y_va) else "binary_logloss"
+        fit_params = {**_params(objective, seed, metric=metric), "num_threads": threads}
+        models[c], kept[c] = _train(fit_params, data, valid)
+        with lock:
+            done[0] += 1
+            what = f"class {done[0]}/{n_cols}" if columns else "booster"
+            progress.log(
+                f"{label}: {what} fitted ({kept[c]} rounds, {rows[c]:,} rows) in "
+                f"{time.perf_counter() - t0:.1f} s, {time.perf_counter() - started:.1f} s elapsed"
+            )
+
+    def datasets(params: dict):
+        return _datasets(X_train, X_val, categorical_features, params)
+
+    _fit_columns(todo, workers, datasets, seed, fit_column)
+    return GBM(objective, models, n_cols, kept, max_rows, rows, len(Y_train), columns)
+
+
+def _fit_columns(todo: list[int], workers: int | None, datasets, seed: int, fit_column) -> None:
+    """Run ``fit_column(column, train, valid, threads)`` for each one-vs-rest column in `todo`, in ``workers``
+    threads (default ``default_workers()``), each with its own binned Datasets from ``datasets(params)``.
+
+    Boosters side by side, one LightGBM thread each: a lone booster keeps PARAMS["num_threads"]. LightGBM's
+    OpenMP threads wait for each other at every step, which a busy machine turns into a 5x slowdown per tree
+    (2 threads, CJ departments, load 10 on 2 cores); the trees are the same for any number of threads."""
+    if not todo:
+        return
+    workers = max(1, min(workers or default_workers(), len(todo)))
+    threads = max(1, min(int(PARAMS["num_threads"]), _cpus() // workers))
+
+    def run(columns: list[int]) -> None:
+        train, valid = datasets({**PARAMS, "seed": seed, "num_threads": threads})
         for c in columns:
-            t0 = time.perf_counter()
-            y_tr, y_va = (Y_train[:, c] > 0).astype(np.float64), (Y_val[:, c] > 0).astype(np.float64)
-            data, rows[c] = _column_data(train, y_tr, max_rows, seed, c)
-            valid.set_label(y_va)
-            metric = "auc" if _both(y_va) else "binary_logloss"
-            fit_params = {**_params(objective, seed, metric=metric), "num_threads": threads}
-            models[c], kept[c] = _train(fit_params, data, valid)
-            with lock:
-                done[0] += 1
-                what = f"class {done[0]}/{n_cols}" if columns else "booster"
-                progress.log(
-                    f"{label}: {what} fitted ({kept[c]} rounds, {rows[c]:,} rows) in "
-                    f"{time.perf_counter() - t0:.1f} s, {time.perf_counter() - started:.1f} s elapsed"
-                )
+            fit_column(c, train, valid, threads)
 
     if workers == 1:
-        fit_columns(todo)
+        run(todo)
     else:  # LightGBM releases the GIL while it trains; each thread has its own binned Dataset
         with ThreadPoolExecutor(workers) as pool:
-            list(pool.map(fit_columns, [todo[i::workers] for i in range(workers)]))
-    return GBM(objective, models, n_cols, kept, max_rows, rows, len(Y_train), columns)
+            list(pool.map(run, [todo[i::workers] for i in range(workers)]))
 
 
 def fit_ranker(
