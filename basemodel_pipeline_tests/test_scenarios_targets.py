@@ -15,7 +15,7 @@ from basemodel_pipeline.cache.store import ColumnInfo, EventCache, EventSource
 from basemodel_pipeline.config.models import Scenario
 from basemodel_pipeline.dates import DAY
 from basemodel_pipeline.errors import ConfigError
-from basemodel_pipeline.scenarios.lora import LoRALinear, add_lora, merge_lora
+from basemodel_pipeline.model.lora import LoRALinear, add_lora, merge_lora
 from basemodel_pipeline.scenarios.targets import build_examples, choose_classes
 from basemodel_pipeline.targets.events import SourceEvents
 from basemodel_pipeline.targets.labels import SparseLabels, TargetSpec, label_columns

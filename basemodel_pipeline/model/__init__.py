@@ -1,1 +1,2 @@
-"""Model code: the residual MLP trunk, task heads, and safetensors checkpoints."""
+"""Model code: the residual MLP trunk, task heads, LoRA adapters (merged into the weights before saving), and
+safetensors checkpoints."""

@@ -12,9 +12,9 @@ from torch import nn
 from basemodel_pipeline import runtime
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.config import PipelineConfig, Scenario
+from basemodel_pipeline.model.lora import add_lora, merge_lora
 from basemodel_pipeline.model.trunk import TrunkWithHead
 from basemodel_pipeline.progress import Progress
-from basemodel_pipeline.scenarios.lora import add_lora, merge_lora
 from basemodel_pipeline.scenarios.shared import Shared
 from basemodel_pipeline.targets.labels import Examples, TargetSpec
 from basemodel_pipeline.tasks import Task, task_for
