@@ -7,6 +7,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
 from typer.testing import CliRunner
 
 from basemodel_pipeline.cli import app
@@ -39,3 +43,44 @@ def test_files_of_equal_size_are_told_apart_by_their_content(tmp_path: Path) -> 
     assert identical_files([a, b, c]) is None
     shutil.copy(b, tmp_path / "d.parquet")
     assert identical_files([a, b, c, tmp_path / "d.parquet"]) == (b, tmp_path / "d.parquet")
+
+
+def retype(path: Path, column: str, dtype: pa.DataType) -> None:
+    """Rewrite one file of a source with `column` cast to `dtype` (as another writer would have typed it; floats cut to integers)."""
+    table = pq.read_table(path)
+    i = table.schema.get_field_index(column)
+    pq.write_table(table.set_column(i, column, pc.cast(table.column(column), dtype, safe=False)), path)
+
+
+@pytest.mark.parametrize(
+    ("column", "dtype", "kinds"),
+    [
+        ("sales_value", pa.string(), ("double", "string")),
+        ("transaction_timestamp", pa.string(), ("timestamp[us]", "string")),
+        ("household_id", pa.string(), ("int64", "string")),
+    ],
+)
+def test_files_disagreeing_on_a_columns_type_are_refused_naming_both(
+    tiny_config: Path, column: str, dtype: pa.DataType, kinds: tuple[str, str]
+) -> None:
+    first, odd = split_source(tiny_config)
+    retype(odd, column, dtype)
+    for command in ("validate", "extract"):
+        line = _one_line_error([command, str(tiny_config)], f"column {column}", str(first), str(odd), *kinds)
+        assert "transactions" in line
+    assert not list((tiny_config.parent / "extracts" / "transactions").glob("*.parquet"))
+
+
+def test_types_that_widen_safely_and_unused_columns_pass_without_a_word(tiny_config: Path) -> None:
+    _, odd = split_source(tiny_config)
+    retype(odd, "quantity", pa.int32())  # int32 beside int64
+    retype(odd, "sales_value", pa.float32())  # float beside double
+    retype(odd, "retail_disc", pa.int64())  # integers beside floats (whole-number discounts)
+    retype(odd, "basket_id", pa.string())  # text beside int64, in a column the config does not select
+    result = runner.invoke(app, ["extract", str(tiny_config)])
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert "warning" not in result.output and "error" not in result.output
+    extracted = pq.read_table(tiny_config.parent / "extracts" / "transactions")
+    assert pa.types.is_integer(extracted.schema.field("quantity").type)
+    assert pa.types.is_floating(extracted.schema.field("retail_disc").type)
+

@@ -50,7 +50,7 @@ class _Checker(ColumnChecks, CrossChecks):
     def run(self) -> None:
         for i, src in enumerate(self.cfg.data_sources):
             try:
-                check_files(src)  # the same file twice
+                check_files(src)  # the same file twice, mixed column types
                 self.columns[src.name] = (
                     source_columns(src, self.con) if is_local(src) else self.load_sample(src)
                 )

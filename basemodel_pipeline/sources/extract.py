@@ -141,7 +141,7 @@ def _extract(
         return run
 
     future = 0
-    source_files.check_files(src)  # the same file twice: one line before anything is read
+    source_files.check_files(src)  # the same file twice, mixed column types: one line before any read
     try:
         damaged.check_source(src, deep=False)  # footers: a truncated file fails before any day is written
         if src.type != "event":
