@@ -61,7 +61,11 @@ def take(X: Array, idx: np.ndarray, device: torch.device) -> torch.Tensor:
     arrives as float32, what the models' parameters are."""
     if isinstance(X, torch.Tensor):
         return X[torch.from_numpy(idx).to(X.device)].to(device)
-    rows = torch.from_numpy(X[idx]).to(device)
+    return _on_device(X[idx], device)
+
+
+def _on_device(rows: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
+    rows = (torch.from_numpy(np.asarray(rows)) if not isinstance(rows, torch.Tensor) else rows).to(device)
     return rows.float() if rows.dtype == torch.float16 else rows
 
 
@@ -76,7 +80,7 @@ def predict(
     """Raw outputs (logits) of the model on X, as float32 numpy."""
     model.eval()
     outs = []
-    for idx in batches(len(X), batch_size):
+    for a in range(0, len(X), batch_size):  # slices: a view of a numpy array, not a copy
         with autocast(device, amp):
-            outs.append(model(take(X, idx, device)).float().cpu().numpy())
+            outs.append(model(_on_device(X[a : a + batch_size], device)).float().cpu().numpy())
     return np.concatenate(outs) if outs else np.zeros((0, 0), np.float32)
