@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -79,8 +80,82 @@ def test_types_that_widen_safely_and_unused_columns_pass_without_a_word(tiny_con
     retype(odd, "basket_id", pa.string())  # text beside int64, in a column the config does not select
     result = runner.invoke(app, ["extract", str(tiny_config)])
     assert result.exit_code == 0, (result.output, result.exception)
-    assert "warning" not in result.output and "error" not in result.output
+    text = " ".join(result.output.split())  # the console wraps long lines
+    assert "error" not in text and text.count("warning:") == text.count("repeat another row"), (
+        text
+    )  # the data's own
     extracted = pq.read_table(tiny_config.parent / "extracts" / "transactions")
     assert pa.types.is_integer(extracted.schema.field("quantity").type)
     assert pa.types.is_floating(extracted.schema.field("retail_disc").type)
 
+
+EXTRACTED = [  # the columns of the tiny config's transactions extract (basket_id is not selected)
+    "household_id",
+    "transaction_timestamp",
+    "store_id",
+    "product_id",
+    "quantity",
+    "sales_value",
+    "retail_disc",
+    "coupon_disc",
+]
+
+
+def repeated_rows(source: Path) -> int:
+    """Rows of the tiny source's extract equal in every column to another one, counted by DuckDB's DISTINCT."""
+    kept = f"FROM read_parquet('{source}') WHERE quantity > 0"  # the config's where_condition
+    distinct = f"SELECT count(*) FROM (SELECT DISTINCT {', '.join(EXTRACTED)} {kept})"
+    return duckdb.execute(f"SELECT count(*) - ({distinct}) {kept}").fetchone()[0]
+
+
+def test_repeated_rows_are_kept_and_reported_with_a_count_and_an_example(tiny_config: Path) -> None:
+    from basemodel_pipeline.config import load_config
+    from basemodel_pipeline.pipeline import run_extract
+
+    source = tiny_config.parent / "data" / "transactions.parquet"
+    table = pq.read_table(source)
+    copies = table.filter(pc.greater(table["quantity"], 0)).slice(100, 7)  # a batch loaded twice
+    pq.write_table(pa.concat_tables([table, copies]), source)
+    expected = repeated_rows(source)
+    assert expected >= 7
+    result = runner.invoke(app, ["extract", str(tiny_config)])
+    assert result.exit_code == 0, (result.output, result.exception)
+    text = " ".join(result.output.split())  # the console wraps long lines
+    assert text.count("repeat another row") == 1, result.output
+    line = text[text.index("warning: source 'transactions'") :].split(" extract ")[0]
+    assert f" {expected} rows repeat another row in every column" in line and "e.g. household_id=" in line
+    meta = run_extract(load_config(tiny_config), "transactions")["transactions"]
+    assert meta["duplicate_rows"] == expected
+    kept = duckdb.execute(f"SELECT count(*) FROM read_parquet('{source}') WHERE quantity > 0").fetchone()[0]
+    assert meta["rows"] == kept  # every row kept
+
+
+def test_a_source_without_repeated_rows_reports_none(tiny_config: Path) -> None:
+    from basemodel_pipeline.config import load_config
+    from basemodel_pipeline.pipeline import run_extract
+
+    source = tiny_config.parent / "data" / "transactions.parquet"
+    distinct = duckdb.execute(
+        f"SELECT DISTINCT {', '.join(EXTRACTED)} FROM read_parquet('{source}')"
+    ).fetch_arrow_table()
+    pq.write_table(distinct, source)
+    assert repeated_rows(source) == 0
+    meta = run_extract(load_config(tiny_config), "transactions")["transactions"]
+    assert meta["duplicate_rows"] == 0
+
+
+def test_repeats_are_counted_in_every_column_nulls_and_nans_alike(tmp_path: Path) -> None:
+    from basemodel_pipeline.sources.repeats import adjacent_repeats
+
+    path = tmp_path / "day.parquet"
+    table = pa.table(
+        {
+            "id": [1, 1, 1, 2, 2, 3, 3],
+            "amount": [1.0, 1.0, 2.0, float("nan"), float("nan"), None, None],
+            "tags": [["a"], ["a"], ["a"], [], [], ["b"], ["c"]],
+        }
+    )  # sorted by every column: rows 1 and 4 repeat the row before them; 6 differs from 5 in its tags only
+    pq.write_table(table, path)
+    assert adjacent_repeats(path) == (2, 1)
+    pq.write_table(table.slice(5), path)
+    assert adjacent_repeats(path) == (0, None)

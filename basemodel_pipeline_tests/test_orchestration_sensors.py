@@ -293,6 +293,28 @@ def test_extract_rows_per_day_match_the_source(tiny_config: Path) -> None:
         assert isinstance(mats[0].metadata["dagster/column_schema"].value, dg.TableSchema)
 
 
+def test_a_range_run_reports_the_repeated_rows_it_wrote(tiny_config: Path) -> None:
+    """The tiny source repeats some rows exactly (a product twice in a basket, its basket id not extracted):
+    the range's materializations carry their count, as DuckDB's DISTINCT over the days written counts them."""
+    import duckdb
+
+    with dg.instance_for_test() as instance:
+        tags = {
+            "dagster/asset_partition_range_start": "2023-01-01",
+            "dagster/asset_partition_range_end": "2023-01-31",
+        }
+        result = _extract(tiny_config, instance, tags)
+        assert result.success
+        files = str(tiny_config.parent / "extracts" / "transactions" / "2023-01-*.parquet")
+        rows = f"FROM read_parquet('{files}')"
+        (expected,) = duckdb.execute(
+            f"SELECT count(*) - (SELECT count(*) FROM (SELECT DISTINCT * {rows})) {rows}"
+        ).fetchone()
+        assert expected > 0
+        for mat in result.asset_materializations_for_node("extracts__transactions"):
+            assert mat.metadata["duplicate_rows"].value == expected
+
+
 def _source_rows(config: Path, day: dt.date) -> int:
     """Rows of `day` in the source after the config's where_condition (quantity > 0)."""
     source = pq.read_table(config.parent / "data" / "transactions.parquet")

@@ -57,6 +57,7 @@ from basemodel_pipeline.sources.extract_record import (
     read_record,
 )
 from basemodel_pipeline.sources.parquet import is_local
+from basemodel_pipeline.sources.repeats import Repeats
 from basemodel_pipeline.sources.sql import quote_ident, quote_literal
 
 DAY_COLUMN = "__day"
@@ -135,12 +136,14 @@ def _extract(
                     cfg.cache.duckdb_memory_limit,
                     entity=src.main_entity_column,
                     threads=cfg.cache.threads,
+                    repeats=repeats,
                 )
             return write_table(reader, out, entity=src.main_entity_column, threads=cfg.cache.threads)
 
         return run
 
     future = 0
+    repeats = Repeats()  # rows equal in every column to another, per day written
     source_files.check_files(src)  # the same file twice, mixed column types: one line before any read
     try:
         damaged.check_source(src, deep=False)  # footers: a truncated file fails before any day is written
@@ -183,6 +186,7 @@ def _extract(
         "path": str(out),
         "bytes": sum(f.stat().st_size for f in files),
         **({_left_out_key(cfg): future} if future else {}),
+        **({"duplicate_rows": repeats.report(what(src), progress.log)} if src.type == "event" else {}),
     }
 
 
@@ -399,10 +403,12 @@ def write_days(
     memory_limit: str | None = None,
     entity: str | None = None,
     threads: int | None = None,
+    repeats: Repeats | None = None,
 ) -> list[str]:
     """Partition the stream by day of the date column `ts`, then write each day in the total row order
     (`ts`, `entity`, every other column) and rename it into place. Returns the names written.
-    With `memory_limit` (cache.duckdb_memory_limit) the sorts spill to disk beside the output."""
+    With `memory_limit` (cache.duckdb_memory_limit) the sorts spill to disk beside the output; with
+    `repeats`, each day's rows equal in every column to another are counted into it."""
     column = check_entity_type(reader.schema, entity, f"source '{out.name}'")
     staging = ws.staging_dir(out / "staging")  # per run: another writer's never shares it
     spill = ws.claim_tmp(out / "spill")
@@ -428,6 +434,8 @@ def write_days(
             select = f"SELECT * FROM read_parquet({quote_literal(str(part / '*.parquet'))}, hive_partitioning = false)"
             write_sorted(con, select, order, tmp)
             _fsync(tmp)
+            if repeats is not None:
+                repeats.count(target.name, tmp)
             os.replace(tmp, target)
             written.append(target.name)
     finally:

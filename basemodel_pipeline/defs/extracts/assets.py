@@ -62,8 +62,10 @@ def _column_schema(schema: dict[str, str]) -> dg.TableSchema:
 
 
 def _range_metadata(src: str, meta: dict, files: list, days: tuple[dt.date, dt.date]) -> dict:
-    """Metadata shared by every day of a range run: the range's and the whole extract's totals."""
+    """Metadata shared by every day of a range run: the range's and the whole extract's totals, and the rows
+    of the range's days that repeat another row exactly."""
     return {
+        "duplicate_rows": meta["duplicate_rows"],
         "range_rows": sum(rows_of(f) for f in files),
         "days": (days[1] - days[0]).days,
         "day_files": len(files),
