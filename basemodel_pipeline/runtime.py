@@ -6,6 +6,7 @@ one device resolver and one batched forward pass.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 
@@ -33,6 +34,19 @@ def set_threads() -> None:
     """All cores (up to 16), or BASEMODEL_TORCH_THREADS when several workers share the machine."""
     wanted = setting("BASEMODEL_TORCH_THREADS") or None
     torch.set_num_threads(int(wanted) if wanted else max(1, min(os.cpu_count() or 1, 16)))
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """CPU threads for the operations inside, the previous number restored after. Tiny operations (a linear
+    head's steps on a frozen trunk's outputs) split over several threads spend their time waiting for each
+    other, by far the most on a busy machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def cpu_has_bf16() -> bool:

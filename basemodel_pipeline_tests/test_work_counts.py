@@ -193,3 +193,29 @@ def test_a_frozen_trunk_reads_the_featurised_examples_once_for_outputs_and_embed
     X = shared.X.astype(np.float32)
     np.testing.assert_allclose(H, runtime.predict(model.trunk, X, cpu), rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(E, runtime.predict(_Embed(model), X, cpu))
+
+
+def test_a_frozen_trunks_head_trains_on_one_cpu_thread(built, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A linear head on the frozen trunk's outputs is made of tiny operations: split over several CPU threads
+    they spend their time waiting for each other (8-15 ms per step instead of 1.4 on a loaded 2-core machine),
+    so the head's steps run on one thread; the threads the rest of the stage uses are restored after."""
+    import torch
+
+    cfg, cache = built
+    if not (Path(cfg.workspace) / "checkpoints" / "foundation" / "LATEST").exists():
+        run_pretrain(cfg)
+    monkeypatch.setenv("BASEMODEL_TORCH_THREADS", "2")
+    threads_in_training = set()
+    hook = torch.nn.modules.module.register_module_forward_pre_hook(
+        lambda module, args: (
+            threads_in_training.add(torch.get_num_threads())
+            if isinstance(module, torch.nn.Linear) and module.training and torch.is_grad_enabled()
+            else None
+        )
+    )
+    try:
+        run_finetune(cfg, "churn")
+    finally:
+        hook.remove()
+    assert threads_in_training == {1}
+    assert torch.get_num_threads() == 2

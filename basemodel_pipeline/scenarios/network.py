@@ -86,17 +86,20 @@ def train_network(
         fixed_epochs is not None,
         f"val_{head.primary_metric}",
     )
-    run = fit.fit(
-        saver.resume(progress),
-        epochs,
-        train,
-        validate,
-        net,
-        stopping,
-        progress.log,
-        saver,
-        f"{scenario.name} ",
-    )
+    # a head on a frozen trunk's outputs: tiny operations, one CPU thread (runtime.torch_threads)
+    threads = 1 if mode == "frozen" else torch.get_num_threads()
+    with runtime.torch_threads(threads):
+        run = fit.fit(
+            saver.resume(progress),
+            epochs,
+            train,
+            validate,
+            net,
+            stopping,
+            progress.log,
+            saver,
+            f"{scenario.name} ",
+        )
     best_state = run.best_state
     assert best_state is not None
     net.load_state_dict(best_state)
