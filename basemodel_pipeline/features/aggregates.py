@@ -46,7 +46,7 @@ TOP_VALUE_WINDOWS_DAYS = (30, 90)
 TOP_VALUES = 10
 MAX_TOP_VOCAB = 64
 # Recency (days) of an entity with no event before the split, in the aggregate features (not the sketch's
-# SKETCH_NO_HISTORY_DAYS: each is part of what its trained models saw).
+# SKETCH_NO_HISTORY_DAYS (features/transforms.py): each is part of what its trained models saw).
 AGGREGATE_NO_HISTORY_DAYS = 10_000.0
 CHUNK = 1 << 16  # queries per chunk
 

@@ -36,10 +36,8 @@ from basemodel_pipeline.features.kernels import (
     source_tensors,
     window_sums,
 )
+from basemodel_pipeline.features.transforms import history_extras, squash, unsquash
 
-# Recency (days) of an entity with no event before the split, in the trunk's sketch input. Not the aggregate
-# features' AGGREGATE_NO_HISTORY_DAYS (features/aggregates.py): each is part of what its trained models saw.
-SKETCH_NO_HISTORY_DAYS = 3650.0
 HOUR_BIN = 4  # hours per time-of-day channel
 
 
@@ -386,8 +384,8 @@ class FeatureEncoder:
         for plan, s, p in zip(self.sources, sums, pos, strict=True):
             st = source_tensors(cache.source(plan.name), e.device)
             width = H * plan.channels
-            _squash(s, plan.numeric_channels(), out[:, col : col + width].view(n, H, plan.channels))
-            out[:, col + width : col + width + self.EXTRAS_PER_SOURCE] = _extras(st, e, t, p)
+            squash(s, plan.numeric_channels(), out[:, col : col + width].view(n, H, plan.channels))
+            out[:, col + width : col + width + self.EXTRAS_PER_SOURCE] = history_extras(st, e, t, p)
             col += width + self.EXTRAS_PER_SOURCE
         if self.attributes:
             out[:, col : col + self.attribute_dim] = self._attribute_features(cache, e)
@@ -405,7 +403,7 @@ class FeatureEncoder:
         for plan in self.sources:
             off = offsets[plan.name]
             block = X[:, off : off + H * plan.channels].to(torch.float32).reshape(n, H, plan.channels)
-            out.append(_unsquash(block, plan.numeric_channels()))
+            out.append(unsquash(block, plan.numeric_channels()))
         return out
 
     def _attribute_features(self, cache: EventCache, e: torch.Tensor) -> torch.Tensor:
@@ -437,44 +435,3 @@ class FeatureEncoder:
         """numpy form of window_channels_t."""
         e, a, b = (torch.from_numpy(np.asarray(x, np.int64)) for x in (entity, t0, t1))
         return self.window_channels_t(cache, plan, e, a, b).numpy()
-
-
-def _squash(x: torch.Tensor, numeric: list[int], out: torch.Tensor | None = None) -> torch.Tensor:
-    """log1p for counts; signed log1p for numeric sums (channel 0 is the event count). x [..., C]; the
-    result goes to `out` (x's shape) when given."""
-    y = x.clamp_min(0.0).log1p_()
-    num = [c for c in numeric if c != 0]
-    if num:
-        y[..., num] = torch.sign(x[..., num]) * torch.log1p(x[..., num].abs())
-    return y if out is None else out.copy_(y)
-
-
-def _unsquash(y: torch.Tensor, numeric: list[int]) -> torch.Tensor:
-    """Inverse of _squash."""
-    out = torch.expm1(y)
-    num = [c for c in numeric if c != 0]
-    if num:
-        out[..., num] = torch.sign(y[..., num]) * torch.expm1(y[..., num].abs())
-    return out
-
-
-def _extras(st: SourceTensors, e: torch.Tensor, t: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    lo = st.offsets[e]
-    count = pos - lo
-    has = count > 0
-    n_rows = max(len(st.ts) - 1, 0)
-    last = st.ts[(pos - 1).clamp(0, n_rows)]
-    first = st.ts[lo.clamp(0, n_rows)]
-    recency = torch.where(
-        has, (t - last).double() / DAY, torch.full_like(t, SKETCH_NO_HISTORY_DAYS, dtype=torch.float64)
-    )
-    tenure = torch.where(has, (t - first).double() / DAY, torch.zeros_like(t, dtype=torch.float64))
-    return torch.stack(
-        [
-            torch.log1p(count.to(torch.float32)),
-            torch.log1p(recency.float()),
-            torch.log1p(tenure.float()),
-            has.float(),
-        ],
-        1,
-    )
