@@ -149,6 +149,20 @@ def test_a_read_only_workspace(tiny_dataset: Path, tmp_path: Path) -> None:
             one_line(cli(config, stage), "not writable", str(vol), "workspace")
 
 
+def test_explain_on_a_read_only_workspace(trained_on_volume: tuple[Path, Path]) -> None:
+    """explain only reads: on a read-only workspace it explains, and its files go to a temporary directory."""
+    config, vol = trained_on_volume
+    run_finetune(load_config(config), "churn")
+    remount_read_only(vol)
+    done = cli(config, "explain", "-s", "churn", "--population", "20")
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    warning = " ".join(done.stderr.split())
+    assert f"warning: {vol / 'explanations' / 'churn'}/" in warning and "(read-only file system)" in warning
+    written = Path(warning.split(" written to ")[1].split()[0])
+    assert (written / "population.json").is_file()
+    shutil.rmtree(written)
+
+
 def test_permission_denied_counts_as_a_workspace_fault_only_inside_the_workspace(tmp_path: Path) -> None:
     from basemodel_pipeline.diskfaults import NotWritable, translate
 

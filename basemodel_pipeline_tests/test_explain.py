@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -284,3 +285,34 @@ def test_report_explanation_from_finetune_state(world) -> None:
         "What drives the model" in extra["report.html"] and "data:image/png;base64," in extra["report.html"]
     )
     assert not m.model.training  # left as it was
+
+
+def test_explain_on_a_workspace_it_cannot_write(world, tmp_path: Path) -> None:
+    """explain only reads the workspace: where its explanations directory cannot be made (here a file stands
+    where it goes, which stops root too), the explanation is still computed and shown, its files go to a
+    temporary directory, and one warning line names both directories."""
+    path, cfg, _ = world
+    explanations = ws.root(cfg) / "explanations"
+    aside = tmp_path / "explanations"
+    if explanations.exists():
+        shutil.move(explanations, aside)
+    explanations.write_text("a file where the directory goes")
+    try:
+        result = runner.invoke(app, ["explain", str(path), "-s", "phones", "--entity", "3"])
+        assert explanations.is_file()
+    finally:
+        explanations.unlink()
+        if aside.exists():
+            shutil.move(aside, explanations)
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert "Traceback" not in result.output and "channel" in result.stdout
+    warning = " ".join(result.stderr.split())  # unwrapped
+    assert warning.count("warning:") == 1 and "error" not in warning, warning
+    assert (
+        f"warning: {explanations / 'phones'}/" in warning and "cannot be written (not a directory)" in warning
+    )
+    written = Path(warning.split(" written to ")[1].split()[0])
+    assert not written.is_relative_to(ws.root(cfg))
+    data = json.loads((written / "entity-3.json").read_text())
+    assert data["entity_id"] == "3" and (written / "entity-3.png").read_bytes()[:4] == b"\x89PNG"
+    shutil.rmtree(written)

@@ -19,6 +19,7 @@ from basemodel_pipeline.cli.common import (
     ScenarioOpt,
     app,
     as_of_date,
+    err,
     out,
     run_stage,
     scenario_name,
@@ -100,6 +101,8 @@ def explain(
         start = time.perf_counter()
         result = run_explain(cfg, cfg.scenario(scenario), entity, date, population, label, steps, baseline)
     out.print(explanation_table(result, time.perf_counter() - start))
+    if "warning" in result:  # the workspace could not take the files
+        err.print(f"warning: {escape(result['warning'])}", soft_wrap=True, highlight=False)
 
 
 def explanation_table(result: Mapping[str, Any], seconds: float, top: int = 15) -> Table:

@@ -1,12 +1,18 @@
 """Explanations as files and as a report section: `basemodel explain` writes one entity's or a population's
 attributions (inference/explain.py) as JSON and a PNG chart under <workspace>/explanations/, and fine-tuning
-adds a population explanation of the test examples to the scenario report (reports/html.py)."""
+adds a population explanation of the test examples to the scenario report (reports/html.py).
+
+Explaining only reads the workspace: where <workspace>/explanations/ cannot be written (a read-only volume,
+a file where the directory goes), the files go to a new temporary directory and the result says so."""
 
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import json
 import re
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,6 +36,21 @@ from basemodel_pipeline.tasks import Task
 from basemodel_pipeline.workspace import cache_dir
 
 REPORT_POPULATION = 256  # test entities explained for the scenario report
+NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EEXIST)
+
+
+def writable_dir(path: Path) -> tuple[Path, str | None]:
+    """`path` (made when missing) if a file can be created in it, with None; else a new temporary directory
+    and why `path` cannot be used."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            return path, None
+    except OSError as exc:
+        if exc.errno not in NOT_WRITABLE:
+            raise
+        reason = (exc.strerror or "not writable").lower()
+        return Path(tempfile.mkdtemp(prefix="basemodel-explain-")), f"{path} cannot be written ({reason})"
 
 
 def _file_stem(entity_id: str) -> str:
@@ -47,7 +68,8 @@ def run_explain(
     baseline: str = "mean",
 ) -> dict[str, Any]:
     """Explain one entity (entity_id) or a population sample of the latest scenario model as of a date;
-    writes <workspace>/explanations/<scenario>/<as_of>/{entity-<id>,population}.{json,png}."""
+    writes <workspace>/explanations/<scenario>/<as_of>/{entity-<id>,population}.{json,png} (elsewhere, with
+    result["warning"] saying where, when that directory cannot be written)."""
     cache = EventCache(cache_dir(cfg))
     m = Model.load(ws.latest_scenario_dir(cfg, scenario.name))
     as_of = as_of or default_as_of(cache)
@@ -79,9 +101,11 @@ def run_explain(
         **({"entity_id": entity_id} if entity_id is not None else {}),
         **result,
     }
-    out_dir = ws.root(cfg) / "explanations" / scenario.name / as_of.isoformat()
+    out_dir, unwritable = writable_dir(ws.root(cfg) / "explanations" / scenario.name / as_of.isoformat())
     json_path, png_path = out_dir / f"{stem}.json", out_dir / f"{stem}.png"
     result["json_path"], result["plot_path"] = str(json_path), str(png_path)
+    if unwritable:
+        result["warning"] = f"{unwritable}; the explanation's JSON and plot were written to {out_dir} instead"
     ws.atomic_write_bytes(png_path, explanation_png(result))
     ws.atomic_write_text(json_path, json.dumps(result, indent=2))
     return result
