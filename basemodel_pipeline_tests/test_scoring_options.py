@@ -158,6 +158,14 @@ def test_an_unknown_flag_is_one_line() -> None:
     [
         (["predict", "c.yaml", "-s", "churn", "--shard", "2/2"], "--shard 2/2: write I/K with 0 <= I < K"),
         (
+            ["predict", "c.yaml", "-s", "churn", "--workers", "0"],
+            "--workers 0: give a number of worker processes",
+        ),
+        (
+            ["predict", "c.yaml", "-s", "churn", "--workers", "-2"],
+            "--workers -2: give a number of worker processes",
+        ),
+        (
             ["predict", "c.yaml", "-s", "churn", "--as-of", "2020-13-01"],
             "--as-of '2020-13-01': is not a date",
         ),
