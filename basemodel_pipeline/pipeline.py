@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from basemodel_pipeline import files as fs
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache.windows import resolve_windows
 from basemodel_pipeline.config import PipelineConfig
@@ -185,5 +186,5 @@ def write_summary(cfg: PipelineConfig) -> dict[str, Any]:
             "popularity": test["popularity"],
         }
     out = Path(cfg.workspace) / "reports" / "summary.json"
-    ws.atomic_write_text(out, json.dumps({"scenarios": scenarios}, indent=2))
+    fs.atomic_write_text(out, json.dumps({"scenarios": scenarios}, indent=2))
     return {"path": str(out), "scenarios": scenarios}

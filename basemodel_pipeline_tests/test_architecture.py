@@ -36,7 +36,10 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "runtime",
                 "dates",
                 "metadata",
-                "workspace",
+                "workspace",  # the layout of a config's workspace
+                "files",  # atomic writes, staging and publishing, version names, LATEST: no layout
+                "manifests",  # the sha256 records of every artifact's files
+                "locks",
                 "diskfaults",
                 "stops",
                 "retry",  # the retry policy of every remote call (sources, outputs, publish)
@@ -231,6 +234,13 @@ def test_allow_list_only_shrinks() -> None:
         if a not in full or b not in full[a] or not (upward(a, b) or reaches(full, b, a))
     )
     assert not stale, "ALLOWED entries that no longer break a rule (delete them):\n" + "\n".join(stale)
+
+
+def test_the_model_knows_no_workspace() -> None:
+    """model/ takes file primitives (atomic writes, staging, manifests, version names) from the ground floor's
+    file modules, never the workspace's layout: its callers pass the directories in."""
+    bad = sorted(m for m, deps in graph().items() if m.startswith("model.") and "workspace" in deps)
+    assert not bad, f"modules of model/ that import basemodel_pipeline.workspace: {bad}"
 
 
 def test_the_checker_sees_lazy_imports_and_cycles() -> None:

@@ -194,32 +194,13 @@ def test_an_edited_model_json_with_a_rehashed_manifest_is_still_one_line(workspa
     one_line_error(
         ["predict", str(workspace), "-s", "churn"], "not a scenario checkpoint", "basemodel finetune"
     )
+    meta["target"] = target
+    del meta["published"]  # an older format: refused, never guessed
+    edit(meta)
+    one_line_error(
+        ["predict", str(workspace), "-s", "churn"], "names no published candidate", "basemodel finetune"
+    )
     edit("{not json")
     one_line_error(["predict", str(workspace), "-s", "churn"], "model.json", "basemodel finetune")
     code, lines = verify(workspace)
     assert code == 1 and any(line.startswith("FAILED") and "model.json" in line for line in lines), lines
-
-
-def test_a_cache_without_recorded_times_opens_by_size_until_the_cache_stage_hashes_it(
-    workspace: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Caches written before times were recorded: no hashing on open (it would cost a full read of a large
-    cache at every open); the cache stage hashes them once and remembers."""
-    from basemodel_pipeline.cache import integrity
-
-    version = cache_file(workspace, "")
-    manifest = json.loads((version / "manifest.json").read_text())
-    for record in manifest["files"].values():
-        del record["mtime_ns"]
-    (version / "manifest.json").write_text(json.dumps(manifest))
-    hashed: list[str] = []
-    real = ws.sha256_file
-    monkeypatch.setattr(integrity.ws, "sha256_file", lambda p, *a: hashed.append(str(p)) or real(p, *a))
-    EventCache(cache_dir(load_config(workspace))).close()
-    assert hashed == []
-    assert runner.invoke(app, ["cache", str(workspace)]).exit_code == 0
-    assert len(hashed) == len(manifest["files"]) and (version / integrity.VERIFIED).is_file()
-    hashed.clear()
-    EventCache(cache_dir(load_config(workspace))).close()
-    assert runner.invoke(app, ["cache", str(workspace)]).exit_code == 0
-    assert hashed == []

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from basemodel_pipeline import workspace as ws
+from basemodel_pipeline import files as fs
 from basemodel_pipeline.config import PipelineConfig, load_config
 from basemodel_pipeline.pipeline import run_cache, run_extract
 from basemodel_pipeline_tests.conftest import patient
@@ -125,9 +125,7 @@ def stop(proc: subprocess.Popen, signum: signal.Signals = signal.SIGTERM) -> tup
     return proc.returncode, out, err
 
 
-PUBLISH = (
-    "basemodel_pipeline.workspace:publish_dir"  # the staging is complete, about to be renamed into place
-)
+PUBLISH = "basemodel_pipeline.files:publish_dir"  # the staging is complete, about to be renamed into place
 
 
 def stopped_while_publishing(tmp: Path, command: list[str], match: str, under: Path, nth: int = 1) -> str:
@@ -245,7 +243,7 @@ def test_pretrain_stopped_by_sigterm_keeps_its_state_and_resumes(tiny_config: Pa
     again = run(tmp, *command)
     assert again.returncode == 0, again.stderr
     assert "resuming from step 3 " in again.stdout, again.stdout
-    assert ws.versions(foundation) and not (foundation / ".resume").exists()
+    assert fs.versions(foundation) and not (foundation / ".resume").exists()
 
 
 def test_pretrain_interrupted_by_sigint_in_its_training_loop_resumes(tiny_config: Path) -> None:
@@ -279,18 +277,18 @@ def test_finetune_stopped_by_sigterm_keeps_its_state_and_resumes(tiny_trained: P
     )
     cfg = load_config(config)
     root = Path(cfg.workspace) / "checkpoints" / "scenarios" / "churn"
-    before = ws.versions(root)
+    before = fs.versions(root)
     command = ["cli", "finetune", str(config), "--scenario", "churn"]
 
     err = stopped_while_publishing(tmp_path, command, "/.resume/train'", root, nth=2)
 
     assert_stopped(143, err, "finetune churn", signal.SIGTERM, "resume")
     assert staging(Path(cfg.workspace)) == []
-    assert ws.versions(root) == before
+    assert fs.versions(root) == before
     again = run(tmp_path, *command)
     assert again.returncode == 0, again.stderr
     assert "resuming the network's training after epoch 1" in again.stderr + again.stdout
-    assert len(ws.versions(root)) == len(before) + 1
+    assert len(fs.versions(root)) == len(before) + 1
 
 
 SCORING = {  # stage title: (face, its arguments after the config, the output directory, the published file)

@@ -27,7 +27,8 @@ NO_CONTENT = {
     "settings",
     "retry",
     "stops",
-}  # messages, faults, env names, retries, signals
+    "locks",
+}  # messages, faults, env names, retries, signals, locks between processes
 
 
 def covered(asset: str, module: str) -> bool:

@@ -175,10 +175,12 @@ def test_a_second_extract_waits_then_gives_up_with_one_line(tiny_config: Path) -
 HOLDER = r"""
 import sys, time
 from pathlib import Path
+from basemodel_pipeline import files as fs
+from basemodel_pipeline import locks
 from basemodel_pipeline import workspace as ws
 
 final, signal_file = Path(sys.argv[1]), Path(sys.argv[2])
-tmp = ws.staging_dir(final)
+tmp = fs.staging_dir(final)
 (tmp / "part.bin").write_bytes(b"x")
 signal_file.write_text(str(tmp))
 time.sleep(600)
@@ -188,7 +190,7 @@ time.sleep(600)
 def test_cleanup_removes_only_staging_of_dead_writers(tmp_path: Path) -> None:
     """clean_stale_tmp leaves a live process's staging directory alone and removes it once that process is
     killed (SIGKILL: no cleanup of its own); a staging directory of this process survives too."""
-    from basemodel_pipeline import workspace as ws
+    from basemodel_pipeline import files as fs
 
     parent = tmp_path / "outputs"
     signal_file = tmp_path / "staged"
@@ -199,18 +201,18 @@ def test_cleanup_removes_only_staging_of_dead_writers(tmp_path: Path) -> None:
     try:
         wait_for(lambda: signal_file.exists() and signal_file.read_text(), "the holder to stage")
         theirs = Path(signal_file.read_text())
-        mine = ws.staging_dir(parent / "2024-03-02")
-        ws.clean_stale_tmp(parent)
+        mine = fs.staging_dir(parent / "2024-03-02")
+        fs.clean_stale_tmp(parent)
         assert (theirs / "part.bin").exists() and mine.is_dir()
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
-    ws.clean_stale_tmp(parent)
+    fs.clean_stale_tmp(parent)
     assert not theirs.exists() and mine.is_dir()
     assert sorted(p.name for p in parent.iterdir()) == sorted(
         p.name for p in parent.iterdir() if p.name.startswith(mine.name)
     )
-    ws.publish_dir(mine, parent / "2024-03-02")
+    fs.publish_dir(mine, parent / "2024-03-02")
     assert sorted(p.name for p in parent.iterdir()) == ["2024-03-02"]
 
 
@@ -356,41 +358,43 @@ def test_a_cleaner_between_creating_and_locking_an_owner_file_cannot_orphan_the_
 ) -> None:
     """A cleaner that runs after a writer created its owner file but before it locked it takes the file for
     an orphan and removes it; the writer notices and claims another name, so its staging keeps an owner."""
-    from basemodel_pipeline import workspace as ws
+    from basemodel_pipeline import files as fs
 
     parent = tmp_path / "outputs"
     parent.mkdir()
-    real_flock = ws.fcntl.flock
+    real_flock = fs.fcntl.flock
     raced = []
 
     def flock(fd: int, op: int) -> None:
-        if op == ws.fcntl.LOCK_EX and not raced:  # the writer's first lock: a cleaner gets there first
+        if op == fs.fcntl.LOCK_EX and not raced:  # the writer's first lock: a cleaner gets there first
             raced.append(sorted(p.name for p in parent.iterdir()))
-            ws.clean_stale_tmp(parent)
+            fs.clean_stale_tmp(parent)
         real_flock(fd, op)
 
-    monkeypatch.setattr(ws.fcntl, "flock", flock)
-    staging = ws.staging_dir(parent / "2024-03-01")
-    monkeypatch.setattr(ws.fcntl, "flock", real_flock)
+    monkeypatch.setattr(fs.fcntl, "flock", flock)
+    staging = fs.staging_dir(parent / "2024-03-01")
+    monkeypatch.setattr(fs.fcntl, "flock", real_flock)
 
     assert raced and raced[0][0].endswith(".tmp.owner")  # the race happened: an owner file, no staging yet
-    assert (parent / (staging.name + ws.OWNER_SUFFIX)).exists()
-    fd = ws._owned.pop(staging)  # seen as another process sees it: ...
+    assert (parent / (staging.name + fs.OWNER_SUFFIX)).exists()
+    fd = fs._owned.pop(staging)  # seen as another process sees it: ...
     try:
-        ws.clean_stale_tmp(parent)  # ... its owner file is locked, so it is kept
+        fs.clean_stale_tmp(parent)  # ... its owner file is locked, so it is kept
         assert staging.is_dir()
     finally:
-        ws._owned[staging] = fd
-    ws.publish_dir(staging, parent / "2024-03-01")
+        fs._owned[staging] = fd
+    fs.publish_dir(staging, parent / "2024-03-01")
 
 
 TRAIN_HOLDER = r"""
 import sys, time
 from pathlib import Path
+from basemodel_pipeline import files as fs
+from basemodel_pipeline import locks
 from basemodel_pipeline import workspace as ws
 
 root, signal_file = Path(sys.argv[1]), Path(sys.argv[2])
-with ws.training_lock(root, sys.argv[3], print):
+with locks.training_lock(root, sys.argv[3], print):
     signal_file.write_text("held")
     time.sleep(600)
 """
@@ -441,17 +445,17 @@ def test_a_second_training_run_fails_at_once_naming_the_first(
 def test_a_lock_whose_holder_was_killed_is_taken_over_with_a_line(tmp_path: Path) -> None:
     """flock is released by the kernel when its holder dies; the pid it left in the lock file says that a
     run ended without finishing, and the next holder says it takes over (a clean end leaves no pid)."""
-    from basemodel_pipeline import workspace as ws
+    from basemodel_pipeline import locks
 
     root = tmp_path / "foundation"
     holder = _hold_training_lock(tmp_path, root, "pretrain")
     holder.send_signal(signal.SIGKILL)
     holder.wait()
     lines: list[str] = []
-    with ws.training_lock(root, "pretrain", lines.append):
+    with locks.training_lock(root, "pretrain", lines.append):
         pass
     assert lines == [f"pretrain: taking over the lock of pid {holder.pid}, which ended without releasing it"]
     lines.clear()
-    with ws.training_lock(root, "pretrain", lines.append):  # the previous holder ended cleanly
+    with locks.training_lock(root, "pretrain", lines.append):  # the previous holder ended cleanly
         pass
     assert lines == []

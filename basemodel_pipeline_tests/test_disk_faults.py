@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from basemodel_pipeline import files as fs
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.errors import UserError
@@ -104,7 +105,7 @@ def test_finetune_on_a_full_disk(trained_on_volume: tuple[Path, Path]) -> None:
     line = one_line(cli(config, "finetune", "-s", "churn"), "no space left on", str(vol), "free space")
     assert "move the workspace" in line
     root = ws.scenario_root(load_config(config), "churn")
-    assert not root.exists() or (not (root / "LATEST").exists() and not ws.versions(root))
+    assert not root.exists() or (not (root / "LATEST").exists() and not fs.versions(root))
     assert leftovers(vol) == []
     days = sorted((vol / "extracts" / "transactions").glob("*.parquet"))
     one_line(cli(config, "extract"), "no space left on", str(vol))

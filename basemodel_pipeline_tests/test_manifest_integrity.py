@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
+from basemodel_pipeline import manifests
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cli import app
 from basemodel_pipeline.config import load_config
@@ -110,7 +111,7 @@ def test_every_artifact_records_that_it_has_a_manifest(workspace: Path) -> None:
     assert record["pending"] == [] and record["files"]
     for name, entry in record["files"].items():
         path = ws.extracts_dir(cfg, "transactions") / name
-        assert entry == {"bytes": path.stat().st_size, "sha256": ws.sha256_file(path)}
+        assert entry == {"bytes": path.stat().st_size, "sha256": manifests.sha256_file(path)}
 
 
 def test_a_checkpoint_without_its_manifest_is_refused_by_every_stage(workspace: Path) -> None:
@@ -247,3 +248,12 @@ def test_an_interrupted_extract_is_reported_until_the_next_one_records_its_files
     after = json.loads((out / OWN_RECORD).read_text())
     assert after["pending"] == [] and new_day.name in after["files"], after
     assert verify(workspace)[0] == 0
+
+
+def test_an_extract_record_of_an_older_format_is_refused(workspace: Path) -> None:
+    """A record of names only (no sizes, no checksums) is not read as one: the extract is written again."""
+    out = ws.extracts_dir(load_config(workspace), "transactions")
+    record = json.loads((out / OWN_RECORD).read_text())
+    (out / OWN_RECORD).write_text(json.dumps({"files": sorted(record["files"]), "pending": []}))
+    [bad] = failed(workspace)
+    assert bad.startswith("FAILED extract") and OWN_RECORD in bad and "extract again" in bad, bad

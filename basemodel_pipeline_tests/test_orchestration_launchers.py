@@ -17,7 +17,7 @@ from botocore.validate import ParamValidator
 from dagster_k8s.pipes import build_pod_body
 from docker.models.containers import _create_container_args
 
-from basemodel_pipeline import workspace as ws
+from basemodel_pipeline import files as fs
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.defs.models.assets import foundation_model
 from basemodel_pipeline.defs.shared.gpu_devices import reserve_devices
@@ -170,7 +170,7 @@ def test_pretrain_under_torchrun_reports_once_through_pipes(tiny_config: Path) -
     assert result.success
     (mat,) = result.asset_materializations_for_node("foundation_model")
     assert math.isfinite(mat.metadata["val_loss"].value)
-    assert ws.versions(tiny_config.parent / "checkpoints" / "foundation") == [mat.metadata["version"].value]
+    assert fs.versions(tiny_config.parent / "checkpoints" / "foundation") == [mat.metadata["version"].value]
 
 
 def test_container_user_follows_the_workspace_owner(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from basemodel_pipeline import files as fs
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cli import app
 from basemodel_pipeline.config import load_config
@@ -74,16 +75,16 @@ def test_metric_direction_and_bounds() -> None:
 
 def test_a_root_whose_only_version_was_rejected_says_so(tmp_path: Path) -> None:
     root = tmp_path / "churn"
-    version = ws.new_version()
+    version = fs.new_version()
     (root / version).mkdir(parents=True)
     gate = {"name": "beats_popularity", "passed": False, "detail": "test auroc: model 0.60, popularity 0.70"}
-    ws.write_verdict(
+    fs.write_verdict(
         root, version, {"version": version, "status": "rejected", "gates": [gate], "by": "finetune"}
     )
     with pytest.raises(
         UserError, match=rf"newest version {version} was rejected .*beats_popularity: test auroc"
     ):
-        ws.latest(root, "checkpoint of scenario 'churn'")
+        fs.latest(root, "checkpoint of scenario 'churn'")
 
 
 def _gates(config: Path, **gates: object) -> None:
@@ -118,7 +119,7 @@ def test_a_retrain_its_gates_reject_leaves_latest_predictions_and_summary_alone(
     _gates(tiny_config, metric_floor=0.999, popularity_margin=None)  # no tiny model reaches it
     result = runner.invoke(app, ["finetune", str(tiny_config), "-s", "churn"])
     assert result.exit_code == 1, result.output
-    rejected = ws.versions(root)[0]
+    rejected = fs.versions(root)[0]
     assert rejected != first["version"]
     line = " ".join(result.stderr.split())
     assert f"churn version {rejected} failed its quality gates (test_metric_above_floor: test auroc" in line

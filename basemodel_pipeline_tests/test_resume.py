@@ -151,7 +151,7 @@ def _fault_points() -> list[tuple[str, Any, str, Any]]:
     """(label, object, attribute, real function): every write and rename the save goes through."""
     return [
         ("tensors", resume, "save_file", resume.save_file),
-        ("json", resume.ws, "atomic_write_text", resume.ws.atomic_write_text),
+        ("json", resume.fs, "atomic_write_text", resume.fs.atomic_write_text),
         ("rename", os, "replace", os.replace),
     ]
 
@@ -214,17 +214,17 @@ def test_kill_between_weights_and_counters_then_rerun_gives_the_uninterrupted_mo
 ) -> None:
     cfg = load_config(_prepared(tiny_config))
     reference = run_pretrain(cfg)
-    real = resume.ws.atomic_write_text
+    real = resume.fs.atomic_write_text
 
     def killed_at_step_21(path: Path, text: str) -> None:
         if path.name == resume.META and json.loads(text)["info"]["step"] == 21:
             raise KeyboardInterrupt("simulated kill after the weights, before state.json")
         real(path, text)
 
-    monkeypatch.setattr(resume.ws, "atomic_write_text", killed_at_step_21)
+    monkeypatch.setattr(resume.fs, "atomic_write_text", killed_at_step_21)
     with pytest.raises(KeyboardInterrupt):
         run_pretrain(cfg)
-    monkeypatch.setattr(resume.ws, "atomic_write_text", real)
+    monkeypatch.setattr(resume.fs, "atomic_write_text", real)
     log: list[str] = []
 
     class Capture(NullProgress):

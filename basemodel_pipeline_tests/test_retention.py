@@ -16,6 +16,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from basemodel_pipeline import files as fs
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cli import app
 from basemodel_pipeline.config import PipelineConfig, load_config
@@ -47,7 +48,7 @@ def foundation(cfg: PipelineConfig, latest: bool = True) -> str:
         root, build_model(ARCH), CheckpointMeta(kind="foundation", arch=ARCH), promote=True
     )
     if not latest and pointer is not None:  # published but LATEST not moved yet: a run in progress
-        ws.set_latest(root, pointer.strip())
+        fs.set_latest(root, pointer.strip())
     return version
 
 
@@ -71,7 +72,7 @@ def listing(root: Path) -> set[str]:
 
 def names(parent: Path) -> set[str]:
     """The version (or as-of) directories under `parent`: not a checkpoint root's verdicts/."""
-    return {p.name for p in parent.iterdir() if p.is_dir() and p.name != ws.VERDICTS}
+    return {p.name for p in parent.iterdir() if p.is_dir() and p.name != fs.VERDICTS}
 
 
 @pytest.fixture

@@ -181,7 +181,7 @@ def test_a_local_extract_writes_one_chunk_of_days_at_a_time(
 
 def day_hashes(cfg) -> dict[str, str]:
     """Day file name -> sha256 of the transactions extract."""
-    from basemodel_pipeline.workspace import sha256_file
+    from basemodel_pipeline.manifests import sha256_file
 
     d = Path(cfg.workspace) / "extracts" / "transactions"
     return {p.name: sha256_file(p) for p in sorted(d.glob("*.parquet"))}
@@ -232,8 +232,8 @@ def test_extracts_are_byte_identical_whatever_the_source_row_order(tiny_config: 
 def test_day_files_are_deterministic_with_many_threads_and_row_groups(tmp_path: Path) -> None:
     import numpy as np
 
+    from basemodel_pipeline.manifests import sha256_file
     from basemodel_pipeline.sources.extract import write_days, write_table
-    from basemodel_pipeline.workspace import sha256_file
 
     n = 300_000  # more than two of DuckDB's row groups in one day
     rng = np.random.default_rng(0)

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from basemodel_pipeline import files as fs
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cli import app
 from basemodel_pipeline.config import load_config
@@ -29,8 +30,8 @@ def _roots(tmp_path: Path) -> tuple[Path, Path]:
 
 def test_latest_names_a_version_beside_it(tmp_path: Path) -> None:
     root, _ = _roots(tmp_path)
-    ws.set_latest(root, VERSION)
-    assert ws.latest(root, "foundation checkpoint") == root / VERSION
+    fs.set_latest(root, VERSION)
+    assert fs.latest(root, "foundation checkpoint") == root / VERSION
 
 
 @pytest.mark.parametrize(
@@ -51,7 +52,7 @@ def test_latest_naming_anything_but_a_plain_version_is_a_user_error(tmp_path: Pa
     (root / "not-a-version").mkdir()
     (root / "LATEST").write_text((str(outside) if pointer == "ABSOLUTE" else pointer) + "\n")
     with pytest.raises(UserError) as info:
-        ws.latest(root, "foundation checkpoint")
+        fs.latest(root, "foundation checkpoint")
     message = str(info.value)
     assert "\n" not in message
     assert str(root / "LATEST") in message and "version" in message, message
@@ -62,9 +63,9 @@ def test_latest_version_that_is_a_link_out_of_the_root_is_a_user_error(tmp_path:
     root, outside = _roots(tmp_path)
     linked = "20240302T120000123456Z"
     (root / linked).symlink_to(outside, target_is_directory=True)
-    ws.set_latest(root, linked)
+    fs.set_latest(root, linked)
     with pytest.raises(UserError, match="outside") as info:
-        ws.latest(root, "foundation checkpoint")
+        fs.latest(root, "foundation checkpoint")
     assert f"newest: {VERSION}" in str(info.value)  # the link is not offered as the fix
 
 
@@ -99,21 +100,21 @@ def test_cleaning_a_symlinked_directory_removes_only_temporaries_a_pipeline_proc
     parent = tmp_path / "workspace" / "cache"
     parent.parent.mkdir()
     parent.symlink_to(volume, target_is_directory=True)
-    claim = "import sys; from pathlib import Path; from basemodel_pipeline import workspace as ws; "
-    claim += "t = ws.claim_tmp(Path(sys.argv[1]) / 'v1'); t.mkdir(); print(t)"
+    claim = "import sys; from pathlib import Path; from basemodel_pipeline import files as fs; "
+    claim += "t = fs.claim_tmp(Path(sys.argv[1]) / 'v1'); t.mkdir(); print(t)"
     dead = Path(subprocess.run([sys.executable, "-c", claim, str(parent)], capture_output=True, text=True,
                                check=True).stdout.strip())  # fmt: skip
     assert dead.exists()  # a pipeline process claimed it and died without cleaning up
-    alive = ws.claim_tmp(parent / "v2")
+    alive = fs.claim_tmp(parent / "v2")
     alive.mkdir()
     try:
-        ws.clean_stale_tmp(parent)
-        assert not dead.exists() and not Path(str(dead) + ws.OWNER_SUFFIX).exists()
+        fs.clean_stale_tmp(parent)
+        assert not dead.exists() and not Path(str(dead) + fs.OWNER_SUFFIX).exists()
         assert alive.exists()  # this process's own, still being written
         assert (volume / ".notes.tmp").read_text() == "the user's own"
         assert (volume / ".backup.tmp" / "a.parquet").read_text() == "the user's own"
     finally:
-        ws.discard_dir(alive)
+        fs.discard_dir(alive)
 
 
 def test_a_lock_file_that_is_a_directory_is_one_line_naming_it(tiny_config: Path) -> None:

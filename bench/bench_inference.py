@@ -124,6 +124,7 @@ def head_only_scenario(cfg, name: str) -> dict:  # noqa: ANN001
         target=TargetSpec("binary", [], []).to_dict(),
         arch=fmeta.arch.with_out_dim(1),
         encoder=fmeta.encoder,
+        published={"name": "neural", "kind": "neural"},
         note="bench/bench_inference.py --head-only: untrained head, for throughput only",
     )
     version, path = publish_checkpoint(ws.scenario_root(cfg, name), model, meta, promote=True)

@@ -24,6 +24,7 @@ from typing import Any
 
 import duckdb
 
+from basemodel_pipeline import files as fs
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache import plan as P
 from basemodel_pipeline.cache import versions
@@ -69,8 +70,8 @@ def append_days(
 ) -> dict[str, Any] | None:
     """Write the append segment into a new version (the current one's files hard-linked, the segment and the
     manifest new) and publish it; None when the new data cannot be appended (rebuild instead)."""
-    ws.clean_stale_tmp(final.parent)  # a killed writer's staging
-    tmp = ws.staging_dir(final)
+    fs.clean_stale_tmp(final.parent)  # a killed writer's staging
+    tmp = fs.staging_dir(final)
     try:
         versions.link_files(final, manifest["files"], tmp)
         name = f"{len(manifest.get('appends', [])) + 1:04d}"
@@ -99,7 +100,7 @@ def append_days(
         versions.publish(tmp, final)
         return {**W.summary(final, new_manifest, reused=False), "appended": new_manifest["appends"][-1]}
     finally:
-        ws.discard_dir(tmp)  # nothing once published; a failed or stopped append's staging otherwise
+        fs.discard_dir(tmp)  # nothing once published; a failed or stopped append's staging otherwise
 
 
 def _write(

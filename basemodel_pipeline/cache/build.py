@@ -30,6 +30,8 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from basemodel_pipeline import files as fs
+from basemodel_pipeline import manifests
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache import integrity, versions
 from basemodel_pipeline.cache import plan as P
@@ -70,7 +72,7 @@ def content_hash(path: Path) -> str:
             if tail[4:] == b"PAR1" and footer + 8 <= size:
                 fh.seek(size - 8 - footer)
                 return hashlib.sha256(fh.read(footer + 8)).hexdigest()[:32]
-    return ws.sha256_file(path)[:32]
+    return manifests.sha256_file(path)[:32]
 
 
 def input_signature(cfg: PipelineConfig) -> dict[str, list[list[Any]]]:
@@ -125,9 +127,9 @@ def build_cache(
                 appended = append_days(cfg, final, manifest, new_days, signature, progress)
                 if appended is not None:
                     return appended
-        ws.clean_stale_tmp(final.parent)
+        fs.clean_stale_tmp(final.parent)
         preflight(cfg, final.parent, disk_usage)
-        tmp = ws.staging_dir(final)
+        tmp = fs.staging_dir(final)
         try:
             previous = (
                 (final, manifest) if manifest and manifest.get("format_version") == FORMAT_VERSION else None
@@ -137,7 +139,7 @@ def build_cache(
             (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
             versions.publish(tmp, final)
         finally:
-            ws.discard_dir(tmp)  # nothing once published; a failed build's staging otherwise
+            fs.discard_dir(tmp)  # nothing once published; a failed build's staging otherwise
     return summary(final, manifest, reused=False)
 
 
@@ -185,15 +187,15 @@ def compact_cache(final: Path, manifest: dict[str, Any], progress: Progress) -> 
     """Fold the appended segments into a new base (same entity indices and codes), published as a new
     version."""
     progress.log(f"compacting {len(active_segments(manifest))} appended segments of {final}")
-    ws.clean_stale_tmp(final.parent)
-    tmp = ws.staging_dir(final)
+    fs.clean_stale_tmp(final.parent)
+    tmp = fs.staging_dir(final)
     try:
         new, hashes = compact(final, manifest, tmp)
         new["files"] = file_records(tmp, hashes)
         (tmp / "manifest.json").write_text(json.dumps(new, indent=2))
         versions.publish(tmp, final)
     finally:
-        ws.discard_dir(tmp)  # nothing once published; a failed or stopped compaction's staging otherwise
+        fs.discard_dir(tmp)  # nothing once published; a failed or stopped compaction's staging otherwise
     return new
 
 

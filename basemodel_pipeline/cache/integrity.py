@@ -9,8 +9,7 @@ time (ns) when the version is written (writer.file_records).
             that the manifest does not list.
 
 Hashes confirmed for files whose time changed are remembered in VERIFIED (a hidden file of the version,
-written by the `cache` stage), so a moved workspace is hashed once, not at every open. A cache written
-before times were recorded is checked by size on open; the `cache` stage hashes it once and remembers."""
+written by the `cache` stage), so a moved workspace is hashed once, not at every open."""
 
 from __future__ import annotations
 
@@ -20,7 +19,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from basemodel_pipeline import workspace as ws
+from basemodel_pipeline import files as fs
+from basemodel_pipeline import manifests
 from basemodel_pipeline.errors import UserError
 
 VERIFIED = ".verified.json"  # {relative path: mtime_ns} of files whose sha256 was confirmed at that time
@@ -66,9 +66,9 @@ def file_problems(
             problems.append(f"{rel}: {st.st_size:,} bytes, the manifest says {expected['bytes']:,}")
             continue
         times = {expected.get("mtime_ns"), known.get(rel)} - {None}
-        if not full and (st.st_mtime_ns in times or (not times and confirmed is None)):
-            continue  # unchanged since written (or a cache from before times: sizes only, on open)
-        if ws.sha256_file(path) != expected["sha256"]:
+        if not full and st.st_mtime_ns in times:
+            continue  # unchanged since written
+        if manifests.sha256_file(path) != expected["sha256"]:
             problems.append(f"{rel}: changed after {what} was written (sha256 differs from manifest.json)")
         elif confirmed is not None and st.st_mtime_ns not in times:
             confirmed[rel] = st.st_mtime_ns
@@ -130,7 +130,7 @@ def check_for_reuse(version: Path, manifest: dict[str, Any]) -> list[str]:
     problems, _, _ = file_problems(version, manifest.get("files") or {}, False, confirmed)
     if confirmed and not problems:
         with contextlib.suppress(OSError):  # a read-only cache: hashed again next time, still correct
-            ws.atomic_write_text(version / VERIFIED, json.dumps({**_verified(version), **confirmed}))
+            fs.atomic_write_text(version / VERIFIED, json.dumps({**_verified(version), **confirmed}))
     return problems
 
 

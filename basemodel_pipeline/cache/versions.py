@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from basemodel_pipeline import workspace as ws
+from basemodel_pipeline import files as fs
 from basemodel_pipeline.errors import UserError
 
 READERS_LOCK = ".readers.lock"
@@ -140,7 +140,7 @@ def _point(final: Path, version: Path) -> None:
     link.unlink(missing_ok=True)
     os.symlink(os.path.relpath(version, final.parent), link)
     os.replace(link, final)
-    ws.fsync_dir(final.parent)
+    fs.fsync_dir(final.parent)
 
 
 def migrate(final: Path) -> None:
@@ -149,9 +149,9 @@ def migrate(final: Path) -> None:
         return
     root = versions_dir(final)
     root.mkdir(exist_ok=True)
-    version = root / ws.new_version()
+    version = root / fs.new_version()
     os.replace(final, version)  # readers opening now retry until the pointer exists (open_version)
-    ws.fsync_dir(root)
+    fs.fsync_dir(root)
     _point(final, version)
 
 
@@ -166,9 +166,9 @@ def publish(tmp: Path, final: Path) -> Path:
                 os.fsync(fh.fileno())
     root = versions_dir(final)
     root.mkdir(exist_ok=True)
-    version = root / ws.new_version()
+    version = root / fs.new_version()
     os.replace(tmp, version)
-    ws.fsync_dir(root)
+    fs.fsync_dir(root)
     _point(final, version)
     return version
 
@@ -187,7 +187,7 @@ def sweep(final: Path) -> list[str]:
     for version in sorted(root.iterdir()):
         if version.name.startswith(".") or version.resolve() == current or not version.is_dir():
             continue
-        if not ws.VERSION_NAME.match(version.name) or not (version / "manifest.json").is_file():
+        if not fs.VERSION_NAME.match(version.name) or not (version / "manifest.json").is_file():
             continue
         trash = final.parent / f".{final.name}.{version.name}.old.tmp"
         try:

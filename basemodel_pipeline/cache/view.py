@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from basemodel_pipeline import workspace as ws
+from basemodel_pipeline import files as fs
 from basemodel_pipeline.cache.segment import create_npy, head_bytes, pwrite
 from basemodel_pipeline.errors import UserError
 
@@ -83,7 +83,7 @@ def events_root(path: Path, manifest: dict[str, Any]) -> Path:
                     with open(f, "rb") as fh:
                         os.fsync(fh.fileno())
             os.replace(tmp, target)
-            ws.fsync_dir(views)
+            fs.fsync_dir(views)
         for old in views.iterdir():  # older versions (open memory maps of them stay valid)
             if old.name != target.name and not old.name.startswith(".") and old.is_dir():
                 shutil.rmtree(old, ignore_errors=True)

@@ -11,6 +11,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from basemodel_pipeline import manifests
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache import codes, integrity, versions
 from basemodel_pipeline.cache import plan as P
@@ -52,7 +53,7 @@ def file_records(root: Path, known: dict[str, str], under: Path | None = None) -
     for f in sorted((under or root).rglob("*")):
         if f.is_file() and f.name != "manifest.json":
             rel = str(f.relative_to(root))
-            records[rel] = integrity.record(f, known.get(str(f)) or ws.sha256_file(f))
+            records[rel] = integrity.record(f, known.get(str(f)) or manifests.sha256_file(f))
     return records
 
 

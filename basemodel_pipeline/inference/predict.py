@@ -30,6 +30,7 @@ import pyarrow as pa
 import torch
 from pydantic import ValidationError
 
+from basemodel_pipeline import files as fs
 from basemodel_pipeline import runtime
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache.history import provenance as cache_provenance
@@ -127,13 +128,11 @@ def load_scenario(checkpoint: Path) -> tuple[Any, CheckpointMeta, Task]:
 
 
 def load_published(checkpoint: Path, meta: CheckpointMeta, task: Task) -> Candidate:
-    """The candidate the scenario published (scenarios/selection.py): the network alone in checkpoints
-    written before candidates existed."""
+    """The candidate the scenario published (scenarios/selection.py)."""
+    if meta.published is None:
+        raise damaged(checkpoint, f"{META}: names no published candidate (an older format)")
     ctx = Context(Scenario.model_validate(meta.scenario), task.spec, task)
-    published = meta.published or {
-        "kind": "neural_ranking" if task.ranked else "neural",
-        "weight": getattr(task.spec.details, "repeat_weight", None) or 0.0,
-    }
+    published = meta.published
     folder = checkpoint / "candidates"
     files = {f.name: f.read_bytes() for f in folder.iterdir()} if folder.is_dir() else {}
     return load_candidate(published, files, ctx)
@@ -389,7 +388,7 @@ def population_drift(
         ref = {**drift.reference(X), "as_of": as_of.isoformat()}
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            ws.atomic_write_text(path, json.dumps(ref))
+            fs.atomic_write_text(path, json.dumps(ref))
         except OSError as exc:
             (progress or NullProgress()).log(
                 f"warning: {scenario}: drift reference not saved ({path}: {exc.strerror or exc}); the "

@@ -40,7 +40,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from basemodel_pipeline import workspace as ws
+from basemodel_pipeline import files as fs
+from basemodel_pipeline import manifests
 from basemodel_pipeline.cache import integrity
 from basemodel_pipeline.cache.history import history_version
 from basemodel_pipeline.cache.store import EventCache
@@ -241,12 +242,12 @@ def _ensure(
         return base, {"state": "reused", "state_as_of": as_of.isoformat(), "new_events": 0}
     if base is not None and base.as_of > as_of:
         base = None  # a state ahead of the date asked for cannot go back: rebuild
-    ws.clean_stale_tmp(path.parent)
-    tmp = ws.staging_dir(path)
+    fs.clean_stale_tmp(path.parent)
+    tmp = fs.staging_dir(path)
     try:
         return _write(path, tmp, cache, enc, encoder, base, as_of, progress, chunk)
     finally:
-        ws.discard_dir(tmp)  # nothing once published; a failed build's staging otherwise
+        fs.discard_dir(tmp)  # nothing once published; a failed build's staging otherwise
 
 
 def _write(
@@ -310,7 +311,7 @@ def _write(
         "updates": (base.manifest.get("updates", 0) + 1) if base else 0,
         "created": dt.datetime.now(dt.UTC).isoformat(),
         "files": {
-            name: integrity.record(tmp / name, h.hexdigest() if h else ws.sha256_file(tmp / name))
+            name: integrity.record(tmp / name, h.hexdigest() if h else manifests.sha256_file(tmp / name))
             for name, h in {
                 "features.npy": hashes["features.npy"],
                 "totals.npy": hashes.get("totals.npy"),
@@ -318,7 +319,7 @@ def _write(
         },
     }
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))  # last: lists what is complete
-    ws.publish_dir(tmp, path)
+    fs.publish_dir(tmp, path)
     state = EntityState.open(path)
     assert state is not None
     read = sum(before.values()) - (sum(base.manifest["events_before"].values()) if base else 0)

@@ -20,7 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save
 
-from basemodel_pipeline import workspace as ws
+from basemodel_pipeline import files as fs
+from basemodel_pipeline import manifests
 from basemodel_pipeline.diskfaults import require_space
 from basemodel_pipeline.errors import UserError
 from basemodel_pipeline.metadata import finite
@@ -89,7 +90,7 @@ def save_checkpoint(directory: Path, model: TrunkWithHead, meta: CheckpointMeta)
 
 def write_manifest(directory: Path) -> None:
     """Record the size and sha256 of every file of a staged checkpoint (the last file written)."""
-    files = ws.file_records(
+    files = manifests.file_records(
         directory, [f for f in sorted(directory.rglob("*")) if f.is_file() and f.name != MANIFEST]
     )
     (directory / MANIFEST).write_text(json.dumps({"files": files}, indent=2))
@@ -106,13 +107,13 @@ def publish_checkpoint(
     """Write a new version under `root` atomically. Returns (version, path). `extra_files`: relative path ->
     text or bytes (subdirectories are created). With `promote` LATEST names it at once; the training stages
     write candidates (promote=False) that their quality gates promote (training/promotion.py)."""
-    version = ws.new_version()
-    ws.clean_stale_tmp(root)
+    version = fs.new_version()
+    fs.clean_stale_tmp(root)
     weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     extra = sum(len(c) for c in (extra_files or {}).values())
     require_space(root, weights + extra, f"checkpoint {root.name}/{version}")
     final = root / version
-    tmp = ws.staging_dir(final)
+    tmp = fs.staging_dir(final)
     try:
         save_checkpoint(tmp, model.cpu(), meta.model_copy(update={"version": version, "checksums": MANIFEST}))
         for name, content in (extra_files or {}).items():
@@ -124,11 +125,11 @@ def publish_checkpoint(
                 path.write_text(content)
         write_manifest(tmp)
     except BaseException:
-        ws.discard_dir(tmp)
+        fs.discard_dir(tmp)
         raise
-    ws.publish_dir(tmp, final)
+    fs.publish_dir(tmp, final)
     if promote:
-        ws.set_latest(root, version)
+        fs.set_latest(root, version)
     return version, final
 
 
@@ -153,7 +154,7 @@ def problems(directory: Path) -> list[str]:
         return [f"{MANIFEST}: missing: the files cannot be checked"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return [f"{MANIFEST}: unreadable ({exc})"]
-    return ws.file_problems(directory, files, MANIFEST)
+    return manifests.file_problems(directory, files, MANIFEST)
 
 
 def damaged(directory: Path, problem: str) -> UserError:

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from basemodel_pipeline import workspace as ws
+from basemodel_pipeline import manifests
 from basemodel_pipeline.errors import ConfigError, DataError
 from basemodel_pipeline.retry import host_port, with_retry
 
@@ -93,7 +93,7 @@ def publish_dir(client: Any, directory: Path, workspace: Path, url: str) -> dict
     for path in files:
         rel = path.relative_to(workspace).as_posix()
         key = f"{prefix}/{rel}" if prefix else rel
-        sha = ws.sha256_file(path)
+        sha = manifests.sha256_file(path)
         manifest[rel] = {"bytes": path.stat().st_size, SHA_KEY: sha}
         if _remote_sha(client, url, bucket, key) == sha:
             skipped += 1

@@ -40,12 +40,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from basemodel_pipeline import files as fs
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.config import PipelineConfig
 from basemodel_pipeline.errors import UserError
 
 KINDS = ("foundation", "scenario", "predictions", "embeddings")
-VERSION = ws.VERSION_NAME  # checkpoint version directories, as workspace.new_version() names them
+VERSION = fs.VERSION_NAME  # checkpoint version directories, as files.new_version() names them
 AS_OF = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 TRASH_SUFFIX = ".pruned.tmp"
 MANIFEST = "manifest.json"  # what every writer of checkpoints, predictions and embeddings publishes with
@@ -163,7 +164,7 @@ def _dated_outputs(parent: Path, keep: int | None) -> list[tuple[Path, bool, str
 
 def _rejected(root: Path, version: str) -> bool:
     """Whether the version's promotion verdict rejected it (it was never served)."""
-    return (ws.read_verdict(root, version) or {}).get("status") == "rejected"
+    return (fs.read_verdict(root, version) or {}).get("status") == "rejected"
 
 
 def _checkpoints(root: Path, keep: int | None, used_by: dict[str, str]) -> list[tuple[Path, bool, str]]:
@@ -263,7 +264,7 @@ def remove_dir(path: Path) -> None:
     trash = path.with_name(f".{path.name}{TRASH_SUFFIX}")
     shutil.rmtree(trash, ignore_errors=True)  # a leftover of an interrupted prune
     os.replace(path, trash)
-    ws.fsync_dir(path.parent)
+    fs.fsync_dir(path.parent)
     shutil.rmtree(trash)
 
 
@@ -282,7 +283,7 @@ def prune(cfg: PipelineConfig, dry_run: bool = False) -> Plan:
             try:
                 remove_dir(entry.path)
                 if entry.kind in ("foundation", "scenario"):  # its promotion verdict goes with it
-                    ws.verdict_path(entry.path.parent, entry.name).unlink(missing_ok=True)
+                    fs.verdict_path(entry.path.parent, entry.name).unlink(missing_ok=True)
             except OSError as err:
                 raise UserError(f"prune: cannot delete {entry.path}: {err.strerror or err}") from None
     return plan

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from basemodel_pipeline import files as fs
+from basemodel_pipeline import manifests
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache.history import history_version
 from basemodel_pipeline.cache.integrity import first, manifest_problems
@@ -67,7 +69,7 @@ def verify_extract(cfg: PipelineConfig, source: str) -> Finding:
         return Finding("extract", str(out), "FAILED", why)
     files = record["files"]
     problems = [f"{name}: no size or checksum recorded" for name, e in files.items() if "sha256" not in e]
-    problems += ws.file_problems(
+    problems += manifests.file_problems(
         out, {n: e for n, e in files.items() if "sha256" in e}, extract_record.OWN_RECORD
     )
     problems += [
@@ -114,17 +116,17 @@ def verify_checkpoint(kind: str, label: str, directory: Path) -> Finding:
 
 def verify_root(kind: str, name: str, root: Path, make: str) -> list[Finding]:
     """Every version under a checkpoint root, newest first, and its LATEST pointer."""
-    versions = ws.versions(root) if root.is_dir() else []
+    versions = fs.versions(root) if root.is_dir() else []
     if not versions:
         return [Finding(kind, name, "absent", f"no checkpoint yet ({make} writes it)")]
     findings = []
     try:
-        current = ws.latest(root, f"{kind} checkpoint").name
+        current = fs.latest(root, f"{kind} checkpoint").name
     except UserError as exc:
         findings.append(Finding(kind, f"{name} LATEST", "FAILED", str(exc)))
         current = None
     for version in versions:
-        verdict = ws.read_verdict(root, version) or {}
+        verdict = fs.read_verdict(root, version) or {}
         rejected = (
             " (rejected by its quality gates: never served)" if verdict.get("status") == "rejected" else ""
         )

@@ -26,6 +26,8 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from basemodel_pipeline import files as fs
+from basemodel_pipeline import locks
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.config import PipelineConfig
 from basemodel_pipeline.config.outputs import FileOutput
@@ -79,9 +81,9 @@ class FileWriter(Writer):
         self.slice = output_dir(root, dataset, scenario, as_of)  # the (scenario, as_of) directory
         self.subset = subset
         self.final = self.slice / SUBSETS / subset if subset else self.slice
-        ws.clean_stale_tmp(self.slice.parent)  # only temporaries of dead writers
+        fs.clean_stale_tmp(self.slice.parent)  # only temporaries of dead writers
         staged_as = self.slice.with_name(f"{self.slice.name}.{SUBSETS}.{subset}") if subset else self.slice
-        self.directory: Path = ws.staging_dir(staged_as)  # the caller may add files here before close
+        self.directory: Path = fs.staging_dir(staged_as)  # the caller may add files here before close
         self.file = self.directory / f"{dataset}.{dest.kind}"
         self._sink: pq.ParquetWriter | pacsv.CSVWriter | None = None
 
@@ -108,13 +110,13 @@ class FileWriter(Writer):
         self._sink.close()
         self._sink = None
         lock = self.slice.parent / PUBLISH_LOCK
-        with ws.exclusive_lock(lock, f"publish into {self.slice.parent}", None, lambda _: None):
+        with locks.exclusive_lock(lock, f"publish into {self.slice.parent}", None, lambda _: None):
             if self.subset is None:
                 keep_other_files(self.final, self.directory)
             else:
                 self.final.parent.mkdir(parents=True, exist_ok=True)
             write_manifest(self.directory)  # last: the checksums of what is published
-            ws.publish_dir(self.directory, self.final)
+            fs.publish_dir(self.directory, self.final)
         return {"destination": str(self.final / self.file.name), "path": str(self.final / self.file.name)}
 
     def _abort(self) -> None:
@@ -122,7 +124,7 @@ class FileWriter(Writer):
             with contextlib.suppress(Exception):  # the staging directory is removed anyway
                 self._sink.close()
             self._sink = None
-        ws.discard_dir(self.directory)
+        fs.discard_dir(self.directory)
 
 
 def keep_other_files(final: Path, staging: Path) -> None:

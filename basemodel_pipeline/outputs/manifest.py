@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from basemodel_pipeline import manifests
 from basemodel_pipeline import workspace as ws
 
 MANIFEST = "manifest.json"
@@ -38,7 +39,7 @@ def write_manifest(directory: Path) -> None:
     provenance = {**(ws.read_provenance(directory) or {}), "checksums": MANIFEST}
     (directory / ws.PROVENANCE).unlink(missing_ok=True)  # never write through a link to a published one
     ws.write_provenance(directory, **provenance)
-    files = ws.file_records(directory, _listed(directory))
+    files = manifests.file_records(directory, _listed(directory))
     record: dict[str, Any] = {"files": files, "built_from": provenance}
     target = directory / MANIFEST
     target.unlink(missing_ok=True)  # never write through a link to a published directory's manifest
@@ -56,7 +57,7 @@ def read_manifest(directory: Path) -> dict[str, Any]:
 
 def problems(directory: Path, manifest: dict[str, Any]) -> list[str]:
     """Files of the directory that differ from the manifest (full sha256), are missing or are not listed."""
-    found = ws.file_problems(directory, manifest["files"], MANIFEST)
+    found = manifests.file_problems(directory, manifest["files"], MANIFEST)
     listed = set(manifest["files"])
     found += [
         f"{rel}: not in the manifest"

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from basemodel_pipeline import files as fs
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.config import PipelineConfig, Scenario
@@ -106,8 +107,8 @@ def run_explain(
     result["json_path"], result["plot_path"] = str(json_path), str(png_path)
     if unwritable:
         result["warning"] = f"{unwritable}; the explanation's JSON and plot were written to {out_dir} instead"
-    ws.atomic_write_bytes(png_path, explanation_png(result))
-    ws.atomic_write_text(json_path, json.dumps(result, indent=2))
+    fs.atomic_write_bytes(png_path, explanation_png(result))
+    fs.atomic_write_text(json_path, json.dumps(result, indent=2))
     return result
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from basemodel_pipeline import runtime
+from basemodel_pipeline import locks, runtime
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache.versions import data_version as cache_data_version
 from basemodel_pipeline.cache.windows import windows_metadata
@@ -88,11 +88,11 @@ def finetune_many(
     ``keep_outputs``: each result also holds "test_outputs" (every candidate's test outputs), "test_truth",
     "test_entity" and "test_time" (bench/bench_quality.py computes paired intervals from them). ``report``:
     the files (report.html, ...) each checkpoint is published with; without it a checkpoint has metrics.json
-    but no report. Each scenario's training lock is held throughout (workspace.training_lock)."""
-    with contextlib.ExitStack() as locks:
+    but no report. Each scenario's training lock is held throughout (locks.training_lock)."""
+    with contextlib.ExitStack() as held:
         for sc in sorted(scenarios, key=lambda s: s.name):  # one order for every run: no deadlock
-            locks.enter_context(
-                ws.training_lock(ws.scenario_root(cfg, sc.name), f"finetune of {sc.name}", progress.log)
+            held.enter_context(
+                locks.training_lock(ws.scenario_root(cfg, sc.name), f"finetune of {sc.name}", progress.log)
             )
         return _finetune_many(cfg, scenarios, progress, keep_outputs, report)
 

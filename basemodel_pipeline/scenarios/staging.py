@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from basemodel_pipeline import files as fs
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.config import PipelineConfig, Scenario
 from basemodel_pipeline.progress import Progress
@@ -132,7 +133,7 @@ def fit_baselines(
 
 def write(stage: Stage, path: Path) -> None:
     """Write the stage to `path` atomically and remove the scenario's older stages (KEEP_STAGES kept)."""
-    tmp = ws.staging_dir(path)
+    tmp = fs.staging_dir(path)
     try:
         meta: dict[str, Any] = {"format": FORMAT, "key": stage.key, "digest": stage.digest, "candidates": {}}
         for name, (cand_meta, files) in stage.saved.items():
@@ -145,7 +146,7 @@ def write(stage: Stage, path: Path) -> None:
                 (tmp / part).mkdir(exist_ok=True)
                 np.save(tmp / part / f"{name}.npy", outputs[name], allow_pickle=False)
         (tmp / "stage.json").write_text(json.dumps(meta, indent=2))
-        ws.publish_dir(tmp, path)
+        fs.publish_dir(tmp, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     _prune(path)

@@ -14,7 +14,7 @@ One writer per source: an extract holds an flock on extracts/<source>/.extract.l
 kernel releases it if the process dies). A second extract of the same source (a full one and a day range,
 two Dagster runs) logs "another extract of source X is running (pid N); waiting ..." and waits up to
 LOCK_TIMEOUT_S, then fails with that line. Staging and spill directories are per run (owned temporaries,
-workspace.claim_tmp); leftovers of killed runs are removed by the next extract. The files it wrote, with
+files.claim_tmp); leftovers of killed runs are removed by the next extract. The files it wrote, with
 their sizes and sha256, are recorded in extracts/<source>/.files.json (sources/extract_record.py).
 """
 
@@ -31,6 +31,8 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from basemodel_pipeline import files as fs
+from basemodel_pipeline import locks
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.config.models import DataSource, PipelineConfig
 from basemodel_pipeline.dates import END_DAY
@@ -79,8 +81,8 @@ def extract_source(
     extract of the same source to finish."""
     out = ws.extracts_dir(cfg, src.name)
     out.mkdir(parents=True, exist_ok=True)
-    with ws.exclusive_lock(out / LOCK_FILE, f"extract of source {src.name}", lock_timeout_s, progress.log):
-        ws.clean_stale_tmp(out)  # nobody else writes here now: any temporary is a killed run's
+    with locks.exclusive_lock(out / LOCK_FILE, f"extract of source {src.name}", lock_timeout_s, progress.log):
+        fs.clean_stale_tmp(out)  # nobody else writes here now: any temporary is a killed run's
         record = read_record(out)
         refuse_foreign(out, src, own_files(out, record))
         missing = begin_record(out, record, days)
@@ -122,7 +124,7 @@ def _extract(
     # Local Parquet is all or nothing: its chunks' day files are staged and published together, so a damaged
     # page met in a later chunk leaves no day written. Remote chunks are published one by one (a failure
     # repeats one chunk, not the history).
-    staged = ws.staging_dir(out / "chunks") if src.date_column is not None and is_local(src) else None
+    staged = fs.staging_dir(out / "chunks") if src.date_column is not None and is_local(src) else None
     target = staged or out
 
     def attempt(chunk: DayRange | None) -> Callable[[Backend], list[str]]:
@@ -167,13 +169,13 @@ def _extract(
         raise
     finally:
         if staged is not None:
-            ws.discard_dir(staged)
+            fs.discard_dir(staged)
     if src.type == "event":
         for stale in out.glob("*.parquet"):  # days of the range that vanished from the source
             if stale.name not in written and in_range(stale.name, days):
                 stale.unlink()
         future += future_events(cfg, src, out, progress)
-        ws.fsync_dir(out)
+        fs.fsync_dir(out)
     files = sorted(out.glob("*.parquet"))
     rows = sum(pq.read_metadata(f).num_rows for f in files)
     if rows == 0 and src.type == "event":
@@ -381,7 +383,7 @@ def write_table(
     """Write an attribute table to table.parquet in a total row order (entity column first when given)."""
     target = out / "table.parquet"
     column = check_entity_type(reader.schema, entity, f"source '{out.name}'")
-    tmp = ws.claim_tmp(target)
+    tmp = fs.claim_tmp(target)
     con = _duckdb(threads=threads)
     try:
         con.register(STREAM_VIEW, reader)
@@ -391,8 +393,8 @@ def write_table(
     finally:
         con.close()
         tmp.unlink(missing_ok=True)
-        ws.release_tmp(tmp)
-    ws.fsync_dir(out)
+        fs.release_tmp(tmp)
+    fs.fsync_dir(out)
     return [target.name]
 
 
@@ -410,8 +412,8 @@ def write_days(
     With `memory_limit` (cache.duckdb_memory_limit) the sorts spill to disk beside the output; with
     `repeats`, each day's rows equal in every column to another are counted into it."""
     column = check_entity_type(reader.schema, entity, f"source '{out.name}'")
-    staging = ws.staging_dir(out / "staging")  # per run: another writer's never shares it
-    spill = ws.claim_tmp(out / "spill")
+    staging = fs.staging_dir(out / "staging")  # per run: another writer's never shares it
+    spill = fs.claim_tmp(out / "spill")
     con = _duckdb(memory_limit, spill, threads)
     col = quote_ident(ts)
     order = row_order(reader.schema.names, [ts, entity])
@@ -440,9 +442,9 @@ def write_days(
             written.append(target.name)
     finally:
         con.close()
-        ws.discard_dir(staging)
-        ws.discard_dir(spill)
-    ws.fsync_dir(out)
+        fs.discard_dir(staging)
+        fs.discard_dir(spill)
+    fs.fsync_dir(out)
     return written
 
 

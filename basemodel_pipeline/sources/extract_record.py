@@ -16,7 +16,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from basemodel_pipeline import workspace as ws
+from basemodel_pipeline import files as fs
+from basemodel_pipeline import manifests
 from basemodel_pipeline.errors import DataError
 from basemodel_pipeline.sources import DayRange
 
@@ -25,13 +26,10 @@ OWN_RECORD = ".files.json"  # the files this source's extracts wrote (all they m
 
 def read_record(out: Path) -> dict[str, Any] | None:
     """The extract's record (OWN_RECORD) as {"files": {name: entry}, "pending": [[start, end], ...]}; None
-    before the first. A record of names only (an earlier format) gives entries without sizes, which the
-    next extract hashes."""
+    before the first."""
     try:
         data = json.loads((out / OWN_RECORD).read_text())
         files = data["files"]
-        if isinstance(files, list):
-            files = {str(name): {} for name in files}
         pending = [[p[0], p[1]] for p in data.get("pending") or []]
         for span in pending:  # each a day or null: a malformed one is refused here, not while deciding
             for day in span:  # what is ours
@@ -97,7 +95,7 @@ def finish_record(out: Path, missing: set[str]) -> None:
             if name in missing and not pending_range(pending, name):
                 files[name] = entry  # deleted by hand before this run, and not extracted again
         elif "sha256" not in entry or pending_range(pending, name):
-            files.update(ws.file_records(out, [out / name]))
+            files.update(manifests.file_records(out, [out / name]))
         else:
             files[name] = entry
     if files:
@@ -107,7 +105,7 @@ def finish_record(out: Path, missing: set[str]) -> None:
 
 
 def _write_record(out: Path, files: dict[str, Any], pending: list[list[str | None]]) -> None:
-    ws.atomic_write_text(out / OWN_RECORD, json.dumps({"files": files, "pending": pending}, indent=1))
+    fs.atomic_write_text(out / OWN_RECORD, json.dumps({"files": files, "pending": pending}, indent=1))
 
 
 def in_range(name: str, days: DayRange | None) -> bool:

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from basemodel_pipeline import runtime
+from basemodel_pipeline import locks, runtime
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache.store import EventCache, expand_ranges_t
 from basemodel_pipeline.cache.versions import data_version as cache_data_version
@@ -264,7 +264,7 @@ def pretrain(cfg: PipelineConfig, progress: Progress) -> dict[str, Any]:
         progress = NullProgress()  # rank 0 reports
     # one pretrain at a time (rank 0 holds it for the world): a second one would share the resume state
     lock = (
-        ws.training_lock(ws.foundation_root(cfg), "pretrain", progress.log)
+        locks.training_lock(ws.foundation_root(cfg), "pretrain", progress.log)
         if world.main
         else contextlib.nullcontext()
     )

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from basemodel_pipeline import workspace as ws
+from basemodel_pipeline import files as fs
 from basemodel_pipeline.config import PipelineConfig
 from basemodel_pipeline.errors import UserError
 from basemodel_pipeline.evaluation.gates import Gate, loss_gates, rejecting, scenario_gates
@@ -78,13 +78,13 @@ def gates_of(cfg: PipelineConfig, directory: Path) -> list[Gate]:
 def current(root: Path) -> str | None:
     """The version LATEST names (None: nothing promoted yet, or an unreadable pointer)."""
     try:
-        return ws.latest(root, "checkpoint").name
+        return fs.latest(root, "checkpoint").name
     except UserError:
         return None
 
 
 def read_verdict(root: Path, version: str) -> Verdict | None:
-    raw = ws.read_verdict(root, version)
+    raw = fs.read_verdict(root, version)
     if raw is None:
         return None
     try:
@@ -102,9 +102,9 @@ def _decide(root: Path, version: str, gates: list[Gate], by: str, promote: bool)
         previous=current(root),
         decided_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     )
-    ws.write_verdict(root, version, verdict.model_dump(mode="json"))
+    fs.write_verdict(root, version, verdict.model_dump(mode="json"))
     if promote:
-        ws.set_latest(root, version)
+        fs.set_latest(root, version)
     return verdict
 
 
@@ -118,7 +118,7 @@ def promote(cfg: PipelineConfig, root: Path, version: str | None, force: bool = 
     """Make `version` (default: the newest) the served one by hand: its gates run again with the config's
     thresholds; a version that fails one is promoted only with `force`. Rolling back is promoting an
     earlier version."""
-    found = ws.versions(root) if root.is_dir() else []
+    found = fs.versions(root) if root.is_dir() else []
     if not found:
         raise UserError(f"no checkpoint versions under {root}; run the stage that writes them first")
     version = version or found[0]
@@ -144,7 +144,7 @@ def listing(root: Path) -> list[Listed]:
     """Every version of a checkpoint root, newest first, with its status and why."""
     latest = current(root)
     out = []
-    for version in ws.versions(root) if root.is_dir() else []:
+    for version in fs.versions(root) if root.is_dir() else []:
         verdict = read_verdict(root, version)
         if version == latest:
             out.append(Listed(version, "LATEST", verdict.reason if verdict else "served"))

@@ -24,7 +24,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from basemodel_pipeline import workspace as ws
+from basemodel_pipeline import files as fs
+from basemodel_pipeline import manifests
 from basemodel_pipeline.progress import Progress
 
 TENSORS = "state.safetensors"
@@ -96,22 +97,22 @@ def save_state(
     opt_tensors, groups = _flatten_optimizer(opt)
     tensors.update(opt_tensors)
     tensors["torch_rng"] = torch.get_rng_state()
-    staging = ws.staging_dir(directory)
+    staging = fs.staging_dir(directory)
     try:
         save_file(tensors, str(staging / TENSORS))
         meta = {
             "format": FORMAT,
             "key": key,
-            "tensors_sha256": ws.sha256_file(staging / TENSORS),
+            "tensors_sha256": manifests.sha256_file(staging / TENSORS),
             "info": info,
             "param_groups": groups,
             "sched_last_epoch": sched.last_epoch,
             "has_best": best_state is not None,
         }
-        ws.atomic_write_text(staging / META, json.dumps(meta))
-        ws.publish_dir(staging, directory)
+        fs.atomic_write_text(staging / META, json.dumps(meta))
+        fs.publish_dir(staging, directory)
     except BaseException:
-        ws.discard_dir(staging)  # the files and the directory's claim: nothing left beside the state
+        fs.discard_dir(staging)  # the files and the directory's claim: nothing left beside the state
         raise
 
 
@@ -133,7 +134,7 @@ def _read_state(directory: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor
             f"it was saved by another version (format {meta.get('format', 1)}, this one reads {FORMAT})"
         )
     try:
-        if ws.sha256_file(directory / TENSORS) != meta["tensors_sha256"]:
+        if manifests.sha256_file(directory / TENSORS) != meta["tensors_sha256"]:
             raise _Unusable(f"{TENSORS} does not match the checksum in {META}")
         return meta, load_file(str(directory / TENSORS))
     except (OSError, ValueError, RuntimeError, SafetensorError) as exc:

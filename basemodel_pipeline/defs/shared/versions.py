@@ -16,9 +16,9 @@ import basemodel_pipeline
 
 PACKAGE = Path(basemodel_pipeline.__file__).parent
 
-# What each asset's content depends on (packages or modules of basemodel_pipeline). The config and the
-# workspace layout sit under everything.
-_GROUND = ("config", "errors.py", "workspace.py", "dates.py", "pipeline.py")
+# What each asset's content depends on (packages or modules of basemodel_pipeline). The config, the
+# workspace layout and the file primitives that write every artifact and its manifest sit under everything.
+_GROUND = ("config", "errors.py", "workspace.py", "files.py", "manifests.py", "dates.py", "pipeline.py")
 _NET = (*_GROUND, "runtime.py")  # the stages that run the network: device, mixed precision, forward passes
 _LATER = (*_NET, "sources", "cache", "features", "model")  # what every stage after the cache reads
 _SCENARIOS = ("scenarios", "targets", "tasks")  # a scenario's code, its labels and its task type's class
