@@ -40,10 +40,12 @@ class Trunk(nn.Module):
 
     def residual(self, x: torch.Tensor) -> torch.Tensor:  # [B, F] -> [B, hidden]
         """The residual stream after the last block, before the final LayerNorm."""
-        z = (x - self.mean) / self.std
         if self.training and self.input_dropout > 0:
-            z = nn.functional.dropout(z, self.input_dropout)
-        h = self.proj(z)
+            z = nn.functional.dropout((x - self.mean) / self.std, self.input_dropout)
+            h = self.proj(z)
+        else:  # the standardisation folded into the projection: W((x - m) / s) + b = (W / s) x + b - (W / s) m
+            w = self.proj.weight / self.std
+            h = nn.functional.linear(x.to(w.dtype), w, self.proj.bias - w @ self.mean)
         for block in self.blocks:
             h = block(h)
         return h
