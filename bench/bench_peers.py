@@ -68,6 +68,7 @@ from basemodel_pipeline.dates import DAY  # noqa: E402
 from basemodel_pipeline.tasks import task_named  # noqa: E402
 from basemodel_pipeline.workspace import cache_dir  # noqa: E402
 
+ROOT = Path(__file__).resolve().parent.parent
 PARTS = ("ours", "lgbm", "coles")
 SCENARIOS = ("churn", "department_propensity")
 ROUNDS = 1000
@@ -117,15 +118,16 @@ def truth_of(task: str, ex) -> np.ndarray:
 
 def rows_with(cache: EventCache, ex, tabular: np.ndarray):
     """The candidates' view of examples whose tabular input is `tabular` (aggregates or embeddings)."""
-    from basemodel_pipeline.scenarios.inputs import Rows
+    from basemodel_pipeline.candidates.inputs import Rows
 
     return Rows(cache, None, ex.entity, ex.time, None, ex.labels, memo={"tabular": tabular})
 
 
 def lightgbm_candidate(sc, spec, seed: int):
-    """The pipeline's ``lightgbm_aggregates`` candidate (scenarios/candidates.py), fitted on what Rows holds,
+    """The pipeline's ``lightgbm_aggregates`` candidate (candidates/lightgbm.py), fitted on what Rows holds,
     on every row (``lightgbm_max_rows: 0``: a peer at its best, not the pipeline's sampled multilabel baseline)."""
-    from basemodel_pipeline.scenarios.candidates import Context, LightGBM
+    from basemodel_pipeline.candidates.base import Context
+    from basemodel_pipeline.candidates.lightgbm import LightGBM
     from basemodel_pipeline.tasks import task_for
 
     sc = sc.model_copy(update={"lightgbm_max_rows": 0})
@@ -149,6 +151,12 @@ def _keys(arrays: dict, cfg, cache: EventCache, names: list[str]) -> dict:
 
 
 # ---- ours ------------------------------------------------------------------------------------------
+def _command() -> str:
+    """The command line as run: the interpreter relative to the repository (.venv or .venv-peers)."""
+    python = os.path.relpath(sys.executable, ROOT) if sys.executable.startswith(str(ROOT)) else sys.executable
+    return f"PYTHONPATH=. {python} bench/bench_peers.py " + " ".join(sys.argv[1:])
+
+
 def run_ours(cfg, names: list[str], sampler: MemorySampler, info: dict) -> dict:
     from basemodel_pipeline.cache.windows import resolve_windows
     from basemodel_pipeline.pipeline import run_predict, run_pretrain
@@ -486,7 +494,7 @@ def run_part(part: str, args) -> None:
         "part": part,
         "loadavg_before": load(),
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "command": "PYTHONPATH=. .venv-peers/bin/python bench/bench_peers.py " + " ".join(sys.argv[1:]),
+        "command": _command(),
     }
     sampler.start()
     t0 = time.perf_counter()
@@ -751,7 +759,7 @@ def main() -> None:
             else f"synthetic_scale generator, {SMALL['customers']:,} customers, about {SMALL['events']:,} events"
         )
         + f": {shared['events']:,} events, {shared['entities']:,} entities",
-        "command": "PYTHONPATH=. .venv-peers/bin/python bench/bench_peers.py " + " ".join(sys.argv[1:]),
+        "command": _command(),
         "commit": commit,
         "machine": f"{platform.machine()} {psutil.cpu_count()} cores, "
         f"{psutil.virtual_memory().total / 2**30:.0f} GiB, torch {torch.__version__}, threads {args.threads}",
