@@ -9,11 +9,7 @@ import numpy as np
 import pytest
 
 from basemodel_pipeline.cache.store import EventCache
-from basemodel_pipeline.config import load_config
-from basemodel_pipeline.dates import DAY
-from basemodel_pipeline.demo.synthetic import write_tiny_dataset
-from basemodel_pipeline.pipeline import run_cache, run_extract
-from basemodel_pipeline.scenarios.item_stats import (
+from basemodel_pipeline.candidates.item_stats import (
     COOC_DAYS,
     COOC_ITEMS,
     NEIGHBOURS,
@@ -21,6 +17,10 @@ from basemodel_pipeline.scenarios.item_stats import (
     PopularityTable,
     item_history,
 )
+from basemodel_pipeline.config import load_config
+from basemodel_pipeline.dates import DAY
+from basemodel_pipeline.demo.synthetic import write_tiny_dataset
+from basemodel_pipeline.pipeline import run_cache, run_extract
 from basemodel_pipeline.workspace import cache_dir
 
 

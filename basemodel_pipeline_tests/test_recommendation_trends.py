@@ -13,13 +13,13 @@ import pytest
 import yaml
 
 from basemodel_pipeline.cache.store import EventCache
+from basemodel_pipeline.candidates.item_stats import WINDOWS, PopularityTable
+from basemodel_pipeline.candidates.rerank import FEATURES
+from basemodel_pipeline.candidates.selection import worse_on_test
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.dates import DAY
 from basemodel_pipeline.demo.synthetic import write_tiny_dataset
 from basemodel_pipeline.pipeline import run_cache, run_extract, run_finetune, run_predict, run_pretrain
-from basemodel_pipeline.scenarios.item_stats import WINDOWS, PopularityTable
-from basemodel_pipeline.scenarios.rerank import FEATURES
-from basemodel_pipeline.scenarios.selection import worse_on_test
 from basemodel_pipeline.tasks import task_named
 from basemodel_pipeline.workspace import cache_dir
 
@@ -124,8 +124,8 @@ def test_worse_on_test_names_the_baselines_that_beat_the_published_model() -> No
 def test_a_reranker_trained_on_other_features_is_refused_in_one_line() -> None:
     from types import SimpleNamespace
 
+    from basemodel_pipeline.candidates.loading import load_ranking_candidate
     from basemodel_pipeline.errors import UserError
-    from basemodel_pipeline.scenarios.loading import load_ranking_candidate
 
     ctx = SimpleNamespace(scenario=SimpleNamespace(name="next_items"))
     older = {"kind": "reranker", "features": list(FEATURES[:18])}

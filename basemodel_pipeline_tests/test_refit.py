@@ -134,7 +134,7 @@ def test_the_default_refit_learns_up_to_the_data_end(
 def test_small_data_fits_a_seed_ensemble_chosen_like_any_candidate_with_its_spread(refit_world) -> None:
     """60 households: the small data regime adds lightgbm_hybrid with BAG_SEEDS seeds, averaged; selection
     sees it beside the others and metrics.json reports what each seed scored."""
-    from basemodel_pipeline.scenarios.bagging import BAG_SEEDS
+    from basemodel_pipeline.candidates.bagging import BAG_SEEDS
 
     _, results = refit_world
     m = json.loads((Path(results["grocery_neural"]["path"]) / "metrics.json").read_text())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import html
 import json
 import shutil
 import sys
@@ -250,6 +251,9 @@ def test_every_task_trains_evaluates_and_reports(world, name: str) -> None:
     text = report.read_text()
     assert text.count("data:image/png;base64,") >= 2 and "<table>" in text and metrics["metric"] in text
     assert f"Candidates: published <code>{metrics['published']}</code>" in text  # and why, per candidate
+    described = metrics["published_description"]  # what the published candidate is (Candidate.describe)
+    assert described["name"] == metrics["published"] and described["inputs"]
+    assert f"Published model: {html.escape(described['description'])}" in text
     assert metrics["regime"].startswith("small") and "Data regime" in text  # 60 households
     assert all(f"<th>{name}</th>" in text for name in metrics["selection"]["validation"])
     assert len(metrics["history"]) == meta["epochs"] >= 1

@@ -1,4 +1,4 @@
-"""Candidate models and their selection on validation (scenarios/candidates.py, selection.py), the regression
+"""Candidate models and their selection on validation (candidates/blend.py, selection.py), the regression
 head's range and hurdle, LightGBM models saved as text, and the regression metrics on both scales."""
 
 from __future__ import annotations
@@ -9,12 +9,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from basemodel_pipeline.candidates.base import Context
+from basemodel_pipeline.candidates.blend import Blend
+from basemodel_pipeline.candidates.selection import choose, split_validation
 from basemodel_pipeline.config.models import Scenario
 from basemodel_pipeline.errors import ConfigError
 from basemodel_pipeline.evaluation.gbm import GBM, fit_gbm
 from basemodel_pipeline.metadata import json_dumps
-from basemodel_pipeline.scenarios.candidates import Blend, Context
-from basemodel_pipeline.scenarios.selection import choose, split_validation
 from basemodel_pipeline.targets.labels import TargetSpec
 from basemodel_pipeline.tasks import task_for, task_named
 from basemodel_pipeline.tasks.regression import RegressionDetails, regression_stats

@@ -8,7 +8,7 @@
 For each seed the foundation is retrained (training_params.foundation.seed and finetune.seed = the seed) and
 every scenario of the data set's full demo config (basemodel_pipeline/demo/datasets.py, plus EXTRA_SCENARIOS for a task
 type it lacks) is fine-tuned: each fits its
-candidates, chooses on validation windows and scores the test window once (scenarios/selection.py). What is
+candidates, chooses on validation windows and scores the test window once (candidates/selection.py). What is
 compared is what the scenario publishes ("model") against each baseline the pipeline computes (popularity,
 hand-crafted aggregates + LightGBM, and for recommendation "repeat what they bought") and against the
 network alone.

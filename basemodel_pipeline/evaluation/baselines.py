@@ -3,7 +3,7 @@
 Scores that need no training (``recent_activity``, each class's share of recent events: ``class_shares``,
 ``list_shares``; a task picks its own, tasks/<task>.py ``popularity``), item popularity and each entity's
 decayed past items (``decayed_history_items``: "repeat what they bought", used by the recommendation
-candidates in scenarios/rerank.py). LightGBM on the hand-crafted aggregates is evaluation/gbm.py.
+candidates in candidates/rerank.py). LightGBM on the hand-crafted aggregates is evaluation/gbm.py.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@
 array (one-vs-rest, outputs [n, C]) and one for 1-d labels (outputs [n]).
 
 One home for every LightGBM model of the project: the "hand-crafted aggregates + LightGBM" baseline, the
-hybrid candidate on aggregates + foundation embedding (scenarios/candidates.py) and the recommendation
-re-ranker's ranking objective (scenarios/rerank.py) all fit through ``fit_gbm`` / ``fit_ranker``.
+hybrid candidate on aggregates + foundation embedding (candidates/lightgbm.py) and the recommendation
+re-ranker's ranking objective (candidates/rerank.py) all fit through ``fit_gbm`` / ``fit_ranker``.
 
     binary        one booster per label column, early-stopped on validation AUROC (log-loss when validation
                   has one class); the boosters of several columns share one binned Dataset; a column without both

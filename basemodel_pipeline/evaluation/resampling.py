@@ -1,6 +1,6 @@
 """Resampling statistics: entity folds, per-fold metrics and the paired bootstrap of a metric's difference.
 
-Scenario selection (scenarios/selection.py), the re-ranker's folds (scenarios/rerank.py), the embedding probe
+Scenario selection (candidates/selection.py), the re-ranker's folds (candidates/rerank.py), the embedding probe
 (training/probe.py) and the benchmarks judge scores with these. A ``Metric`` is a function of (labels, scores)
 such as a task's ``primary`` (tasks/).
 """

@@ -35,6 +35,9 @@ from basemodel_pipeline import runtime
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache.history import provenance as cache_provenance
 from basemodel_pipeline.cache.store import EventCache
+from basemodel_pipeline.candidates.base import Candidate, Context
+from basemodel_pipeline.candidates.inputs import Rows, RowView
+from basemodel_pipeline.candidates.loading import load_candidate
 from basemodel_pipeline.config import PipelineConfig, Scenario
 from basemodel_pipeline.dates import epoch_seconds
 from basemodel_pipeline.errors import ArgumentError, UserError
@@ -53,9 +56,6 @@ from basemodel_pipeline.inference.state import (
 )
 from basemodel_pipeline.model.checkpoint import META, CheckpointMeta, damaged, first_error, load_checkpoint
 from basemodel_pipeline.progress import NullProgress, Progress
-from basemodel_pipeline.scenarios.candidates import Candidate, Context
-from basemodel_pipeline.scenarios.inputs import Rows, RowView
-from basemodel_pipeline.scenarios.loading import load_candidate
 from basemodel_pipeline.tasks import Task, spec_from_dict, task_for
 from basemodel_pipeline.tasks.multilabel import DEFAULT_TOP_K
 from basemodel_pipeline.workspace import cache_dir
@@ -128,7 +128,7 @@ def load_scenario(checkpoint: Path) -> tuple[Any, CheckpointMeta, Task]:
 
 
 def load_published(checkpoint: Path, meta: CheckpointMeta, task: Task) -> Candidate:
-    """The candidate the scenario published (scenarios/selection.py)."""
+    """The candidate the scenario published (candidates/selection.py)."""
     if meta.published is None:
         raise damaged(checkpoint, f"{META}: names no published candidate (an older format)")
     ctx = Context(Scenario.model_validate(meta.scenario), task.spec, task)

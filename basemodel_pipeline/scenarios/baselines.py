@@ -13,12 +13,13 @@ import time
 from typing import Any
 
 from basemodel_pipeline.cache.versions import data_version as cache_data_version
+from basemodel_pipeline.candidates.base import Context
+from basemodel_pipeline.candidates.selection import BASELINES
+from basemodel_pipeline.candidates.zoo import candidate_models
 from basemodel_pipeline.config import PipelineConfig, Scenario
 from basemodel_pipeline.progress import Progress
 from basemodel_pipeline.scenarios import staging
-from basemodel_pipeline.scenarios.candidates import Context
-from basemodel_pipeline.scenarios.selection import BASELINES
-from basemodel_pipeline.scenarios.shared import candidate_models, open_shared, prepare, split_parts
+from basemodel_pipeline.scenarios.shared import open_shared, prepare, split_parts
 from basemodel_pipeline.tasks import task_for
 
 

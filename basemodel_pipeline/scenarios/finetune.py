@@ -7,8 +7,8 @@ layers + the head; merged into the weights before saving). ``finetune_many`` fea
 the scenarios' examples in one pass over the event cache, then trains each head with its own stopping point.
 The baselines that need no network are read from the scenario's stage when its CPU step fitted them
 (scenarios/baselines.py, scenarios/staging.py), and fitted here otherwise: the same models either way.
-What the scenarios share (the featurised examples, the splits, the candidates) is scenarios/shared.py's; the
-network's training loop is scenarios/network.py's.
+What the scenarios share (the featurised examples, the splits) is scenarios/shared.py's; the candidates they
+fit, compare and publish are candidates/'s; the network's training loop is scenarios/network.py's.
 """
 
 from __future__ import annotations
@@ -27,6 +27,15 @@ from basemodel_pipeline import locks, runtime
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache.versions import data_version as cache_data_version
 from basemodel_pipeline.cache.windows import windows_metadata
+from basemodel_pipeline.candidates.bagging import seed_spread
+from basemodel_pipeline.candidates.base import Candidate, Context
+from basemodel_pipeline.candidates.blend import fitted_blend
+from basemodel_pipeline.candidates.calibration import amounts_summary, calibrate_outputs
+from basemodel_pipeline.candidates.inputs import Rows
+from basemodel_pipeline.candidates.lightgbm import LightGBM
+from basemodel_pipeline.candidates.ranking_baselines import NeuralRanking, tune_repeat_weight
+from basemodel_pipeline.candidates.selection import NOT_APPLICABLE, Selection, choose, primary, worse_on_test
+from basemodel_pipeline.candidates.zoo import candidate_models
 from basemodel_pipeline.config import PipelineConfig, Scenario
 from basemodel_pipeline.dates import iso_day
 from basemodel_pipeline.metadata import json_dumps
@@ -34,19 +43,12 @@ from basemodel_pipeline.model.checkpoint import CheckpointMeta, publish_checkpoi
 from basemodel_pipeline.model.trunk import TrunkWithHead
 from basemodel_pipeline.progress import Progress
 from basemodel_pipeline.scenarios import staging
-from basemodel_pipeline.scenarios.bagging import seed_spread
-from basemodel_pipeline.scenarios.calibration import amounts_summary, calibrate_outputs
-from basemodel_pipeline.scenarios.candidates import Candidate, Context, LightGBM, fitted_blend
-from basemodel_pipeline.scenarios.inputs import Rows
 from basemodel_pipeline.scenarios.network import clear_resume, train_network
 from basemodel_pipeline.scenarios.outcome import kept_outputs, run_summary
-from basemodel_pipeline.scenarios.ranking_baselines import NeuralRanking, tune_repeat_weight
 from basemodel_pipeline.scenarios.refit import fit_windows, production_refit, refit
-from basemodel_pipeline.scenarios.selection import NOT_APPLICABLE, Selection, choose, primary, worse_on_test
 from basemodel_pipeline.scenarios.shared import (
     SMALL_ENTITIES,
     Shared,
-    candidate_models,
     open_shared,
     prepare,
     refits,
@@ -386,6 +388,7 @@ def _publish(
         k: stored.pop(k) for k in ("items", "popularity") if k in stored
     }  # target.json; the rest model.json
     published_meta, published_files = published.save()
+    result["published_description"] = published.describe()  # metrics.json and the report say what it is
     meta = CheckpointMeta(
         kind="scenario",
         scenario=scenario.model_dump(mode="json"),

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from basemodel_pipeline.scenarios.selection import Selection
+from basemodel_pipeline.candidates.selection import Selection
 from basemodel_pipeline.targets.labels import Examples
 
 

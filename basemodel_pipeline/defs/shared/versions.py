@@ -21,7 +21,8 @@ PACKAGE = Path(basemodel_pipeline.__file__).parent
 _GROUND = ("config", "errors.py", "workspace.py", "files.py", "manifests.py", "dates.py", "pipeline.py")
 _NET = (*_GROUND, "runtime.py")  # the stages that run the network: device, mixed precision, forward passes
 _LATER = (*_NET, "sources", "cache", "features", "model")  # what every stage after the cache reads
-_SCENARIOS = ("scenarios", "targets", "tasks")  # a scenario's code, its labels and its task type's class
+# a scenario's fine-tuning, its candidate models, its labels and its task type's class
+_SCENARIOS = ("scenarios", "candidates", "targets", "tasks")
 # Checked against the import closure of each stage's entry module (test_code_versions.py).
 DEPENDS_ON: dict[str, tuple[str, ...]] = {
     "extract": (*_GROUND, "sources"),

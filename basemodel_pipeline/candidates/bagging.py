@@ -2,7 +2,7 @@
 
 On small data a model's test metric moves with its seed as much as the gaps between candidates (which rows
 LightGBM's bagging and feature sampling draw, which entities the network's batches hold). Where the data
-regime is small (scenarios/shared.py ``data_regime``) the scenario also fits ``lightgbm_hybrid_seeds``:
+regime is small (scenarios/shared.py ``data_regime``; candidates/zoo.py) the scenario also fits ``lightgbm_hybrid_seeds``:
 ``lightgbm_hybrid`` with BAG_SEEDS seeds (the scenario's seed, then seed + 1, ...), probabilities or values
 averaged. It is one more candidate: selection publishes it only when it wins on the validation windows, like
 any other. ``seed_spread`` reports what the seeds did: each member's metric on the validation (select) and
@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from basemodel_pipeline.scenarios.candidates import Candidate, Context
-from basemodel_pipeline.scenarios.inputs import Rows
-from basemodel_pipeline.scenarios.selection import primary
+from basemodel_pipeline.candidates.base import Candidate, Context, description
+from basemodel_pipeline.candidates.inputs import Rows
+from basemodel_pipeline.candidates.selection import primary
 
 BAG_SEEDS = 5  # members of a seed ensemble
 
@@ -59,6 +59,13 @@ class SeedBag:
             metas.append(meta)
             files.update({f"seed{i}.{k}": v for k, v in f.items()})
         return {"kind": self.kind, "name": self.name, "seeds": self.seeds, "members": metas}, files
+
+    def describe(self) -> dict[str, Any]:
+        members = [m.describe() for m in self.members]
+        like = members[0] if members else {"name": "", "inputs": []}
+        text = f"{like['name']} fitted with {len(members)} seeds, their outputs averaged"
+        params = {"seeds": self.seeds, "members": [m["parameters"] for m in members]}
+        return description(self.name, text, like["inputs"], **params)
 
 
 def member_files(files: dict[str, bytes], i: int) -> dict[str, bytes]:

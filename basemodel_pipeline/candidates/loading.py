@@ -1,6 +1,5 @@
 """A published candidate back from its saved meta and files (the scoring side: inference/predict.py, and the
-staged baselines: scenarios/staging.py). The classifiers' candidates are scenarios/candidates.py's, the
-ranking ones scenarios/rerank.py's and scenarios/ranking_baselines.py's; this module imports them all, so none
+staged baselines: scenarios/staging.py). This module imports every candidate class of the package, so none
 imports another back."""
 
 from __future__ import annotations
@@ -10,18 +9,22 @@ from typing import Any
 
 import numpy as np
 
-from basemodel_pipeline.errors import UserError
-from basemodel_pipeline.evaluation.gbm import GBM
-from basemodel_pipeline.scenarios.bagging import SeedBag, member_files
-from basemodel_pipeline.scenarios.candidates import Blend, Candidate, Context, LightGBM, Neural, Popularity
-from basemodel_pipeline.scenarios.ranking_baselines import (
+from basemodel_pipeline.candidates.bagging import SeedBag, member_files
+from basemodel_pipeline.candidates.base import Candidate, Context
+from basemodel_pipeline.candidates.blend import Blend
+from basemodel_pipeline.candidates.lightgbm import LightGBM
+from basemodel_pipeline.candidates.neural import Neural
+from basemodel_pipeline.candidates.popularity import Popularity
+from basemodel_pipeline.candidates.ranking_baselines import (
     Cooccurrence,
     NeuralRanking,
     RecentPopularity,
     RecommendPopularity,
     RepeatPurchases,
 )
-from basemodel_pipeline.scenarios.rerank import FEATURES, Reranker
+from basemodel_pipeline.candidates.rerank import FEATURES, Reranker
+from basemodel_pipeline.errors import UserError
+from basemodel_pipeline.evaluation.gbm import GBM
 
 
 def load_candidate(meta: dict[str, Any], files: dict[str, bytes], ctx: Context) -> Candidate:
@@ -81,6 +84,7 @@ def load_ranking_candidate(meta: dict[str, Any], files: dict[str, bytes], ctx: C
         c = Reranker(ctx)
         if "reranker.txt" in files:
             c.model = files["reranker.txt"].decode()
+        c.rounds = int(meta.get("rounds", 0))
         return c
     if kind == "repeat":
         return RepeatPurchases(ctx)
@@ -89,5 +93,8 @@ def load_ranking_candidate(meta: dict[str, Any], files: dict[str, bytes], ctx: C
     if kind == "cooccurrence":
         return Cooccurrence(ctx)
     if kind == "recent_popularity":
-        return RecentPopularity(ctx, int(meta.get("window", 7)))
+        recent = RecentPopularity(ctx, int(meta.get("window", 7)))
+        scores = meta.get("window_scores") or {}  # JSON: days as text, NaN as null
+        recent.scores = {int(w): float("nan") if v is None else float(v) for w, v in scores.items()}
+        return recent
     return NeuralRanking(ctx, float(meta.get("weight", 0.0)))

@@ -1,4 +1,4 @@
-"""What the re-ranker (scenarios/rerank.py) knows of the items at a split time: each entity's own items with
+"""What the re-ranker (candidates/rerank.py) knows of the items at a split time: each entity's own items with
 their statistics (History: counts, decayed counts, recency, active days, intervals) and the items' recent
 popularity (PopularityTable) and their neighbours by co-occurrence (CooccurrenceTable), all read from the
 event cache before the split time."""

@@ -1,9 +1,9 @@
-"""Recommendation candidates, behind the protocol of scenarios/candidates.py; their outputs are ranked item
+"""Recommendation candidates, behind the protocol of candidates/base.py; their outputs are ranked item
 lists ``(items [n, K], scores [n, K])``. This module holds the learned re-ranker and the pool and ranking
-primitives; the others live in scenarios/ranking_baselines.py.
+primitives; the others live in candidates/ranking_baselines.py.
 
     neural             the network's scores of the whole catalogue (+ the entity's own history, weighted on
-                       the early-stopping rows: scenarios/finetune.py)
+                       the early-stopping rows: ranking_baselines.tune_repeat_weight)
     repeat_purchases   baseline: the entity's own past items by time-decayed count, popular items after them
                        (not for ``items: new``: it could only repeat popularity)
     popularity         baseline: the items most bought by everyone in the 28 days before the split
@@ -37,17 +37,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from basemodel_pipeline.evaluation.gbm import fit_ranker
-from basemodel_pipeline.evaluation.resampling import entity_folds
-from basemodel_pipeline.scenarios.candidates import Context
-from basemodel_pipeline.scenarios.inputs import Rows
-from basemodel_pipeline.scenarios.item_stats import (
+from basemodel_pipeline.candidates.base import ITEM_STATS, NETWORK, Context, description
+from basemodel_pipeline.candidates.inputs import Rows
+from basemodel_pipeline.candidates.item_stats import (
     CooccurrenceTable,
     History,
     PopularityTable,
     best_per_group,
     item_history,
 )
+from basemodel_pipeline.evaluation.gbm import fit_ranker
+from basemodel_pipeline.evaluation.resampling import entity_folds
 from basemodel_pipeline.targets.labels import SparseLabels
 from basemodel_pipeline.tasks.recommendation import RANKED_ITEMS, Recommendation
 
@@ -356,4 +356,9 @@ class Reranker:
 
     def save(self) -> tuple[dict[str, Any], dict[str, bytes]]:
         files = {"reranker.txt": self.model.encode()} if self.model is not None else {}
-        return {"kind": "reranker", "features": list(FEATURES)}, files
+        return {"kind": "reranker", "features": list(FEATURES), "rounds": self.rounds}, files
+
+    def describe(self) -> dict[str, Any]:
+        text = "LightGBM LambdaRank over a candidate pool per entity (own, popular, rising, co-bought, network items)"
+        params = {"objective": "lambdarank", "rounds": self.rounds, "trained": self.model is not None}
+        return description(self.name, text, [NETWORK, ITEM_STATS], **params, features=len(FEATURES))

@@ -1,6 +1,6 @@
 """The recommendation candidates that rank without a re-ranker of their own: the two popularity baselines,
 "repeat what they bought" and "what those who had theirs also had" (no training), and the network's catalogue scores with the entity's own history
-(scenarios/rerank.py holds the re-ranker and the pool and ranking primitives they share)."""
+(candidates/rerank.py holds the re-ranker and the pool and ranking primitives they share)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from basemodel_pipeline.scenarios.candidates import Context
-from basemodel_pipeline.scenarios.inputs import Rows
-from basemodel_pipeline.scenarios.item_stats import (
+from basemodel_pipeline.candidates.base import ITEM_STATS, NETWORK, Context, description
+from basemodel_pipeline.candidates.inputs import Rows
+from basemodel_pipeline.candidates.item_stats import (
+    COOC_DAYS,
+    NEIGHBOURS,
     WINDOWS,
     CooccurrenceTable,
     History,
@@ -18,8 +20,8 @@ from basemodel_pipeline.scenarios.item_stats import (
     best_per_group,
     item_history,
 )
-from basemodel_pipeline.scenarios.rerank import Pool, item_filter, lookup, ranked, ranking
-from basemodel_pipeline.scenarios.selection import primary
+from basemodel_pipeline.candidates.rerank import Pool, item_filter, lookup, ranked, ranking
+from basemodel_pipeline.candidates.selection import primary
 from basemodel_pipeline.tasks.recommendation import RANKED_ITEMS, REPEAT_WEIGHTS, Recommendation
 
 
@@ -28,6 +30,7 @@ class _Untrained:
 
     name = ""
     kind = ""
+    text = ""  # describe(): one line
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
@@ -52,11 +55,21 @@ class _Untrained:
     def save(self) -> tuple[dict[str, Any], dict[str, bytes]]:
         return {"kind": self.kind}, {}
 
+    def describe(self) -> dict[str, Any]:
+        return description(self.name, self.text, [ITEM_STATS], **self.parameters())
+
+    def parameters(self) -> dict[str, Any]:
+        return {}
+
 
 class RepeatPurchases(_Untrained):
     """Baseline: the entity's own past items by decayed count (half-life 30 days), then popular items."""
 
     name, kind = "repeat_purchases", "repeat"
+    text = "baseline: the entity's own past items by decayed count, popular items after them"
+
+    def parameters(self) -> dict[str, Any]:
+        return {"half_life_days": 30}
 
     def rank(self, rows: Rows, k: int = RANKED_ITEMS) -> tuple[np.ndarray, np.ndarray]:
         pops, hist = self.tables(rows)
@@ -99,6 +112,10 @@ class RecommendPopularity(_Untrained):
     items for ``items: new`` targets)."""
 
     name, kind = "popularity", "recommend_popularity"
+    text = "baseline: the items most bought by everyone in the days before the split"
+
+    def parameters(self) -> dict[str, Any]:
+        return {"window_days": 28}
 
     def rank(self, rows: Rows, k: int = RANKED_ITEMS) -> tuple[np.ndarray, np.ndarray]:
         return _popular(self.ctx, rows, k, 28, *self.tables(rows))
@@ -110,6 +127,7 @@ class RecentPopularity(_Untrained):
     launch and fade within days are found by a short window, steady ones by a long one."""
 
     name, kind = "recent_popularity", "recent_popularity"
+    text = "baseline: the items most bought by everyone in the best popularity window (chosen on validation)"
 
     def __init__(self, ctx: Context, window: int = 7) -> None:
         super().__init__(ctx)
@@ -132,13 +150,21 @@ class RecentPopularity(_Untrained):
     def save(self) -> tuple[dict[str, Any], dict[str, bytes]]:
         return {"kind": self.kind, "window": self.window, "window_scores": self.scores}, {}
 
+    def parameters(self) -> dict[str, Any]:
+        metric = ranking(self.ctx).primary_metric
+        return {"window_days": self.window, f"validation_{metric}_per_window": self.scores}
+
 
 class Cooccurrence(_Untrained):
-    """Baseline: the items most similar to the entity's own by co-occurrence (scenarios/item_stats.py
+    """Baseline: the items most similar to the entity's own by co-occurrence (candidates/item_stats.py
     CooccurrenceTable: had by the same entities in the 56 days before the split), popular items after them;
     ``items: new`` leaves out the entity's own items, ``items: repeat`` ranks only them first."""
 
     name, kind = "cooccurrence", "cooccurrence"
+    text = "baseline: the items most often had by the entities that had the entity's own items"
+
+    def parameters(self) -> dict[str, Any]:
+        return {"days": COOC_DAYS, "neighbours_per_item": NEIGHBOURS}
 
     def rank(self, rows: Rows, k: int = RANKED_ITEMS) -> tuple[np.ndarray, np.ndarray]:
         d, rule = ranking(self.ctx).d, item_filter(self.ctx)
@@ -154,7 +180,7 @@ class Cooccurrence(_Untrained):
         return ranked(pool, score, len(rows), k, pops, rows.time, exclude=hist if rule == "new" else None)
 
 
-class NeuralRanking:  # the network's refit lives in scenarios/finetune.py
+class NeuralRanking:  # the network's refit lives in scenarios/refit.py
     """The network's catalogue scores plus weight x log1p(decayed count) of the entity's own items (the weight
     chosen on the early-stopping rows; 0 = the network alone). ``items: new`` removes the own items."""
 
@@ -183,6 +209,14 @@ class NeuralRanking:  # the network's refit lives in scenarios/finetune.py
 
     def save(self) -> tuple[dict[str, Any], dict[str, bytes]]:
         return {"kind": "neural_ranking", "weight": self.weight}, {}
+
+    def describe(self) -> dict[str, Any]:
+        text = (
+            "the network's scores of the whole catalogue plus the entity's own items, weighted on validation"
+        )
+        half_life = ranking(self.ctx).d.repeat_half_life_days
+        params = {"history_weight": self.weight, "history_half_life_days": half_life}
+        return description(self.name, text, [NETWORK, ITEM_STATS], **params)
 
 
 REPEAT_TUNE_EXAMPLES = 3000  # recommendation: validation examples used to weigh the own purchase history

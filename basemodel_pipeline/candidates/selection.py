@@ -20,9 +20,10 @@ from typing import Any
 
 import numpy as np
 
+from basemodel_pipeline.candidates.base import Candidate, Context
+from basemodel_pipeline.candidates.blend import Blend
 from basemodel_pipeline.errors import ConfigError
 from basemodel_pipeline.evaluation.resampling import bootstrap_rounds, entity_folds, paired_bootstrap
-from basemodel_pipeline.scenarios.candidates import Blend, Candidate, Context
 from basemodel_pipeline.targets.labels import SparseLabels, take_labels
 from basemodel_pipeline.tasks import Task
 

@@ -8,10 +8,11 @@ from typing import Any
 
 import numpy as np
 
+from basemodel_pipeline.candidates.base import Candidate, Context
+from basemodel_pipeline.candidates.blend import fitted_blend
+from basemodel_pipeline.candidates.inputs import Rows
+from basemodel_pipeline.candidates.selection import Selection
 from basemodel_pipeline.evaluation.metrics import mean_interval
-from basemodel_pipeline.scenarios.candidates import Candidate, Context, fitted_blend
-from basemodel_pipeline.scenarios.inputs import Rows
-from basemodel_pipeline.scenarios.selection import Selection
 
 
 def calibrate_outputs(
