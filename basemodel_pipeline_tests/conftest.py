@@ -128,6 +128,34 @@ def tiny_trained(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -
     return config
 
 
+@pytest.fixture(scope="session")
+def tiny_scored(tiny_trained: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """config.yaml of a copy of `tiny_trained` with every kind of artifact: extracts, cache, foundation,
+    'churn', its predictions (and state) with a subset of three entities ('vip'), and embeddings; made once
+    per session and never modified (copy its directory with symlinks=True to change it)."""
+    import pyarrow.parquet as pq
+    from typer.testing import CliRunner
+
+    from basemodel_pipeline.cli import app
+
+    d = tmp_path_factory.mktemp("scored") / "ws"
+    shutil.copytree(tiny_trained.parent, d, symlinks=True)
+    config = str(d / "config.yaml")
+    runner = CliRunner()
+
+    def ok(*args: str) -> None:
+        result = runner.invoke(app, list(args))
+        assert result.exit_code == 0, (args, result.output, result.exception)
+
+    ok("predict", config, "-s", "churn")
+    [table] = (d / "predictions" / "churn").glob("*/predictions.parquet")
+    ids = [str(v) for v in pq.read_table(table)["entity_id"].to_pylist()[:3]]
+    (d / "vip.txt").write_text("\n".join(ids) + "\n")
+    ok("predict", config, "-s", "churn", "--entities", str(d / "vip.txt"))
+    ok("embed", config)
+    return Path(config)
+
+
 # ---------------------------------------------------------------- a real Docker engine (deploy/local-engine.sh)
 
 LOCAL_ENGINE_SOCKET = "/run/basemodel-engine/docker.sock"

@@ -12,7 +12,6 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
@@ -31,25 +30,9 @@ def ok(args: list[str]) -> str:
     return result.output
 
 
-@pytest.fixture(scope="module")
-def made(tiny_trained: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Extracts, cache, foundation, 'churn', its predictions (and state) with a subset, and embeddings:
-    never modified."""
-    d = tmp_path_factory.mktemp("made") / "ws"
-    shutil.copytree(tiny_trained.parent, d, symlinks=True)
-    config = d / "config.yaml"
-    ok(["predict", str(config), "-s", "churn"])
-    [table] = (d / "predictions" / "churn").glob("*/predictions.parquet")
-    ids = [str(v) for v in pq.read_table(table)["entity_id"].to_pylist()[:3]]
-    (d / "vip.txt").write_text("\n".join(ids) + "\n")
-    ok(["predict", str(config), "-s", "churn", "--entities", str(d / "vip.txt")])
-    ok(["embed", str(config)])
-    return config
-
-
 @pytest.fixture
-def workspace(made: Path, tmp_path: Path) -> Path:
-    shutil.copytree(made.parent, tmp_path / "ws", symlinks=True)
+def workspace(tiny_scored: Path, tmp_path: Path) -> Path:
+    shutil.copytree(tiny_scored.parent, tmp_path / "ws", symlinks=True)
     return tmp_path / "ws" / "config.yaml"
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import duckdb
 
 from basemodel_pipeline import files as fs
+from basemodel_pipeline import manifests
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache import plan as P
 from basemodel_pipeline.cache import versions
@@ -96,7 +97,7 @@ def append_days(
         new_manifest, hashes = result
         new_manifest["inputs"] = signature
         new_manifest["files"] = {**manifest["files"], **W.file_records(tmp, hashes, under=out)}
-        (tmp / "manifest.json").write_text(json.dumps(new_manifest, indent=2))
+        (tmp / "manifest.json").write_text(json.dumps(manifests.signed(new_manifest), indent=2))
         versions.publish(tmp, final)
         return {**W.summary(final, new_manifest, reused=False), "appended": new_manifest["appends"][-1]}
     finally:

@@ -136,7 +136,7 @@ def build_cache(
             )
             manifest = _build_into(cfg, tmp, progress, previous)
             manifest["inputs"] = signature
-            (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
+            (tmp / "manifest.json").write_text(json.dumps(manifests.signed(manifest), indent=2))
             versions.publish(tmp, final)
         finally:
             fs.discard_dir(tmp)  # nothing once published; a failed build's staging otherwise
@@ -192,7 +192,7 @@ def compact_cache(final: Path, manifest: dict[str, Any], progress: Progress) -> 
     try:
         new, hashes = compact(final, manifest, tmp)
         new["files"] = file_records(tmp, hashes)
-        (tmp / "manifest.json").write_text(json.dumps(new, indent=2))
+        (tmp / "manifest.json").write_text(json.dumps(manifests.signed(new), indent=2))
         versions.publish(tmp, final)
     finally:
         fs.discard_dir(tmp)  # nothing once published; a failed or stopped compaction's staging otherwise

@@ -23,6 +23,7 @@ from basemodel_pipeline import files as fs
 from basemodel_pipeline import manifests
 from basemodel_pipeline.errors import UserError
 
+MANIFEST = "manifest.json"
 VERIFIED = ".verified.json"  # {relative path: mtime_ns} of files whose sha256 was confirmed at that time
 
 
@@ -82,9 +83,12 @@ def manifest_problems(cache_dir: Path, full: bool = True) -> tuple[list[str], in
     if not manifest_file.is_file():
         return [f"{manifest_file} is missing"], 0, 0
     try:
-        files = json.loads(manifest_file.read_text()).get("files") or {}
+        manifest = json.loads(manifest_file.read_text())
+        files = manifest.get("files") or {}
     except (OSError, ValueError, AttributeError) as exc:
         return [f"{manifest_file} is unreadable ({exc})"], 0, 0
+    if signature := signature_problems(manifest):
+        return signature, 0, 0
     problems, checked, size = file_problems(cache_dir, files, full)
     if full:
         problems += [f"{rel}: not in the manifest" for rel in unlisted(cache_dir, files)]
@@ -113,9 +117,17 @@ def describe(where: Path, problems: list[str]) -> str:
     return f"event cache {where}: {first(problems)}"
 
 
+def signature_problems(manifest: dict[str, Any]) -> list[str]:
+    """[why the manifest's signature is refused] under BASEMODEL_MANIFEST_KEY (keyed manifests,
+    manifests.py), or []."""
+    problem = manifests.signature_problem(manifest, MANIFEST)
+    return [problem] if problem else []
+
+
 def check_on_open(version: Path, manifest: dict[str, Any]) -> None:
-    """The quick check of a version being opened; a one-line UserError naming the first bad file."""
-    problems, _, _ = file_problems(version, manifest.get("files") or {}, full=False)
+    """The quick check of a version being opened (its signature, then each file's size and time); a
+    one-line UserError naming the first bad file."""
+    problems = signature_problems(manifest) or file_problems(version, manifest.get("files") or {}, False)[0]
     if problems:
         raise UserError(
             f"{describe(version, problems)}; rebuild it with `basemodel cache CONFIG` "
@@ -127,6 +139,8 @@ def check_for_reuse(version: Path, manifest: dict[str, Any]) -> list[str]:
     """The quick check before the `cache` stage reuses or appends to a version; remembers the files that
     were hashed and found unchanged (VERIFIED). Returns the problems (empty when it can be reused)."""
     confirmed: dict[str, int] = {}
+    if signature := signature_problems(manifest):
+        return signature
     problems, _, _ = file_problems(version, manifest.get("files") or {}, False, confirmed)
     if confirmed and not problems:
         with contextlib.suppress(OSError):  # a read-only cache: hashed again next time, still correct
@@ -135,5 +149,6 @@ def check_for_reuse(version: Path, manifest: dict[str, Any]) -> list[str]:
 
 
 def damaged_parts(problems: list[str]) -> bool:
-    """Whether the problems touch what a rebuild takes over from the old version (entity order, codes)."""
-    return any(p.startswith(("entities.parquet", f"vocab{os.sep}", "vocab/")) for p in problems)
+    """Whether the problems touch what a rebuild takes over from the old version (entity order, codes), or
+    its manifest is not trusted (nothing is taken over)."""
+    return any(p.startswith(("entities.parquet", f"vocab{os.sep}", "vocab/", MANIFEST)) for p in problems)

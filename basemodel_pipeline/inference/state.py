@@ -118,7 +118,9 @@ class EntityState:
 
 def state_problems(path: Path, manifest: dict[str, Any], full: bool = False) -> list[str]:
     """Arrays of a state directory that differ from its manifest (size; sha256 when `full` or when their
-    modification time changed)."""
+    modification time changed); first, the manifest's signature (keyed manifests, manifests.py)."""
+    if signature := manifests.signature_problem(manifest, "manifest.json"):
+        return [signature]
     files = manifest.get("files") or {}
     if not files:
         return ["manifest.json records no checksums"]
@@ -318,7 +320,8 @@ def _write(
             }.items()
         },
     }
-    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))  # last: lists what is complete
+    record = json.dumps(manifests.signed(manifest), indent=2)
+    (tmp / "manifest.json").write_text(record)  # last: lists what is complete
     fs.publish_dir(tmp, path)
     state = EntityState.open(path)
     assert state is not None

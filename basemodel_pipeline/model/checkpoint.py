@@ -93,7 +93,7 @@ def write_manifest(directory: Path) -> None:
     files = manifests.file_records(
         directory, [f for f in sorted(directory.rglob("*")) if f.is_file() and f.name != MANIFEST]
     )
-    (directory / MANIFEST).write_text(json.dumps({"files": files}, indent=2))
+    (directory / MANIFEST).write_text(json.dumps(manifests.signed({"files": files}), indent=2))
 
 
 def publish_checkpoint(
@@ -146,15 +146,18 @@ def redo(directory: Path) -> str:
 
 
 def problems(directory: Path) -> list[str]:
-    """What differs from the checkpoint's manifest ([] when all matches). Every checkpoint is published with
-    one, so a missing manifest is a problem: its files cannot be checked."""
+    """What differs from the checkpoint's manifest ([] when all matches), its signature first (keyed
+    manifests, manifests.py). Every checkpoint is published with one, so a missing manifest is a problem: its
+    files cannot be checked."""
     try:
-        files = json.loads((directory / MANIFEST).read_text())["files"]
+        record = json.loads((directory / MANIFEST).read_text())
+        files = record["files"]
     except FileNotFoundError:
         return [f"{MANIFEST}: missing: the files cannot be checked"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return [f"{MANIFEST}: unreadable ({exc})"]
-    return manifests.file_problems(directory, files, MANIFEST)
+    signature = manifests.signature_problem(record, MANIFEST)
+    return [signature] if signature else manifests.file_problems(directory, files, MANIFEST)
 
 
 def damaged(directory: Path, problem: str) -> UserError:

@@ -7,8 +7,10 @@ embeddings in file destinations. States, predictions and embeddings are also che
 cache: one built from older cache content (a correction of days before its date) is `stale`, not damaged.
 
 Every artifact is written with its checksums, so a missing manifest is a failure (the files cannot be
-checked), never an unchecked `ok`; only an artifact that was never made is `absent`. One finding per
-artifact; nothing is modified. The Dagster checks call the same functions."""
+checked), never an unchecked `ok`; only an artifact that was never made is `absent`. With
+BASEMODEL_MANIFEST_KEY set, every manifest's signature is checked first (keyed manifests, manifests.py); an
+`ok` line says whether a signature was checked. One finding per artifact; nothing is modified. The Dagster
+checks call the same functions."""
 
 from __future__ import annotations
 
@@ -34,6 +36,12 @@ from basemodel_pipeline.workspace import cache_dir
 
 MIB = 2**20
 UNCHECKABLE = "missing: the files cannot be checked"  # a deleted manifest
+
+
+def noted(detail: str, manifest: dict[str, Any]) -> str:
+    """An `ok` finding's detail, with what was done with the manifest's signature (if it has one)."""
+    note = manifests.signature_note(manifest)
+    return f"{detail}; {note}" if note else detail
 
 
 @dataclass(frozen=True)
@@ -63,6 +71,9 @@ def verify_extract(cfg: PipelineConfig, source: str) -> Finding:
                 f"no extract yet (`basemodel extract CONFIG --source {source}`)",
             )
         return Finding("extract", str(out), "FAILED", f"{extract_record.OWN_RECORD} {UNCHECKABLE}; {redo}")
+    raw = json.loads((out / extract_record.OWN_RECORD).read_text())  # as written: its signature too
+    if signature := manifests.signature_problem(raw, extract_record.OWN_RECORD):
+        return Finding("extract", str(out), "FAILED", f"{signature}; {redo}")
     if record["pending"]:
         spans = ", ".join(f"{a or 'start'}..{b or 'end'}" for a, b in record["pending"])
         why = f"an extract was interrupted (days {spans}): its files are not all recorded; {redo}"
@@ -80,7 +91,9 @@ def verify_extract(cfg: PipelineConfig, source: str) -> Finding:
     if problems:
         return Finding("extract", str(out), "FAILED", f"{first(sorted(problems))}; {redo}")
     size = sum(int(e["bytes"]) for e in files.values())
-    return Finding("extract", str(out), "ok", f"{len(files)} files, {size / MIB:.1f} MiB, sha256 checked")
+    return Finding(
+        "extract", str(out), "ok", noted(f"{len(files)} files, {size / MIB:.1f} MiB, sha256 checked", raw)
+    )
 
 
 def verify_cache(cfg: PipelineConfig) -> Finding:
@@ -99,7 +112,8 @@ def verify_cache(cfg: PipelineConfig) -> Finding:
     problems, files, size = manifest_problems(version, full=True)
     if problems:
         return Finding("cache", str(version), "FAILED", f"{first(problems)}; {redo}")
-    return Finding("cache", str(final), "ok", f"{files} files, {size / MIB:.1f} MiB, sha256 checked")
+    checked = noted(f"{files} files, {size / MIB:.1f} MiB, sha256 checked", read_manifest(version) or {})
+    return Finding("cache", str(final), "ok", checked)
 
 
 def verify_checkpoint(kind: str, label: str, directory: Path) -> Finding:
@@ -111,12 +125,18 @@ def verify_checkpoint(kind: str, label: str, directory: Path) -> Finding:
     except UserError as exc:
         return Finding(kind, label, "FAILED", str(exc))
     size = sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
-    return Finding(kind, label, "ok", f"{size / MIB:.1f} MiB, sha256 checked")
+    manifest = json.loads((directory / ckpt.MANIFEST).read_text())
+    return Finding(kind, label, "ok", noted(f"{size / MIB:.1f} MiB, sha256 checked", manifest))
 
 
 def verify_root(kind: str, name: str, root: Path, make: str) -> list[Finding]:
     """Every version under a checkpoint root, newest first, and its LATEST pointer."""
     versions = fs.versions(root) if root.is_dir() else []
+    if not versions and (root / "LATEST").exists():  # its versions were deleted: not one never made
+        try:
+            fs.latest(root, f"{kind} checkpoint")
+        except UserError as exc:
+            return [Finding(kind, f"{name} LATEST", "FAILED", str(exc))]
     if not versions:
         return [Finding(kind, name, "absent", f"no checkpoint yet ({make} writes it)")]
     findings = []
@@ -164,7 +184,7 @@ def verify_state(directory: Path, cache: dict[str, Any] | None) -> Finding:
         "state",
         label,
         "ok",
-        f"{meta['n_entities']:,} entities, {size / MIB:.1f} MiB, sha256 checked; {built}",
+        noted(f"{meta['n_entities']:,} entities, {size / MIB:.1f} MiB, sha256 checked; {built}", meta),
     )
 
 
@@ -197,7 +217,11 @@ def verify_output(
         kind,
         label,
         "ok",
-        f"{len(manifest['files'])} files, {size / MIB:.1f} MiB, sha256 checked; {model}cache {built.get('cache_data_version')}",
+        noted(
+            f"{len(manifest['files'])} files, {size / MIB:.1f} MiB, sha256 checked; {model}cache "
+            f"{built.get('cache_data_version')}",
+            manifest,
+        ),
     )
 
 

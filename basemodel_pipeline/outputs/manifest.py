@@ -43,7 +43,7 @@ def write_manifest(directory: Path) -> None:
     record: dict[str, Any] = {"files": files, "built_from": provenance}
     target = directory / MANIFEST
     target.unlink(missing_ok=True)  # never write through a link to a published directory's manifest
-    target.write_text(json.dumps(record, indent=2, sort_keys=True))
+    target.write_text(json.dumps(manifests.signed(record), indent=2, sort_keys=True))
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:
@@ -56,7 +56,10 @@ def read_manifest(directory: Path) -> dict[str, Any]:
 
 
 def problems(directory: Path, manifest: dict[str, Any]) -> list[str]:
-    """Files of the directory that differ from the manifest (full sha256), are missing or are not listed."""
+    """Files of the directory that differ from the manifest (full sha256), are missing or are not listed;
+    first, the manifest's signature (keyed manifests, manifests.py)."""
+    if signature := manifests.signature_problem(manifest, MANIFEST):
+        return [signature]
     found = manifests.file_problems(directory, manifest["files"], MANIFEST)
     listed = set(manifest["files"])
     found += [

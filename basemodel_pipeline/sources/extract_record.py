@@ -105,7 +105,8 @@ def finish_record(out: Path, missing: set[str]) -> None:
 
 
 def _write_record(out: Path, files: dict[str, Any], pending: list[list[str | None]]) -> None:
-    fs.atomic_write_text(out / OWN_RECORD, json.dumps({"files": files, "pending": pending}, indent=1))
+    record = manifests.signed({"files": files, "pending": pending})
+    fs.atomic_write_text(out / OWN_RECORD, json.dumps(record, indent=1))
 
 
 def in_range(name: str, days: DayRange | None) -> bool:

@@ -109,7 +109,7 @@ def save_state(
             "sched_last_epoch": sched.last_epoch,
             "has_best": best_state is not None,
         }
-        fs.atomic_write_text(staging / META, json.dumps(meta))
+        fs.atomic_write_text(staging / META, json.dumps(manifests.signed(meta)))
         fs.publish_dir(staging, directory)
     except BaseException:
         fs.discard_dir(staging)  # the files and the directory's claim: nothing left beside the state
@@ -129,6 +129,8 @@ def _read_state(directory: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor
     needed = ("key", "tensors_sha256", "info", "param_groups", "sched_last_epoch", "has_best")
     if not isinstance(meta, dict) or any(k not in meta for k in needed):
         raise _Unusable(f"{META} lacks {', '.join(k for k in needed if k not in (meta or {}))}")
+    if signature := manifests.signature_problem(meta, META):
+        raise _Unusable(signature)
     if meta.get("format") != FORMAT:
         raise _Unusable(
             f"it was saved by another version (format {meta.get('format', 1)}, this one reads {FORMAT})"

@@ -27,6 +27,7 @@ from pydantic import Field
 from basemodel_pipeline.config import PipelineConfig, load_config
 from basemodel_pipeline.defs.shared.launcher import BACKENDS, Launcher
 from basemodel_pipeline.errors import ConfigError
+from basemodel_pipeline.manifests import KEY_SETTING
 from basemodel_pipeline.settings import setting, setting_list
 
 ENV_VAR = "BASEMODEL_ENV"
@@ -125,6 +126,13 @@ def config_path_from_env(env: str = "local") -> str:
     return str(Path(path).resolve())
 
 
+def forwarded_env() -> list[str]:
+    """BASEMODEL_FORWARD_ENV's names, and BASEMODEL_MANIFEST_KEY when it is set: the steps in trainer
+    containers write and read signed manifests too (keyed manifests, manifests.py)."""
+    names = setting_list("BASEMODEL_FORWARD_ENV")
+    return names + [KEY_SETTING] if setting(KEY_SETTING) and KEY_SETTING not in names else names
+
+
 def launcher_from_env(env: str) -> Launcher:
     """The launcher of this environment: BASEMODEL_LAUNCHER and its BASEMODEL_* settings."""
     backend = setting(LAUNCHER_ENV_VAR, "subprocess")
@@ -140,7 +148,7 @@ def launcher_from_env(env: str) -> Launcher:
         nproc=int(get("BASEMODEL_NPROC", "0")),
         gpu_devices=setting_list("BASEMODEL_GPU_DEVICES"),
         env=settings,
-        forward_env=setting_list("BASEMODEL_FORWARD_ENV"),
+        forward_env=forwarded_env(),
         docker_network=get("BASEMODEL_DOCKER_NETWORK", ""),
         user=get("BASEMODEL_CONTAINER_USER", ""),
         k8s_namespace=get("BASEMODEL_K8S_NAMESPACE", "default"),
