@@ -31,6 +31,7 @@ except ImportError:  # pragma: no cover - fakesnow is in requirements.lock
 # `slow` and runs in `make test`. A new module is slow until it is listed here.
 FAST_MODULES = {
     "test_architecture",
+    "test_candidate_conformance",
     "test_code_versions",
     "test_config",
     "test_cooccurrence",
