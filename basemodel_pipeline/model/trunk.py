@@ -40,9 +40,9 @@ class Trunk(nn.Module):
 
     def residual(self, x: torch.Tensor) -> torch.Tensor:  # [B, F] -> [B, hidden]
         """The residual stream after the last block, before the final LayerNorm."""
-        if self.training and self.input_dropout > 0:
-            z = nn.functional.dropout((x - self.mean) / self.std, self.input_dropout)
-            h = self.proj(z)
+        if (self.training and self.input_dropout > 0) or not isinstance(self.proj, nn.Linear):
+            z = (x - self.mean) / self.std  # with dropout, or a projection with adapters (model/lora.py)
+            h = self.proj(nn.functional.dropout(z, self.input_dropout) if self.training else z)
         else:  # the standardisation folded into the projection: W((x - m) / s) + b = (W / s) x + b - (W / s) m
             w = self.proj.weight / self.std
             h = nn.functional.linear(x.to(w.dtype), w, self.proj.bias - w @ self.mean)
