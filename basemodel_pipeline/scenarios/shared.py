@@ -15,7 +15,7 @@ from basemodel_pipeline import runtime
 from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache.store import EventCache
 from basemodel_pipeline.cache.versions import data_version as cache_data_version
-from basemodel_pipeline.candidates.inputs import Rows, RowView, _Embed
+from basemodel_pipeline.candidates.inputs import Rows, RowView, _Embed, tabular_from_features
 from basemodel_pipeline.candidates.selection import split_validation
 from basemodel_pipeline.config import PipelineConfig, Scenario
 from basemodel_pipeline.config.params import FinetuneParams
@@ -48,6 +48,7 @@ class Shared:
     X: np.ndarray | None = None  # float16 [n, D]: features of every distinct (entity, time) pair
     H: np.ndarray | None = None  # frozen trunk outputs of X
     E: np.ndarray | None = None  # frozen trunk embeddings (residual stream) of X
+    A: np.ndarray | None = None  # the automatic aggregates of X as plain numbers (Rows.tabular)
     regime: str = "standard"
     available: dict[str, dict[str, int]] = field(default_factory=dict)  # examples per split before the caps
 
@@ -100,6 +101,7 @@ class Shared:
         idx = self.rows(ex)
         device = runtime.resolve_device(self.cfg.training_params.foundation.device)
         rows = Rows(self.cache, self.enc, ex.entity, ex.time, RowView(self.X, idx), ex.labels, model, device)
+        self._share_tabular(rows, idx)
         if mode == "frozen":
             rows.memo["logits"] = runtime.predict(model.head, self.trunk_outputs(device)[idx], device)
             rows.memo["embedding"] = self.embeddings(device)[idx]
@@ -108,7 +110,19 @@ class Shared:
     def plain_rows(self, ex: Examples) -> Rows:
         """The candidates' view of examples without the network (aggregates, cache): the baselines'."""
         assert self.X is not None
-        return Rows(self.cache, self.enc, ex.entity, ex.time, RowView(self.X, self.rows(ex)), ex.labels)
+        idx = self.rows(ex)
+        rows = Rows(self.cache, self.enc, ex.entity, ex.time, RowView(self.X, idx), ex.labels)
+        self._share_tabular(rows, idx)
+        return rows
+
+    def _share_tabular(self, rows: Rows, idx: np.ndarray) -> None:
+        """The aggregates of every distinct example, un-squashed once for all scenarios and splits."""
+        if not self.enc.aggregate_dim:
+            return  # Rows computes them from the cache
+        if self.A is None:
+            assert self.X is not None
+            self.A = tabular_from_features(self.enc, RowView(self.X))
+        rows.memo["tabular"] = self.A[idx]
 
     def stage_key(self, scenario: Scenario) -> str:
         """The key of the scenario's staged baselines for this cache and encoder (scenarios/staging.py)."""
