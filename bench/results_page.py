@@ -431,6 +431,12 @@ def _where_the_time_goes(d: dict) -> list[str]:
                 f"{name}: " + ", ".join(f"{k.removesuffix('_s')} {num(v)}" for k, v in value.items())
             )
     line = f"Where the pipeline's time goes (s): {stages}."
+    peer = d.get("lgbm.wall_s")
+    if isinstance(peer, (int, float)) and peer > 0 and "finetune_s" in times:
+        line += (
+            f" Fine-tuning alone takes {times['finetune_s'] / peer:.2f}x the aggregates + LightGBM peer's"
+            f" wall time end to end ({num(peer)} s)."
+        )
     if phases:
         line += (
             " Fine-tuning phases (s; featurise is one pass shared by the scenarios): "
