@@ -97,3 +97,18 @@ def test_refit_fits_its_one_vs_rest_boosters_side_by_side_like_the_fit(
     three = m.refit(X, Y, seed=0, workers=3)
     assert trees(one) == trees(three) == trees(side_by_side)
     assert one.train_rows == side_by_side.train_rows and one.rounds == m.rounds
+
+
+def test_a_saved_model_without_its_objective_is_refused_in_one_line() -> None:
+    """A LightGBM model saved without its objective (a format no release writes) is not guessed from a task
+    name: loading it names what to do."""
+    import json
+
+    from basemodel_pipeline.errors import UserError
+
+    X, Y = _data(600)
+    saved = json.loads(fit_gbm("binary", X[:400], Y[:400], X[400:], Y[400:], seed=0).to_json())
+    del saved["objective"]
+    with pytest.raises(UserError, match="run `basemodel finetune` again") as err:
+        GBM.from_json(json.dumps(saved))
+    assert "\n" not in str(err.value)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from basemodel_pipeline.errors import UserError
 from basemodel_pipeline.progress import NullProgress, Progress
 
 PARAMS = {
@@ -206,19 +207,20 @@ class GBM:
     @classmethod
     def from_json(cls, text: str) -> GBM:
         d = json.loads(text)
-        objective, columns = d.get("objective"), d.get("columns")
-        if objective is None:  # written before the objective was stored: its task's name
-            objective, columns = d["task"], len(d["models"]) > 1 or d["task"] not in OBJECTIVES
-            objective = objective if objective in OBJECTIVES else "binary"
+        if "objective" not in d or "columns" not in d:
+            raise UserError(
+                "a LightGBM model of this checkpoint was saved in a format this version does not read (no "
+                "objective recorded): run `basemodel finetune` again for its scenario"
+            )
         return cls(
-            objective,
+            d["objective"],
             d["models"],
             d["n_out"],
-            d.get("rounds", []),
-            d.get("max_rows", 0),
-            d.get("train_rows", []),
-            d.get("available_rows", 0),
-            bool(columns),
+            d["rounds"],
+            d["max_rows"],
+            d["train_rows"],
+            d["available_rows"],
+            bool(d["columns"]),
         )
 
 
