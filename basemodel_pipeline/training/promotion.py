@@ -149,7 +149,7 @@ def listing(root: Path) -> list[Listed]:
         if version == latest:
             out.append(Listed(version, "LATEST", verdict.reason if verdict else "served"))
         elif verdict is None:
-            out.append(Listed(version, "candidate", "no verdict (being written, or written before verdicts)"))
+            out.append(Listed(version, "candidate", "no verdict (being judged, or its run stopped first)"))
         elif verdict.status == "rejected":
             out.append(Listed(version, "rejected", verdict.reason))
         else:
