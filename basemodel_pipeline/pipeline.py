@@ -178,7 +178,7 @@ def write_summary(cfg: PipelineConfig) -> dict[str, Any]:
         test = m["test"]
         scenarios[sc.name] = {
             "metric": m["metric"],
-            "published": m.get("published", "neural"),
+            "published": m["published"],
             "model": test["model"],
             "neural": test.get("neural", test["model"]),
             "lightgbm_aggregates": test.get("lightgbm_aggregates"),
