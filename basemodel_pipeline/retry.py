@@ -4,7 +4,7 @@ Failures are sorted into transient (a refused, reset or timed-out connection, th
 and permanent (credentials, a missing table, bad SQL: fail at once). The wait before attempt n+1 is drawn
 between half and all of ``base * 2**(n-1)`` (at most 30 s): it grows from one attempt to the next, and the
 jitter keeps many workers from coming back at the same instant. BASEMODEL_SOURCE_ATTEMPTS (default 5) and
-BASEMODEL_SOURCE_RETRY_BASE_S (default 0.5) set the policy for every source, output and publish.
+BASEMODEL_SOURCE_RETRY_BASE_S (default 0.5) set the policy for every source, output and upload.
 
 Every failure ends in one DataError line that starts with `what` (the source, output or URL); when the
 connection itself failed it names `where` (host:port, never credentials) and what to check. Each retry is

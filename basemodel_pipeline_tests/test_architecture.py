@@ -42,7 +42,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "locks",
                 "diskfaults",
                 "stops",
-                "retry",  # the retry policy of every remote call (sources, outputs, publish)
+                "retry",  # the retry policy of every remote call (sources, outputs, uploads)
             }
         ),
     ),
@@ -59,7 +59,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("scenarios", frozenset({"scenarios"})),  # the fine-tuning stage
     ("inference", frozenset({"inference"})),
     ("reports", frozenset({"reports"})),
-    ("ops", frozenset({"ops"})),  # retention, publish, alerts, verify (which reads what every stage wrote)
+    ("ops", frozenset({"ops"})),  # retention, upload, alerts, verify (which reads what every stage wrote)
     ("pipeline", frozenset({"pipeline"})),
     ("demo", frozenset({"demo"})),  # demo data sets and configs, synthetic generators: no stage imports them
     ("faces", frozenset({"cli", "entrypoints", "defs", "definitions"})),
@@ -328,3 +328,23 @@ def test_training_candidate_and_scenario_functions_read_top_to_bottom() -> None:
                 if length > FUNCTION_LINES:
                     long.append(f"{name}.{node.name} ({length} lines)")
     assert not long, f"functions over {FUNCTION_LINES} lines in training/, candidates/ and scenarios/: {long}"
+
+
+def test_copying_to_object_storage_is_called_upload() -> None:
+    """ "publish" is the atomic switch of what readers see (files.publish_dir, a warehouse table swapped in, the
+    published candidate); copying finished artifacts to s3:// is "upload" (ops/upload.py, its Dagster face
+    defs/upload/; docs/architecture.md, "Words"): no module of that name, nothing importing one."""
+    assert {"ops.upload", "defs.upload"} <= set(modules())
+    old = ("ops.publish", "defs.publish")
+    bad = sorted(m for m in modules() if m.startswith(old))
+    for module, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+            bad += [
+                f"{module or PACKAGE}: {n}"
+                for n in names
+                if n.startswith(tuple(f"{PACKAGE}.{o}" for o in old))
+            ]
+    assert not bad, "S3 uploads named publish:\n" + "\n".join(bad)

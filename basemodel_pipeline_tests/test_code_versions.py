@@ -15,7 +15,7 @@ ENTRY = {  # the module each asset's stage starts from (pipeline.py calls it)
     "scenario_model": "scenarios.finetune",
     "predictions": "inference.predict",
     "entity_embeddings": "inference.embed",
-    "published_artifacts": "ops.publish",
+    "uploaded_artifacts": "ops.upload",
     "workspace_retention": "ops.retention",
 }
 NO_CONTENT = {

@@ -1,5 +1,5 @@
 """A refused or reset connection to a warehouse or an object store is retried with growing waits, then reported
-in one line naming the source (or output, or publish URL) and host:port, never a secret.
+in one line naming the source (or output, or upload URL) and host:port, never a secret.
 
 Real clients against 127.0.0.1: a port that was bound and closed (the connection is refused) or a server that
 accepts and closes at once (the connection is reset). The waits are made small through
@@ -245,13 +245,13 @@ def test_a_warehouse_output_at_a_refused_port_is_one_line(tiny_config: Path, fas
     )
 
 
-def test_publishing_to_a_refused_s3_endpoint_is_retried_then_one_line(
+def test_uploading_to_a_refused_s3_endpoint_is_retried_then_one_line(
     tmp_path: Path, fast_retries: None, caplog: pytest.LogCaptureFixture
 ) -> None:
     boto3 = pytest.importorskip("boto3")
     from botocore.config import Config
 
-    from basemodel_pipeline.ops.publish import publish_dir
+    from basemodel_pipeline.ops.upload import upload_dir
 
     port = closed_port()
     client = boto3.client(
@@ -264,13 +264,13 @@ def test_publishing_to_a_refused_s3_endpoint_is_retried_then_one_line(
     (workspace / "reports" / "r1").mkdir(parents=True)
     (workspace / "reports" / "r1" / "report.html").write_text("<html></html>")
     with caplog.at_level(logging.WARNING), pytest.raises(DataError) as info:
-        publish_dir(client, workspace / "reports" / "r1", workspace, "s3://artifacts/prod")
+        upload_dir(client, workspace / "reports" / "r1", workspace, "s3://artifacts/prod")
     message = str(info.value)
     assert message.startswith(
-        f"publish to s3://artifacts/prod: still failing after {ATTEMPTS} attempts at 127.0.0.1:{port}: "
+        f"upload to s3://artifacts/prod: still failing after {ATTEMPTS} attempts at 127.0.0.1:{port}: "
     ), message
     assert AWS_SECRET not in message and "\n" not in message
-    assert len(retry_lines(caplog, "publish to s3://artifacts/prod")) == ATTEMPTS - 1
+    assert len(retry_lines(caplog, "upload to s3://artifacts/prod")) == ATTEMPTS - 1
 
 
 @pytest.mark.parametrize("kind", ["snowflake", "s3-duckdb-httpfs"])

@@ -206,7 +206,7 @@ def test_docker_backend_adds_cleanup_sensors(tiny_dataset: Path, monkeypatch: py
 def test_resources_per_environment(env: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BASEMODEL_CONFIG", "/somewhere/config.yaml")
     monkeypatch.delenv("BASEMODEL_LAUNCHER", raising=False)
-    monkeypatch.delenv("BASEMODEL_PUBLISH_URL", raising=False)
+    monkeypatch.delenv("BASEMODEL_UPLOAD_URL", raising=False)
     resources = resources_for(env)
     assert set(resources) == {"basemodel_config", "launcher", "quality_gates"}
     assert isinstance(resources["basemodel_config"], BasemodelConfigResource)

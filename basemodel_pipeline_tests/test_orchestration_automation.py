@@ -30,7 +30,7 @@ UPSTREAM = ["event_cache", "foundation_model", "entity_embeddings"]
 
 @pytest.fixture
 def defs(tiny_dataset: Path, monkeypatch: pytest.MonkeyPatch) -> dg.Definitions:
-    monkeypatch.delenv("BASEMODEL_PUBLISH_URL", raising=False)
+    monkeypatch.delenv("BASEMODEL_UPLOAD_URL", raising=False)
     return build_definitions(str(tiny_dataset), env="ci")
 
 

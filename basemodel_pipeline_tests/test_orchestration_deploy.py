@@ -114,6 +114,7 @@ NOT_FOR_RUN_WORKERS = {
     "BASEMODEL_ALERT_WEBHOOK_URL": "alert sensors only (the URL may hold a token)",
     "BASEMODEL_ALERT_REMINDER_S": "alert sensors only",
     "BASEMODEL_ONLINERETAIL_WHEEL": "a demo data set's wheel: `basemodel demo` and the quality benchmark only",
+    "BASEMODEL_PUBLISH_URL": "the old name of BASEMODEL_UPLOAD_URL: the code server refuses it when set",
 }
 
 
@@ -331,7 +332,7 @@ def test_dagster_dev_on_postgres_runs_the_job_over_graphql(
         "BASEMODEL_ENV": "ci",
         "BASEMODEL_AUTOMATION": "stopped",  # only the launched run: no sensor or schedule starts others
     }
-    env.pop("BASEMODEL_PUBLISH_URL", None)
+    env.pop("BASEMODEL_UPLOAD_URL", None)
     dagster = str(Path(sys.executable).parent / "dagster")
     command = [
         sys.executable,

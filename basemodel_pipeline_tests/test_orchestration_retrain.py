@@ -61,7 +61,7 @@ def _tick(defs: dg.Definitions, instance: dg.DagsterInstance, config: Path):
 
 
 def test_the_sensor_retrains_what_the_policy_says(tiny_config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("BASEMODEL_PUBLISH_URL", raising=False)
+    monkeypatch.delenv("BASEMODEL_UPLOAD_URL", raising=False)
     cfg = yaml.safe_load(tiny_config.read_text())
     for sc in cfg["scenarios"]:
         if sc["name"] == "department_propensity":
@@ -116,7 +116,7 @@ def test_runs_on_a_new_cache_wait_for_its_blocking_check(
 ) -> None:
     """A new cache is scored by the served model (weekly policy) or retrained on (every_cache) only once the
     cache's blocking check passed on it: a cache that failed manifest_sha256 trains and scores nothing."""
-    monkeypatch.delenv("BASEMODEL_PUBLISH_URL", raising=False)
+    monkeypatch.delenv("BASEMODEL_UPLOAD_URL", raising=False)
     cfg = yaml.safe_load(tiny_config.read_text())
     cfg["scenarios"] = [{**sc, "retrain": policy} for sc in cfg["scenarios"]]
     tiny_config.write_text(yaml.safe_dump(cfg))
@@ -144,7 +144,7 @@ def test_a_model_trained_while_the_foundation_changed_is_retrained_once_more(
 ) -> None:
     """churn's run read foundation f1 while f2 was being published: its materialization records f1, so the
     sensor retrains it once on f2; nothing is asked while a rebuild or churn's own run is in progress."""
-    monkeypatch.delenv("BASEMODEL_PUBLISH_URL", raising=False)
+    monkeypatch.delenv("BASEMODEL_UPLOAD_URL", raising=False)
     defs = build_definitions(str(tiny_config), env="ci")
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("scenarios", ["churn", "department_propensity"])

@@ -196,7 +196,7 @@ class Nightly:
 @pytest.fixture
 def nightly(tiny_config: Path, monkeypatch: pytest.MonkeyPatch):
     """churn retrains on every new cache, department_propensity weekly; both trained and scored on cache c1."""
-    monkeypatch.delenv("BASEMODEL_PUBLISH_URL", raising=False)
+    monkeypatch.delenv("BASEMODEL_UPLOAD_URL", raising=False)
     cfg = yaml.safe_load(tiny_config.read_text())
     for sc in cfg["scenarios"]:
         sc["retrain"] = POLICIES[sc["name"]]

@@ -21,7 +21,7 @@ TX = dg.AssetKey(["extracts", "transactions"])
 
 @pytest.fixture
 def defs(tiny_config: Path, monkeypatch: pytest.MonkeyPatch) -> dg.Definitions:
-    monkeypatch.delenv("BASEMODEL_PUBLISH_URL", raising=False)
+    monkeypatch.delenv("BASEMODEL_UPLOAD_URL", raising=False)
     return build_definitions(str(tiny_config), env="ci")
 
 

@@ -8,7 +8,7 @@ models/       foundation_model, scenario_baselines, scenario_model (Pipes; dynam
               checkpoint/loss/metric checks, the scenario-registry and retrain sensors
 predictions/  predictions (per scenario), entity_embeddings (Pipes), the output check
 reports/      metrics_summary (in-process)
-publish/      published_artifacts: finished artifacts to s3:// (when BASEMODEL_PUBLISH_URL is set)
+upload/       uploaded_artifacts: finished artifacts to s3:// (when BASEMODEL_UPLOAD_URL is set)
 maintenance/  workspace_retention (the config's retention policy) and its daily schedule
 alerts/       alert sensors (failed runs, failed checks) with their sinks; freshness checks of the outputs
 automation/   the automation sensor (the conditions themselves: shared/conditions.py)
@@ -32,15 +32,15 @@ from basemodel_pipeline.defs import (
     maintenance,
     models,
     predictions,
-    publish,
     reports,
+    upload,
 )
 from basemodel_pipeline.defs.shared.deployment import Deployment, deployment, shape_only
 
 __all__ = ["build_assets", "build_checks", "build_definitions"]
 
 # The asset graph proper, in dependency order (what an in-process run materializes).
-PIPELINE = (extracts, cache, models, predictions, reports, publish)
+PIPELINE = (extracts, cache, models, predictions, reports, upload)
 # Everything else a deployment runs beside it.
 OPERATIONS = (maintenance, alerts, automation, containers)
 
@@ -49,9 +49,9 @@ def _pipeline(d: Deployment) -> list[dg.Definitions]:
     return [domain.defs(d) for domain in PIPELINE]
 
 
-def build_assets(config_path: str, publish: bool = False, env: str = "local") -> list[dg.AssetsDefinition]:
-    """The pipeline's assets for one config (published_artifacts only with `publish`)."""
-    return [a for d in _pipeline(shape_only(config_path, publish, env)) for a in d.assets or []]  # type: ignore[misc]
+def build_assets(config_path: str, upload: bool = False, env: str = "local") -> list[dg.AssetsDefinition]:
+    """The pipeline's assets for one config (uploaded_artifacts only with `upload`)."""
+    return [a for d in _pipeline(shape_only(config_path, upload, env)) for a in d.assets or []]  # type: ignore[misc]
 
 
 def build_checks(config_path: str, env: str = "local") -> list[dg.AssetChecksDefinition]:

@@ -4,7 +4,7 @@ verify` runs it); the foundation's loss is finite and improving; a scenario beat
 The training steps run the same quality gates themselves (training/promotion.py) and promote a version
 (LATEST) only when every blocking gate passed; these checks show those verdicts in the UI. The scenario checks
 are partitioned like the scenario (one result per scenario) and blocking: when one fails, the run stops before
-the scenario's predictions are written and published, and the rejected version was never made current.
+the scenario's predictions are written and uploaded, and the rejected version was never made current.
 """
 
 from pathlib import Path

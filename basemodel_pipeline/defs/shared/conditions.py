@@ -27,7 +27,7 @@ gates decide.
                       (models/retrain.py): in the retrain run of a scenario its policy retrains, else in a run
                       of the scores alone, so each (scenario, served model, cache) is scored once
     entity_embeddings after a changed foundation or cache, gated by their blocking checks
-    published_artifacts  after predictions (when publishing is on)
+    uploaded_artifacts after predictions (when uploading is on)
     metrics_summary   after any scenario partition changed
 
 The automation sensor `basemodel_automation` (defs/automation/) evaluates these conditions every 30 s and is

@@ -4,7 +4,7 @@ env            BASEMODEL_ENV (shared/resources.py: local | ci | prod)
 shape          the config that gives the graph its shape (shared/shape.py: the demo's only locally)
 resources      the resource set of the environment (shared/resources.py)
 running        BASEMODEL_AUTOMATION != stopped: sensors and schedules start running
-publishing     BASEMODEL_PUBLISH_URL is set: the published_artifacts asset exists
+uploading      BASEMODEL_UPLOAD_URL is set: the uploaded_artifacts asset exists
 containers     steps or run workers are containers (launcher backend docker, or
                BASEMODEL_RUN_LAUNCHER=docker): the cleanup sensors exist
 """
@@ -34,7 +34,7 @@ class Deployment:
     shape: PipelineConfig
     resources: Mapping[str, Any] = field(default_factory=dict)
     running: bool = True
-    publishing: bool = False
+    uploading: bool = False
     containers: bool = False
 
     @property
@@ -58,11 +58,11 @@ def deployment(config_path: str | None = None, env: str | None = None) -> Deploy
         shape=shape_config(shape_path, env),
         resources=resources,
         running=setting(AUTOMATION_ENV_VAR, "running") != "stopped",
-        publishing="publisher" in resources,
+        uploading="uploader" in resources,
         containers=resources["launcher"].backend == "docker" or setting(RUN_LAUNCHER_ENV_VAR) == "docker",
     )
 
 
-def shape_only(config_path: str, publish: bool = False, env: str = "local") -> Deployment:
+def shape_only(config_path: str, upload: bool = False, env: str = "local") -> Deployment:
     """A deployment that only gives the graph its shape (no resources): in-process runs and tests."""
-    return Deployment(env=env, shape=shape_config(config_path, env), publishing=publish)
+    return Deployment(env=env, shape=shape_config(config_path, env), uploading=upload)

@@ -11,8 +11,8 @@
 
 Every backend runs the same entrypoint with the same arguments (the foundation's pretrain under torchrun,
 one process per GPU, when a step has several GPUs); what each sends to its API is built by a
-``*_spec`` method and tested as data. Training writes only to the POSIX workspace volume: publishing to
-object storage is a separate step (basemodel_pipeline.ops.publish).
+``*_spec`` method and tested as data. Training writes only to the POSIX workspace volume: uploading to
+object storage is a separate step (basemodel_pipeline.ops.upload).
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@
 BASEMODEL_ENV unset means local, except in a Dagster+ deployment (DAGSTER_CLOUD_DEPLOYMENT_NAME set): prod.
 
 The launcher backend (where training and scoring steps run) is BASEMODEL_LAUNCHER = subprocess (default) |
-docker | k8s | ecs, with its settings from BASEMODEL_* variables (see `launcher_from_env`). Publishing to
-object storage is on when BASEMODEL_PUBLISH_URL=s3://bucket/prefix is set (endpoint: AWS_ENDPOINT_URL_S3).
+docker | k8s | ecs, with its settings from BASEMODEL_* variables (see `launcher_from_env`). Uploading to
+object storage is on when BASEMODEL_UPLOAD_URL=s3://bucket/prefix is set (endpoint: AWS_ENDPOINT_URL_S3).
 
 Secrets never live here: the YAML config reads them from environment variables (${VAR}) itself, steps in
 containers get them by name (BASEMODEL_FORWARD_ENV) and boto3 reads AWS credentials from the environment.
@@ -33,7 +33,9 @@ from basemodel_pipeline.settings import setting, setting_list
 ENV_VAR = "BASEMODEL_ENV"
 CONFIG_ENV_VAR = "BASEMODEL_CONFIG"
 LAUNCHER_ENV_VAR = "BASEMODEL_LAUNCHER"
-PUBLISH_ENV_VAR = "BASEMODEL_PUBLISH_URL"
+UPLOAD_ENV_VAR = "BASEMODEL_UPLOAD_URL"
+# BASEMODEL_UPLOAD_URL's old name: refused when set, so that uploads never stop without a word
+RENAMED_UPLOAD_ENV_VAR = "BASEMODEL_PUBLISH_URL"
 DEFAULT_CONFIG = "demo_workspace/config.yaml"
 ENVIRONMENTS = ("local", "ci", "prod")
 CLOUD_DEPLOYMENT_ENV_VAR = "DAGSTER_CLOUD_DEPLOYMENT_NAME"  # set by Dagster+ in every deployment
@@ -93,16 +95,16 @@ class QualityGates(dg.ConfigurableResource):
         return ["--gates", json.dumps(overrides, sort_keys=True)] if overrides else []
 
 
-class ArtifactPublisher(dg.ConfigurableResource):
-    """Copies finished artifacts to object storage (basemodel_pipeline.ops.publish) through dagster-aws's S3."""
+class ArtifactUploader(dg.ConfigurableResource):
+    """Copies finished artifacts to object storage (basemodel_pipeline.ops.upload) through dagster-aws's S3."""
 
     url: str = Field(description="s3://bucket/prefix; workspace-relative paths go below it.")
     s3: S3Resource
 
-    def publish(self, directory: str | Path, workspace: str | Path) -> dict[str, Any]:
-        from basemodel_pipeline.ops.publish import publish_dir
+    def upload(self, directory: str | Path, workspace: str | Path) -> dict[str, Any]:
+        from basemodel_pipeline.ops.upload import upload_dir
 
-        return publish_dir(self.s3.get_client(), Path(directory), Path(workspace), self.url)
+        return upload_dir(self.s3.get_client(), Path(directory), Path(workspace), self.url)
 
 
 def current_env() -> str:
@@ -173,12 +175,18 @@ def quality_gates_from_env(env: str) -> QualityGates:
     )
 
 
-def publisher_from_env() -> ArtifactPublisher | None:
-    url = setting(PUBLISH_ENV_VAR)
+def uploader_from_env() -> ArtifactUploader | None:
+    """The uploader to BASEMODEL_UPLOAD_URL, None when it is unset."""
+    if setting(RENAMED_UPLOAD_ENV_VAR):
+        raise ConfigError(
+            f"{RENAMED_UPLOAD_ENV_VAR} is set but no longer read: rename it to {UPLOAD_ENV_VAR} "
+            "(the uploads to object storage are off until then)"
+        )
+    url = setting(UPLOAD_ENV_VAR)
     if not url:
         return None
     endpoint = setting("AWS_ENDPOINT_URL_S3") or setting("AWS_ENDPOINT_URL") or None
-    return ArtifactPublisher(
+    return ArtifactUploader(
         url=url, s3=S3Resource(endpoint_url=endpoint, region_name=setting("AWS_REGION") or None)
     )
 
@@ -196,7 +204,7 @@ def resources_for(env: str, config_path: str | None = None) -> dict[str, Any]:
         "launcher": launcher_from_env(env),
         "quality_gates": quality_gates_from_env(env),
     }
-    publisher = publisher_from_env()
-    if publisher is not None:
-        resources["publisher"] = publisher
+    uploader = uploader_from_env()
+    if uploader is not None:
+        resources["uploader"] = uploader
     return resources

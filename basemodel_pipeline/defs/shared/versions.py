@@ -36,7 +36,7 @@ DEPENDS_ON: dict[str, tuple[str, ...]] = {
     "predictions": (*_LATER, "outputs", "evaluation", *_SCENARIOS, "inference"),
     "entity_embeddings": (*_LATER, "outputs", "evaluation", *_SCENARIOS, "inference"),
     "metrics_summary": (*_GROUND, "reports"),
-    "published_artifacts": (*_GROUND, "ops/publish.py"),
+    "uploaded_artifacts": (*_GROUND, "ops/upload.py"),
     "workspace_retention": (*_GROUND, "ops/retention.py"),
 }
 

@@ -1,4 +1,4 @@
-"""Publish finished artifacts (checkpoints, reports, predictions) from the POSIX workspace to s3://.
+"""Upload finished artifacts (checkpoints, reports, predictions) from the POSIX workspace to s3://.
 
 Training and scoring write only to the local workspace; this module copies what is finished to object
 storage afterwards, keeping the path relative to the workspace:
@@ -6,9 +6,9 @@ storage afterwards, keeping the path relative to the workspace:
     <workspace>/checkpoints/scenarios/churn/<version>/model.safetensors
         -> s3://bucket/prefix/checkpoints/scenarios/churn/<version>/model.safetensors
 
-Only finished artifacts are published: hidden paths (``.resume/``, ``.tmp`` staging names) are never
+Only finished artifacts are uploaded: hidden paths (``.resume/``, ``.tmp`` staging names) are never
 uploaded. Each object carries its sha256 as object metadata, and a re-run skips objects whose sha256 already
-matches, so publishing is idempotent and a killed upload is completed by the next run. The directory's
+matches, so uploading is idempotent and a killed upload is completed by the next run. The directory's
 ``_PUBLISHED.json`` (files, sizes, sha256) is written last: a reader that sees it sees a complete copy.
 
 The client is any boto3 S3 client (dagster-aws's S3Resource gives one in Dagster; ``boto3.client("s3")``
@@ -31,6 +31,7 @@ from basemodel_pipeline.retry import host_port, with_retry
 
 T = TypeVar("T")
 
+# The name readers of the bucket look for; kept, so that directories uploaded before stay complete to them.
 MARKER = "_PUBLISHED.json"
 SHA_KEY = "sha256"
 
@@ -38,19 +39,19 @@ SHA_KEY = "sha256"
 def parse_s3_url(url: str) -> tuple[str, str]:
     """``s3://bucket/some/prefix`` -> (bucket, "some/prefix")."""
     if not url.startswith("s3://") or len(url) <= 5:
-        raise ConfigError(f"publish url '{url}' is not an s3:// url; write s3://bucket/prefix")
+        raise ConfigError(f"upload url '{url}' is not an s3:// url; write s3://bucket/prefix")
     bucket, _, prefix = url[5:].partition("/")
     if not bucket:
-        raise ConfigError(f"publish url '{url}' has no bucket; write s3://bucket/prefix")
+        raise ConfigError(f"upload url '{url}' has no bucket; write s3://bucket/prefix")
     return bucket, prefix.strip("/")
 
 
 def s3_call(client: Any, url: str, fn: Callable[[], T]) -> T:
-    """One S3 request of a publish to `url`, retried on transient failures; failures are one line naming the
+    """One S3 request of an upload to `url`, retried on transient failures; failures are one line naming the
     URL and, for a connection that kept failing, the endpoint's host:port."""
     secrets = (os.environ.get("AWS_SECRET_ACCESS_KEY", ""), os.environ.get("AWS_SESSION_TOKEN", ""))
     endpoint = host_port(getattr(getattr(client, "meta", None), "endpoint_url", None))
-    return with_retry(fn, what=f"publish to {url}", where=endpoint, secrets=secrets)
+    return with_retry(fn, what=f"upload to {url}", where=endpoint, secrets=secrets)
 
 
 def finished_files(directory: Path) -> list[Path]:
@@ -77,17 +78,17 @@ def _remote_sha(client: Any, url: str, bucket: str, key: str) -> str | None:
     return None if found is None else found.get("Metadata", {}).get(SHA_KEY)
 
 
-def publish_dir(client: Any, directory: Path, workspace: Path, url: str) -> dict[str, Any]:
+def upload_dir(client: Any, directory: Path, workspace: Path, url: str) -> dict[str, Any]:
     """Upload one finished artifact directory (or file) under `workspace` to `url`; returns what was done."""
     directory, workspace = Path(directory).resolve(), Path(workspace).resolve()
     if not directory.exists():
-        raise DataError(f"cannot publish {directory}: it does not exist; materialize it first")
+        raise DataError(f"cannot upload {directory}: it does not exist; materialize it first")
     if not directory.is_relative_to(workspace):
-        raise DataError(f"cannot publish {directory}: it is outside the workspace {workspace}")
+        raise DataError(f"cannot upload {directory}: it is outside the workspace {workspace}")
     bucket, prefix = parse_s3_url(url)
     files = [directory] if directory.is_file() else finished_files(directory)
     if not files:
-        raise DataError(f"cannot publish {directory}: it holds no finished files")
+        raise DataError(f"cannot upload {directory}: it holds no finished files")
     manifest: dict[str, dict[str, Any]] = {}
     uploaded = skipped = 0
     for path in files:
@@ -119,8 +120,8 @@ def publish_dir(client: Any, directory: Path, workspace: Path, url: str) -> dict
     }
 
 
-def published_manifest(client: Any, url: str, rel_dir: str) -> dict[str, Any] | None:
-    """The ``_PUBLISHED.json`` of a published directory, or None when it is not (completely) published."""
+def uploaded_manifest(client: Any, url: str, rel_dir: str) -> dict[str, Any] | None:
+    """The ``_PUBLISHED.json`` of an uploaded directory, or None when it is not (completely) uploaded."""
     from botocore.exceptions import ClientError
 
     bucket, prefix = parse_s3_url(url)
