@@ -123,13 +123,6 @@ def test_lightgbm_models_round_trip_as_text() -> None:
         again = GBM.from_json(gbm.to_json())
         np.testing.assert_array_equal(again.predict(X[500:]), gbm.predict(X[500:]))
     assert isinstance(GBM.from_json(fit_gbm("binary", X, Y, X, Y).to_json()).models[1], float)
-    # a model saved when the file named its task reads as the same objective and shape
-    columns = json.loads(fit_gbm("binary", X, Y, X, Y).to_json())
-    legacy = {k: v for k, v in columns.items() if k not in ("objective", "columns")}
-    old = GBM.from_json(json.dumps({**legacy, "task": "multilabel"}))
-    assert old.objective == "binary" and old.columns and old.predict(X[:3]).shape == (3, 2)
-    one = GBM.from_json(json.dumps({**legacy, "task": "binary", "models": legacy["models"][:1], "n_out": 1}))
-    assert not one.columns and one.predict(X[:3]).shape == (3,)
 
 
 def test_regression_metrics_on_both_scales() -> None:
@@ -148,7 +141,6 @@ def test_regression_metrics_on_both_scales() -> None:
 def test_metrics_json_is_strict_json() -> None:
     text = json_dumps({"a": float("nan"), "b": [1.0, float("inf")], "c": np.float32(0.5)})
     assert "NaN" not in text and "Infinity" not in text
-    import json
 
     assert json.loads(text) == {"a": None, "b": [1.0, None], "c": 0.5}
 
