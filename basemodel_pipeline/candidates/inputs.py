@@ -14,6 +14,7 @@ without aggregates has them computed from the cache instead.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,6 +73,9 @@ class Rows:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     amp: Any = "cuda-bf16"
     memo: dict[str, np.ndarray] = field(default_factory=dict)
+    # memo entries taken on first use from arrays of every distinct example, given the rows' positions in
+    # them (X.rows): fine-tuning's frozen trunk outputs, embeddings and aggregates (scenarios/shared.py)
+    deferred: dict[str, Callable[[np.ndarray], np.ndarray]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.entity)
@@ -95,10 +99,16 @@ class Rows:
             self.device,
             self.amp,
             memo,
+            self.deferred,
         )
 
+    def _take_deferred(self, key: str) -> bool:
+        if key not in self.memo and key in self.deferred and self.X.rows is not None:
+            self.memo[key] = self.deferred[key](self.X.rows)
+        return key in self.memo
+
     def _forward(self, key: str, module: nn.Module) -> np.ndarray:
-        if key not in self.memo:
+        if not self._take_deferred(key):
             if len(self) == 0:
                 probe = runtime.predict(module, RowView(np.zeros((1, self.enc.dim), np.float32)), self.device)
                 self.memo[key] = np.zeros((0, probe.shape[1]), np.float32)
@@ -115,7 +125,7 @@ class Rows:
         return self._forward("embedding", _Embed(self.net))
 
     def tabular(self) -> np.ndarray:
-        if "tabular" not in self.memo:
+        if not self._take_deferred("tabular"):
             if self.enc.aggregate_dim:
                 self.memo["tabular"] = tabular_from_features(self.enc, self.X)
             else:

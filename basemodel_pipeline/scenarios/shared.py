@@ -101,10 +101,12 @@ class Shared:
         idx = self.rows(ex)
         device = runtime.resolve_device(self.cfg.training_params.foundation.device)
         rows = Rows(self.cache, self.enc, ex.entity, ex.time, RowView(self.X, idx), ex.labels, model, device)
-        self._share_tabular(rows, idx)
-        if mode == "frozen":
-            rows.memo["logits"] = runtime.predict(model.head, self.trunk_outputs(device)[idx], device)
-            rows.memo["embedding"] = self.embeddings(device)[idx]
+        rows.deferred = self._deferred()
+        if mode == "frozen":  # the trunk is the foundation's: its passes over X serve every scenario
+            rows.deferred["logits"] = lambda i: runtime.predict(
+                model.head, self.trunk_outputs(device)[i], device
+            )
+            rows.deferred["embedding"] = lambda i: self.embeddings(device)[i]
         return rows
 
     def plain_rows(self, ex: Examples) -> Rows:
@@ -112,17 +114,19 @@ class Shared:
         assert self.X is not None
         idx = self.rows(ex)
         rows = Rows(self.cache, self.enc, ex.entity, ex.time, RowView(self.X, idx), ex.labels)
-        self._share_tabular(rows, idx)
+        rows.deferred = self._deferred()
         return rows
 
-    def _share_tabular(self, rows: Rows, idx: np.ndarray) -> None:
-        """The aggregates of every distinct example, un-squashed once for all scenarios and splits."""
-        if not self.enc.aggregate_dim:
-            return  # Rows computes them from the cache
+    def _deferred(self) -> dict:
+        """The aggregates of every distinct example, un-squashed once for all scenarios and splits, taken by
+        the rows that read them (Rows computes them from the cache when the encoder has none)."""
+        return {"tabular": lambda i: self.tabular()[i]} if self.enc.aggregate_dim else {}
+
+    def tabular(self) -> np.ndarray:
         if self.A is None:
             assert self.X is not None
             self.A = tabular_from_features(self.enc, RowView(self.X))
-        rows.memo["tabular"] = self.A[idx]
+        return self.A
 
     def stage_key(self, scenario: Scenario) -> str:
         """The key of the scenario's staged baselines for this cache and encoder (scenarios/staging.py)."""
