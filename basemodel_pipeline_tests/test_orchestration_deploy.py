@@ -114,7 +114,6 @@ NOT_FOR_RUN_WORKERS = {
     "BASEMODEL_ALERT_WEBHOOK_URL": "alert sensors only (the URL may hold a token)",
     "BASEMODEL_ALERT_REMINDER_S": "alert sensors only",
     "BASEMODEL_ONLINERETAIL_WHEEL": "a demo data set's wheel: `basemodel demo` and the quality benchmark only",
-    "BASEMODEL_PUBLISH_URL": "the old name of BASEMODEL_UPLOAD_URL: the code server refuses it when set",
 }
 
 

@@ -169,20 +169,10 @@ def test_s3_prefix_listing_for_the_new_data_sensor(s3) -> None:
     assert json.dumps(signature)  # fits the sensor's JSON cursor
 
 
-def test_the_upload_url_turns_uploading_on_and_its_old_name_is_refused(
-    tiny_config: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.delenv("BASEMODEL_PUBLISH_URL", raising=False)
+def test_the_upload_url_turns_uploading_on(tiny_config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BASEMODEL_UPLOAD_URL", "s3://artifacts/prod")
     on = deployment(str(tiny_config), "ci")
     assert on.uploading and on.resources["uploader"].url == "s3://artifacts/prod"
     assert list(upload.defs(on).assets or []) == [uploaded_artifacts]
     monkeypatch.delenv("BASEMODEL_UPLOAD_URL")
     assert not deployment(str(tiny_config), "ci").uploading
-    monkeypatch.setenv("BASEMODEL_PUBLISH_URL", "s3://artifacts/prod")
-    with pytest.raises(ConfigError) as info:
-        deployment(str(tiny_config), "ci")
-    assert str(info.value) == (
-        "BASEMODEL_PUBLISH_URL is set but no longer read: rename it to BASEMODEL_UPLOAD_URL "
-        "(the uploads to object storage are off until then)"
-    )

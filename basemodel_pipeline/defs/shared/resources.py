@@ -34,8 +34,6 @@ ENV_VAR = "BASEMODEL_ENV"
 CONFIG_ENV_VAR = "BASEMODEL_CONFIG"
 LAUNCHER_ENV_VAR = "BASEMODEL_LAUNCHER"
 UPLOAD_ENV_VAR = "BASEMODEL_UPLOAD_URL"
-# BASEMODEL_UPLOAD_URL's old name: refused when set, so that uploads never stop without a word
-RENAMED_UPLOAD_ENV_VAR = "BASEMODEL_PUBLISH_URL"
 DEFAULT_CONFIG = "demo_workspace/config.yaml"
 ENVIRONMENTS = ("local", "ci", "prod")
 CLOUD_DEPLOYMENT_ENV_VAR = "DAGSTER_CLOUD_DEPLOYMENT_NAME"  # set by Dagster+ in every deployment
@@ -177,11 +175,6 @@ def quality_gates_from_env(env: str) -> QualityGates:
 
 def uploader_from_env() -> ArtifactUploader | None:
     """The uploader to BASEMODEL_UPLOAD_URL, None when it is unset."""
-    if setting(RENAMED_UPLOAD_ENV_VAR):
-        raise ConfigError(
-            f"{RENAMED_UPLOAD_ENV_VAR} is set but no longer read: rename it to {UPLOAD_ENV_VAR} "
-            "(the uploads to object storage are off until then)"
-        )
     url = setting(UPLOAD_ENV_VAR)
     if not url:
         return None
