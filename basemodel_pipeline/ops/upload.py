@@ -31,7 +31,7 @@ from basemodel_pipeline.retry import host_port, with_retry
 
 T = TypeVar("T")
 
-# The name readers of the bucket look for; kept, so that directories uploaded before stay complete to them.
+# What readers of the bucket look for: written last, so present only once the copy is complete.
 MARKER = "_PUBLISHED.json"
 SHA_KEY = "sha256"
 
