@@ -51,6 +51,9 @@ MAX_ROUNDS = 500
 EARLY_STOPPING = 30
 OBJECTIVES = ("binary", "multiclass", "regression")  # LightGBM's objectives fit_gbm fits
 WORKERS_ENV = "BASEMODEL_GBM_WORKERS"  # threads fitting one-vs-rest columns (default: from the CPUs)
+# LightGBM's Dataset construction is not safe in two threads at once (a segfault in about one run in five with
+# two workers); construction is a small part of a fit, the boosting itself runs side by side
+_CONSTRUCTING = threading.Lock()
 
 
 def _both(y: np.ndarray) -> bool:
@@ -269,7 +272,8 @@ def _column_data(train, y: np.ndarray, max_rows: int, seed: int, column: int):
         train.set_label(y)
         return train, len(y)
     idx, weight = sample
-    sub = train.subset(idx.astype(np.int32)).construct()
+    with _CONSTRUCTING:
+        sub = train.subset(idx.astype(np.int32)).construct()
     sub.set_label(y[idx])
     sub.set_weight(weight)
     return sub, len(idx)
@@ -371,7 +375,8 @@ def _fit_columns(todo: list[int], workers: int | None, datasets, seed: int, fit_
     threads = max(1, min(int(PARAMS["num_threads"]), _cpus() // workers))
 
     def run(columns: list[int]) -> None:
-        train, valid = datasets({**PARAMS, "seed": seed, "num_threads": threads})
+        with _CONSTRUCTING:
+            train, valid = datasets({**PARAMS, "seed": seed, "num_threads": threads})
         for c in columns:
             fit_column(c, train, valid, threads)
 
