@@ -219,3 +219,35 @@ def test_a_frozen_trunks_head_trains_on_one_cpu_thread(built, monkeypatch: pytes
         hook.remove()
     assert threads_in_training == {1}
     assert torch.get_num_threads() == 2
+
+
+def test_a_frozen_trunks_lightgbm_candidates_fit_while_its_head_trains(built) -> None:
+    """With a frozen trunk no candidate but the network reads the trained head: the LightGBM candidates fit
+    on a second thread while the head trains on one (the two CPUs both busy), with the same results."""
+    import threading
+
+    from basemodel_pipeline.cache.windows import resolve_windows
+    from basemodel_pipeline.scenarios.finetune import finetune_many
+
+    cfg, cache = built
+    if not (Path(cfg.workspace) / "checkpoints" / "foundation" / "LATEST").exists():
+        run_pretrain(cfg)
+    events: list[tuple[str, str]] = []
+
+    class Recorder:
+        def start(self, task: str, total: int | None) -> None:
+            events.append(("start", task))
+
+        def advance(self, task: str, amount: int = 1, **metrics: float) -> None:
+            events.append(("step", threading.current_thread().name))
+
+        def log(self, message: str) -> None:
+            events.append((message, threading.current_thread().name))
+
+    rcfg = resolve_windows(cfg)
+    finetune_many(rcfg, [rcfg.scenario("churn")], Recorder())
+    steps = [i for i, (what, _) in enumerate(events) if what == "step"]
+    fitting = [i for i, (what, _) in enumerate(events) if "fitting candidate lightgbm" in what]
+    assert steps and fitting
+    assert min(fitting) < max(steps)  # a LightGBM candidate started before the head's last step
+    assert {events[i][1] for i in fitting} != {threading.main_thread().name}

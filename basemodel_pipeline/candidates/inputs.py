@@ -121,6 +121,8 @@ class Rows:
         return self._forward("logits", self.net)
 
     def embedding(self) -> np.ndarray:
+        if self._take_deferred("embedding"):  # a frozen trunk's: no network needed
+            return self.memo["embedding"]
         assert self.net is not None, "Rows.embedding needs the scenario network"
         return self._forward("embedding", _Embed(self.net))
 

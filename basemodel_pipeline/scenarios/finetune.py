@@ -17,7 +17,7 @@ import contextlib
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,26 +28,22 @@ from basemodel_pipeline import workspace as ws
 from basemodel_pipeline.cache.versions import data_version as cache_data_version
 from basemodel_pipeline.cache.windows import windows_metadata
 from basemodel_pipeline.candidates.bagging import seed_spread
-from basemodel_pipeline.candidates.base import Candidate, Context
+from basemodel_pipeline.candidates.base import Candidate
 from basemodel_pipeline.candidates.blend import fitted_blend
 from basemodel_pipeline.candidates.calibration import amounts_summary, calibrate_outputs
-from basemodel_pipeline.candidates.inputs import Rows
 from basemodel_pipeline.candidates.lightgbm import LightGBM
-from basemodel_pipeline.candidates.ranking_baselines import NeuralRanking, tune_repeat_weight
 from basemodel_pipeline.candidates.selection import NOT_APPLICABLE, Selection, choose, primary, worse_on_test
-from basemodel_pipeline.candidates.zoo import candidate_models
 from basemodel_pipeline.config import PipelineConfig, Scenario
 from basemodel_pipeline.dates import iso_day
 from basemodel_pipeline.metadata import json_dumps
 from basemodel_pipeline.model.checkpoint import CheckpointMeta, publish_checkpoint
 from basemodel_pipeline.model.trunk import TrunkWithHead
 from basemodel_pipeline.progress import Progress
-from basemodel_pipeline.scenarios import staging
+from basemodel_pipeline.scenarios.fitting import Fit, fit_beside_network, fit_candidates
 from basemodel_pipeline.scenarios.network import clear_resume, train_network
 from basemodel_pipeline.scenarios.outcome import kept_outputs, run_summary
 from basemodel_pipeline.scenarios.refit import fit_windows, production_refit, refit
 from basemodel_pipeline.scenarios.shared import (
-    SMALL_ENTITIES,
     Shared,
     open_shared,
     prepare,
@@ -55,8 +51,7 @@ from basemodel_pipeline.scenarios.shared import (
     split_parts,
 )
 from basemodel_pipeline.targets.labels import Examples, TargetSpec
-from basemodel_pipeline.tasks import Task
-from basemodel_pipeline.tasks.recommendation import Recommendation
+from basemodel_pipeline.tasks import Task, task_for
 from basemodel_pipeline.training import promotion
 from basemodel_pipeline.training.work import WorkCounter
 
@@ -157,16 +152,19 @@ def _finish(
     publish the checkpoint with the chosen candidate (and the report's files, when `report` is given)."""
     cfg = shared.cfg
     parts = split_parts(ex)
+    mode, task = scenario.mode or cfg.training_params.finetune.mode, task_for(spec)
+    beside = fit_beside_network(shared, scenario, spec, {**parts, "test": ex["test"]}, task, mode, progress)
     t0 = time.perf_counter()
     model, task, history, best = train_network(
-        shared, scenario, spec, {"train": parts["train"], "val": parts["stop"]}, progress
+        shared, scenario, spec, {"train": parts["train"], "val": parts["stop"]}, progress, task=task
     )
     timing["train_s"] = time.perf_counter() - t0
     # examples the network trained on, all epochs (features come from the shared featurisation pass)
     work["train_examples_per_s"] = round(len(parts["train"]) * len(history) / max(timing["train_s"], 1e-9), 1)
-    mode = scenario.mode or cfg.training_params.finetune.mode
     model.to(runtime.resolve_device(cfg.training_params.foundation.device))
-    fit = _fit_candidates(shared, scenario, spec, {**parts, "test": ex["test"]}, model, task, mode, progress)
+    fit = fit_candidates(
+        shared, scenario, spec, {**parts, "test": ex["test"]}, model, task, mode, progress, beside
+    )
     t0 = time.perf_counter()
     selection, published = _choose(fit, parts["select"], scenario)
     timing["select_s"] = time.perf_counter() - t0
@@ -225,57 +223,7 @@ def _finish(
     return {**kept, **summary, **promotion.summary(verdict)}
 
 
-@dataclass
-class _Fit:
-    """A scenario's candidates, fitted (or read from the staged baselines), and the rows they score."""
-
-    ctx: Context
-    rows: dict[str, Rows]  # train, stop, select, test
-    candidates: dict[str, Candidate]
-    stage: staging.Stage | None  # the staged baselines' validation and test outputs, when they were staged
-    stage_info: dict[str, Any]
-    fit_s: dict[str, float]  # seconds per candidate fitted here
-    calibrations: dict[str, Any] = field(default_factory=dict)  # per output, from validation (Task.calibrate)
-
-
-def _fit_candidates(
-    shared: Shared,
-    scenario: Scenario,
-    spec: TargetSpec,
-    parts: dict[str, Examples],
-    model: TrunkWithHead,
-    task: Task,
-    mode: str,
-    progress: Progress,
-) -> _Fit:
-    """Every candidate the scenario names, fitted on the training rows (early stopping on "stop"); the
-    baselines staged by run_baselines are read instead of fitted again."""
-    cfg = shared.cfg
-    ctx = Context(scenario, spec, task, cfg.training_params.finetune.seed, progress)
-    rows = {k: shared.rows_of(v, model, mode) for k, v in parts.items()}
-    candidates = candidate_models(ctx, scenario.candidates, small=shared.cache.n_entities < SMALL_ENTITIES)
-    if isinstance(ctx.task, Recommendation):
-        weight = tune_repeat_weight(ctx, rows["stop"])
-        ctx.task.d.repeat_weight = weight
-        candidates["neural"] = NeuralRanking(ctx, weight)
-        progress.log(f"{scenario.name}: weight of the own purchase history {weight}")
-    stage, stage_info = staging.staged_for(shared.cfg, scenario, shared.stage_key(scenario), rows, progress)
-    if stage is not None:  # fitted by the scenario's CPU step (run_baselines): read, not fitted again
-        candidates.update({k: v for k, v in stage.candidates(ctx).items() if k in candidates})
-    staged = stage.select if stage is not None else {}
-    fit_s: dict[str, float] = {}
-    for name, cand in candidates.items():
-        if name == "neural" or name in staged:
-            continue
-        t0 = time.perf_counter()
-        progress.log(f"{scenario.name}: fitting candidate {name} on {len(rows['train']):,} training examples")
-        cand.fit(rows["train"], rows["stop"])
-        fit_s[name] = round(time.perf_counter() - t0, 2)
-        progress.log(f"{scenario.name}: {name} fitted in {fit_s[name]} s")
-    return _Fit(ctx, rows, candidates, stage, stage_info, fit_s)
-
-
-def _choose(fit: _Fit, select_examples: Examples, scenario: Scenario) -> tuple[Selection, Candidate]:
+def _choose(fit: Fit, select_examples: Examples, scenario: Scenario) -> tuple[Selection, Candidate]:
     """The published candidate (or blend), chosen on the selection rows of the validation windows."""
     task, candidates, select = fit.ctx.task, fit.candidates, fit.rows["select"]
     staged = fit.stage.select if fit.stage is not None else {}
@@ -302,7 +250,7 @@ def _choose(fit: _Fit, select_examples: Examples, scenario: Scenario) -> tuple[S
     return selection, published
 
 
-def _score_test(fit: _Fit, selection: Selection, published: Candidate) -> dict[str, Any]:
+def _score_test(fit: Fit, selection: Selection, published: Candidate) -> dict[str, Any]:
     """Every candidate's test outputs ("model": the published one's, first); the blend's too when the
     selection fitted one, even if another candidate is published."""
     staged_test = fit.stage.test if fit.stage is not None else {}
@@ -322,7 +270,7 @@ def _score_test(fit: _Fit, selection: Selection, published: Candidate) -> dict[s
 
 
 def _evaluation(
-    fit: _Fit, spec: TargetSpec, scenario: Scenario, selection: Selection, outputs: dict[str, Any], truth: Any
+    fit: Fit, spec: TargetSpec, scenario: Scenario, selection: Selection, outputs: dict[str, Any], truth: Any
 ) -> dict[str, Any]:
     """The test metrics of every candidate and what was chosen: the heart of metrics.json."""
     task = fit.ctx.task

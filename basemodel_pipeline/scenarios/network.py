@@ -30,6 +30,7 @@ def train_network(
     ex: dict[str, Examples],
     progress: Progress,
     fixed_epochs: int | None = None,
+    task: Task | None = None,
 ) -> tuple[TrunkWithHead, Task, list[dict], float]:
     """Train one scenario's network, early-stopped on ex["val"]; returns (model with the best epoch's weights,
     its task (the head's loss and decoding), history, best validation metric). ``fixed_epochs``: exactly that many epochs, the last one kept
@@ -41,7 +42,7 @@ def train_network(
     torch.manual_seed(p.seed)
     runtime.set_threads()
     device = runtime.resolve_device(shared.cfg.training_params.foundation.device)
-    head = task_for(spec)
+    head = task or task_for(spec)
     model = shared.new_model(head.out_dim)
     head.init_bias(model.head, ex["train"].labels)
     model.to(device)
