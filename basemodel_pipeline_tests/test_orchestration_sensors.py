@@ -271,10 +271,7 @@ def test_nightly_schedule_on_historical_data_asks_only_for_days_that_exist(
 
 def test_extract_rows_per_day_match_the_source(tiny_config: Path) -> None:
     with dg.instance_for_test() as instance:
-        tags = {
-            "dagster/asset_partition_range_start": "2023-02-01",
-            "dagster/asset_partition_range_end": "2023-02-07",
-        }
+        tags = _range("2023-02-01", "2023-02-07")
         result = _extract(tiny_config, instance, tags)
         assert result.success
         mats = result.asset_materializations_for_node("extracts__transactions")
@@ -299,10 +296,7 @@ def test_a_range_run_reports_the_repeated_rows_it_wrote(tiny_config: Path) -> No
     import duckdb
 
     with dg.instance_for_test() as instance:
-        tags = {
-            "dagster/asset_partition_range_start": "2023-01-01",
-            "dagster/asset_partition_range_end": "2023-01-31",
-        }
+        tags = _range("2023-01-01", "2023-01-31")
         result = _extract(tiny_config, instance, tags)
         assert result.success
         files = str(tiny_config.parent / "extracts" / "transactions" / "2023-01-*.parquet")
@@ -328,10 +322,7 @@ def _source_rows(config: Path, day: dt.date) -> int:
 def test_a_range_run_records_each_days_own_row_count(tiny_config: Path) -> None:
     days = [dt.date(2023, 3, 1) + dt.timedelta(days=i) for i in range(3)]
     with dg.instance_for_test() as instance:
-        tags = {
-            "dagster/asset_partition_range_start": days[0].isoformat(),
-            "dagster/asset_partition_range_end": days[-1].isoformat(),
-        }
+        tags = _range(days[0].isoformat(), days[-1].isoformat())
         assert _extract(tiny_config, instance, tags).success
         counts = [_source_rows(tiny_config, day) for day in days]
         assert len(set(counts)) > 1  # the days differ, so a shared total would show
@@ -347,10 +338,7 @@ def test_a_range_run_records_each_days_own_row_count(tiny_config: Path) -> None:
 
 def test_re_extracting_unchanged_days_keeps_the_data_version(tiny_config: Path) -> None:
     """The extract's data version is its content: an unchanged re-extraction triggers nothing downstream."""
-    tags = {
-        "dagster/asset_partition_range_start": "2023-03-01",
-        "dagster/asset_partition_range_end": "2023-03-03",
-    }
+    tags = _range("2023-03-01", "2023-03-03")
 
     def version(instance: dg.DagsterInstance) -> str:
         (record,) = instance.fetch_materializations(
