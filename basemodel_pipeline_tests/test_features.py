@@ -102,3 +102,53 @@ def test_history_written_into_a_half_precision_array_equals_the_float_features(
     X = np.full((300, enc.dim), np.nan, np.float16)
     enc.history_t(cache, e, t, 41, torch.device("cpu"), out=torch.from_numpy(X))
     np.testing.assert_array_equal(X, expected)
+
+
+@pytest.mark.parametrize("half_out", [False, True])
+def test_squash_is_log1p_of_counts_and_signed_log1p_of_numeric_sums(half_out: bool) -> None:
+    """The trunk's inputs from decayed sums: log1p of the (non-negative) counts, sign x log1p|x| of numeric
+    sums, channel 0 always a count; written into a strided half-precision block when given one."""
+    import torch
+
+    from basemodel_pipeline.features.transforms import squash, unsquash
+
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn((50, 3, 9), generator=gen) * 40
+    numeric = [0, 2, 5, 6]
+    expected = torch.log1p(x.clamp_min(0.0))
+    for c in (2, 5, 6):
+        expected[..., c] = torch.sign(x[..., c]) * torch.log1p(x[..., c].abs())
+    if half_out:
+        X = torch.full((50, 40), float("nan"), dtype=torch.float16)
+        got = squash(x.clone(), numeric, X[:, 7 : 7 + 27].view(50, 3, 9))
+        torch.testing.assert_close(X[:, 7:34].view(50, 3, 9), expected.half(), rtol=0, atol=0)
+        assert torch.isnan(X[:, :7]).all() and torch.isnan(X[:, 34:]).all()  # nothing outside the block
+    else:
+        got = squash(x.clone(), numeric)
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+        back = unsquash(got, numeric)
+        counts = [c for c in range(9) if c not in (2, 5, 6)]
+        keep = torch.ones_like(x, dtype=torch.bool)
+        keep[..., counts] = x[..., counts] >= 0  # negative counts squash to 0
+        torch.testing.assert_close(back[keep], x[keep], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_tabular_aggregates_are_the_half_precision_features_unsquashed(dtype: type) -> None:
+    """The aggregates the LightGBM candidates read: the aggregate block rounded to float16 (what fine-tuning
+    stores) and un-squashed, sign(a) x expm1(|a|), for any rows of a float16 or float32 feature matrix."""
+    from types import SimpleNamespace
+
+    from basemodel_pipeline.candidates.inputs import RowView, tabular_from_features
+
+    rng = np.random.default_rng(4)
+    X = (rng.normal(size=(60, 13)) * 4).astype(dtype)
+    X[3, 9], X[4, 10], X[5, 11] = 0.0, -0.0, np.nan
+    enc = SimpleNamespace(aggregate_offset=8)
+    rows = np.array([5, 3, 3, 40, 4, 0])
+    for view, picked in ((RowView(X), X), (RowView(X, rows), X[rows])):
+        block = picked[:, 8:].astype(np.float16).astype(np.float32)
+        expected = np.sign(block) * np.expm1(np.abs(block))
+        got = tabular_from_features(enc, view)  # type: ignore[arg-type]
+        assert got.dtype == np.float32 and got.shape == expected.shape
+        np.testing.assert_array_equal(got, expected)

@@ -54,9 +54,15 @@ class _Embed(nn.Module):
 
 
 def tabular_from_features(enc: FeatureEncoder, X: RowView) -> np.ndarray:
-    """The aggregate block of trunk-input rows as plain numbers (float16-rounded, then un-squashed)."""
-    A = X.columns(enc.aggregate_offset).astype(np.float16).astype(np.float32)
-    return np.sign(A) * np.expm1(np.abs(A))
+    """The aggregate block of trunk-input rows as plain numbers (float16-rounded, then un-squashed:
+    sign(a) x expm1(|a|)), computed in one float32 array."""
+    block = X.columns(enc.aggregate_offset).astype(np.float16, copy=False)
+    A = runtime.host_array(block.shape, np.float32)
+    A[...] = block
+    negative = A < 0
+    np.abs(A, out=A)
+    np.expm1(A, out=A)
+    return np.negative(A, out=A, where=negative)
 
 
 @dataclass

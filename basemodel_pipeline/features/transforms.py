@@ -16,12 +16,17 @@ SKETCH_NO_HISTORY_DAYS = 3650.0
 
 
 def squash(x: torch.Tensor, numeric: list[int], out: torch.Tensor | None = None) -> torch.Tensor:
-    """log1p for counts; signed log1p for numeric sums (channel 0 is the event count). x [..., C]; the
-    result goes to `out` (x's shape) when given."""
-    y = x.clamp_min(0.0).log1p_()
+    """log1p for counts; signed log1p for numeric sums (channel 0 is the event count). x [..., C] float32 is
+    overwritten (callers pass sums they no longer need: no [n, H, C] temporaries); the result goes to `out`
+    (x's shape, any float dtype, e.g. a strided block of fine-tuning's float16 matrix) when given."""
     num = [c for c in numeric if c != 0]
+    if num:  # the few numeric channels first, before x's counts are squashed in place
+        idx = torch.tensor(num, device=x.device)
+        v = x.index_select(-1, idx)
+        signed = torch.sign(v) * torch.log1p(v.abs())
+    y = x.clamp_(min=0.0).log1p_()
     if num:
-        y[..., num] = torch.sign(x[..., num]) * torch.log1p(x[..., num].abs())
+        y.index_copy_(-1, idx, signed)
     return y if out is None else out.copy_(y)
 
 

@@ -69,7 +69,7 @@ class Shared:
         # float16, as the per-entity state stores features: training sees what scoring will see, in half the
         # memory of float32 (the largest allocation of fine-tuning); batches reach the models as float32
         # (runtime.take). Written in place chunk by chunk: the keys are sorted, so each chunk is one slice.
-        self.X = np.empty((len(self.keys), self.enc.dim), np.float16)
+        self.X = runtime.host_array((len(self.keys), self.enc.dim), np.float16)
         self.enc.history_t(
             self.cache,
             self.keys[:, 0],
