@@ -112,3 +112,32 @@ def test_a_saved_model_without_its_objective_is_refused_in_one_line() -> None:
     with pytest.raises(UserError, match="run `basemodel finetune` again") as err:
         GBM.from_json(json.dumps(saved))
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("max_rows", [0, 700])
+def test_sampled_boosters_share_one_binned_training_set_across_workers(
+    monkeypatch: pytest.MonkeyPatch, max_rows: int
+) -> None:
+    """Row-sampled one-vs-rest boosters each train on a subset of the same bins: the training rows are binned
+    once for all the workers of a fit or a refit, each worker binning only its validation rows; without a
+    sample each worker labels a training set of its own. The same trees for any number of workers."""
+    monkeypatch.delenv(gbm.WORKERS_ENV, raising=False)
+    monkeypatch.setattr(gbm, "_cpus", lambda: 4)
+    X, Y = _data(1600)
+    binned: list[int] = []
+    real = gbm._datasets
+
+    def counting(X_train, X_val, *args, **kwargs):
+        if kwargs.get("train") is None:
+            binned.append(len(X_train))
+        return real(X_train, X_val, *args, **kwargs)
+
+    monkeypatch.setattr(gbm, "_datasets", counting)
+    m = fit_gbm("binary", X[:1200], Y[:1200], X[1200:], Y[1200:], seed=0, max_rows=max_rows, workers=3)
+    assert binned == ([1200] if max_rows else [1200] * 3)
+    binned.clear()
+    refit = m.refit(X, Y, seed=0, workers=3)
+    assert binned == ([1600] if max_rows else [1600] * 3)
+    one = fit_gbm("binary", X[:1200], Y[:1200], X[1200:], Y[1200:], seed=0, max_rows=max_rows, workers=1)
+    assert trees(one) == trees(m)
+    assert trees(m.refit(X, Y, seed=0, workers=1)) == trees(refit)
