@@ -286,6 +286,9 @@ def test_a_log1p_amount_is_published_in_money(world) -> None:
     lo, hi = amounts["mean_actual_95"]
     assert lo <= amounts["mean_actual"] <= hi and amounts["mean_within_interval"]
     assert lo <= amounts["mean_predicted"] <= hi
+    # the money map learns from every validation row, the early-stopping half of the entities too: a heavy-tailed
+    # amount's level is not the luck of the selection half
+    assert amounts["calibration_examples"] == r["examples"]["stop"] + r["examples"]["select"]
     for name, m in r["test_metrics"].items():  # every candidate's amounts are in money too
         assert m["mean_actual"] == pytest.approx(amounts["mean_actual"]), name
     cache, test = _test_examples(cfg, "spend")

@@ -46,6 +46,7 @@ import numpy as np
 import psutil
 import yaml
 
+from basemodel_pipeline.cache.windows import resolve_windows
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.demo.datasets import prepare_demo
 from basemodel_pipeline.evaluation import metrics
@@ -189,6 +190,7 @@ def run_seed(
     t0 = time.perf_counter()
     run_pretrain(cfg, Log())
     pretrain_s = time.perf_counter() - t0
+    cfg = resolve_windows(cfg)  # rolling windows (the demo configs' -47d ...) against the cache
     scenarios = [s for s in cfg.scenarios if names is None or s.name in names]
     results = finetune_many(cfg, scenarios, Log(), keep_outputs=True)
     arrays, info = {}, {"pretrain_s": pretrain_s, "scenarios": {}}
@@ -205,7 +207,7 @@ def run_seed(
                 node[leaf] = value
             changed_path = workspace / f"config_seed{seed}_reference.yaml"
             changed_path.write_text(yaml.safe_dump(raw, sort_keys=False))
-            cfg_base = load_config(changed_path)
+            cfg_base = resolve_windows(load_config(changed_path))
         plain = {k: v for k, v in reference.items() if "." not in k}
         ran = {s.name for s in scenarios}
         changed = {s.name: s.model_copy(update=plain) for s in cfg_base.scenarios if s.name in ran}

@@ -166,7 +166,7 @@ def _finish(
         shared, scenario, spec, {**parts, "test": ex["test"]}, model, task, mode, progress, beside
     )
     t0 = time.perf_counter()
-    selection, published = _choose(fit, parts["select"], scenario)
+    selection, published = _choose(fit, parts, scenario)
     timing["select_s"] = time.perf_counter() - t0
     progress.log(f"{scenario.name}: published {selection.published}: {selection.reason}")
     t0 = time.perf_counter()
@@ -223,11 +223,12 @@ def _finish(
     return {**kept, **summary, **promotion.summary(verdict)}
 
 
-def _choose(fit: Fit, select_examples: Examples, scenario: Scenario) -> tuple[Selection, Candidate]:
-    """The published candidate (or blend), chosen on the selection rows of the validation windows."""
+def _choose(fit: Fit, parts: dict[str, Examples], scenario: Scenario) -> tuple[Selection, Candidate]:
+    """The published candidate (or blend), chosen on the selection rows of the validation windows; the
+    outputs' calibrations from every validation row."""
     task, candidates, select = fit.ctx.task, fit.candidates, fit.rows["select"]
     staged = fit.stage.select if fit.stage is not None else {}
-    y_select = select.labels if task.ranked else task.truth(select_examples.labels)
+    y_select = select.labels if task.ranked else task.truth(parts["select"].labels)
     val_out = {
         name: staged[name] if name in staged else cand.predict(select) for name, cand in candidates.items()
     }
@@ -244,9 +245,11 @@ def _choose(fit: Fit, select_examples: Examples, scenario: Scenario) -> tuple[Se
         fit.ctx, candidates, val_out, y_select, select.entity, members, scenario.publish
     )
     if task.calibrated:
+        stop = (fit.rows["stop"], task.truth(parts["stop"].labels))
         fit.calibrations = calibrate_outputs(
-            fit.ctx, fit.candidates, selection, published, val_out, select, y_select
+            fit.ctx, fit.candidates, selection, published, val_out, (select, y_select), stop
         )
+        fit.calibration_examples = len(select) + len(stop[0])
     return selection, published
 
 
@@ -289,7 +292,9 @@ def _evaluation(
             }
     test = {name: m[task.primary_metric] for name, m in all_metrics.items()}
     amounts = (
-        amounts_summary(all_metrics["model"], truth, fit.rows["test"].entity) if task.calibrated else None
+        amounts_summary(all_metrics["model"], truth, fit.rows["test"].entity, fit.calibration_examples)
+        if task.calibrated
+        else None
     )
     if task.ranked:
         test.setdefault("lightgbm_aggregates", None)  # no LightGBM on aggregates for ranking the catalogue
