@@ -22,6 +22,7 @@ import bench_peers  # noqa: E402
 
 def _part(workspace: Path, part: str, entity: np.ndarray, truth: np.ndarray, out: dict) -> None:
     arrays = {
+        "churn/task": np.array("binary"),
         "churn/entity": entity,
         "churn/time": np.full(len(entity), 100),
         "churn/truth": truth,
@@ -49,6 +50,7 @@ def test_collect_compares_only_the_same_test_rows(tmp_path: Path) -> None:
     _part(tmp_path, "coles", np.arange(8), truth, {"coles_probe": 1 - good, "coles_lgbm": good})
     flat = bench_peers.collect(tmp_path, ["churn"], ["lgbm", "coles"])
     assert flat["churn.lgbm"] == 1.0 and flat["churn.coles_probe"] == 0.0
+    assert flat["churn.metric"] == "auroc"  # the scenario's task, saved with its rows, says how to score it
     lo, hi = flat["churn.lgbm_ci95"]
     assert lo <= 1.0 <= hi
     # a peer scored on other households (or the same ones in another order) is refused, not compared

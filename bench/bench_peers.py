@@ -110,10 +110,11 @@ def scenario_examples(cfg, cache: EventCache, name: str):
     return sc, spec, {**split_parts(ex), "test": ex["test"]}
 
 
-def truth_of(task: str, ex) -> np.ndarray:
-    from basemodel_pipeline.targets.labels import dense_labels
+def truth_of(spec, ex) -> np.ndarray:
+    """The examples' labels as the metrics take them (the scenario's task says how: Task.truth)."""
+    from basemodel_pipeline.tasks import task_for
 
-    return dense_labels(ex.labels) if task == "multilabel" else np.asarray(ex.labels)
+    return np.asarray(task_for(spec).truth(ex.labels))
 
 
 def rows_with(cache: EventCache, ex, tabular: np.ndarray):
@@ -144,9 +145,10 @@ def save_part(out: Path, arrays: dict, info: dict) -> None:
 def _keys(arrays: dict, cfg, cache: EventCache, names: list[str]) -> dict:
     """Test keys and labels of every scenario (what collect() checks equal across parts)."""
     for name in names:
-        sc, _, ex = scenario_examples(cfg, cache, name)
+        sc, spec, ex = scenario_examples(cfg, cache, name)
+        arrays[f"{name}/task"] = np.array(sc.task)  # how collect() scores it
         arrays[f"{name}/entity"], arrays[f"{name}/time"] = ex["test"].entity, ex["test"].time
-        arrays[f"{name}/truth"] = truth_of(sc.task, ex["test"])
+        arrays[f"{name}/truth"] = truth_of(spec, ex["test"])
     return arrays
 
 
@@ -431,7 +433,7 @@ def run_coles(cfg, cache: EventCache, names: list[str], sampler: MemorySampler, 
     for name in names:
         sc, spec, ex = examples[name]
         X = {k: emb(v) for k, v in ex.items()}
-        truth = {k: truth_of(sc.task, v) for k, v in ex.items()}
+        truth = {k: truth_of(spec, v) for k, v in ex.items()}
 
         def probe(sc=sc, X=X, truth=truth):
             return probe_scores(
@@ -552,14 +554,14 @@ def collect(workspace: Path, names: list[str], parts: list[str]) -> dict:
         z0 = loaded[ref][0]
         for p in parts[1:]:
             z = loaded[p][0]
-            for k in ("entity", "time", "truth"):
+            for k in ("task", "entity", "time", "truth"):
                 if not np.array_equal(z0[f"{name}/{k}"], z[f"{name}/{k}"]):
                     raise SystemExit(f"{name}: test {k} of {p} differs from {ref}'s: not the same rows")
         if "ours" in loaded:
             zo = loaded["ours"][0]
             if not np.array_equal(zo[f"{name}/truth_pipeline"], z0[f"{name}/truth"]):
                 raise SystemExit(f"{name}: the pipeline's test labels differ from the rebuilt ones")
-        task = "binary" if z0[f"{name}/truth"].ndim == 1 else "multilabel"
+        task = str(z0[f"{name}/task"])
         y = z0[f"{name}/truth"]
         outs = {m: loaded[p][0][f"{name}/out/{m}"] for m, (p, _) in MODELS.items() if p in loaded}
         if "ours" in loaded:

@@ -90,7 +90,7 @@ class Log(NullProgress):
 
 def row_metric(task: str, truth, out, k: int = 10) -> np.ndarray | None:
     """Per-row values whose mean is the primary metric (recommendation: NDCG@10), else None."""
-    if task != "recommendation":
+    if not task_named(task).ranked:
         return None
     indptr, indices, n_items = truth
     hits = metrics.ranking_hits(out, indptr, indices, n_items)[:, :k].astype(np.float64)
@@ -110,9 +110,9 @@ def paired_interval(task: str, truth, model_runs: list, base_runs: list, seed: i
     `entity` (the entity of each test row) whole entities are resampled: the test windows of several test
     split points are not independent rows."""
     sign = 1.0 if task_named(task).higher_is_better() else -1.0
-    n = len(model_runs[0]) if task != "recommendation" else len(truth[0]) - 1
+    n = len(model_runs[0]) if not task_named(task).ranked else len(truth[0]) - 1
 
-    if task == "recommendation":  # per-row NDCG: resample rows of the per-row values
+    if task_named(task).ranked:  # per-row NDCG: resample rows of the per-row values
         model_runs = [row_metric(task, truth, m) for m in model_runs]
         base_runs = [row_metric(task, truth, b) for b in base_runs]
 
@@ -225,7 +225,7 @@ def run_seed(
             info["scenarios"][name]["reference"] = _scenario_info(task, ref)
             _outputs(arrays, name, "ref", ref_results[name])
         truth = r["test_truth"]
-        if task == "recommendation":
+        if task_named(task).ranked:
             arrays[f"{name}/truth_indptr"], arrays[f"{name}/truth_indices"] = truth[0], truth[1]
             arrays[f"{name}/truth_n"] = np.array([truth[2]])
         else:
@@ -257,14 +257,14 @@ def collect(dataset: str, workspace: Path, seeds: list[int], names: list[str] | 
         z0 = runs[0][0]
         truth = (
             (z0[f"{name}/truth_indptr"], z0[f"{name}/truth_indices"], int(z0[f"{name}/truth_n"][0]))
-            if task == "recommendation"
+            if task_named(task).ranked
             else z0[f"{name}/truth"]
         )
         model = [z[f"{name}/out/model"] for z, _ in runs]
         entity = z0.get(f"{name}/test_entity")  # older runs have none: rows are resampled
         flat[f"{name}.task"] = task
         flat[f"{name}.test_split_points"] = ",".join(first.get("test_split_points", []))
-        flat[f"{name}.test_rows"] = len(model[0]) if task != "recommendation" else len(truth[0]) - 1
+        flat[f"{name}.test_rows"] = len(model[0]) if not task_named(task).ranked else len(truth[0]) - 1
         if entity is not None:
             flat[f"{name}.test_entities"] = len(np.unique(entity))
         flat[f"{name}.metric"] = task_named(task).primary_metric
