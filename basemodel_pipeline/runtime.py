@@ -58,7 +58,7 @@ def cpu_has_bf16() -> bool:
 
 
 def autocast(device: torch.device, amp: torch.dtype | None | str = "cuda-bf16"):
-    """Mixed precision context: amp=None is fp32; the default keeps the old rule (bf16 on CUDA only)."""
+    """Mixed precision context: amp=None is fp32; the default "cuda-bf16" is bf16 on CUDA only."""
     if amp == "cuda-bf16":
         return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     return torch.autocast(device.type, dtype=amp or torch.bfloat16, enabled=amp is not None)

@@ -152,3 +152,32 @@ def test_tabular_aggregates_are_the_half_precision_features_unsquashed(dtype: ty
         got = tabular_from_features(enc, view)  # type: ignore[arg-type]
         assert got.dtype == np.float32 and got.shape == expected.shape
         np.testing.assert_array_equal(got, expected)
+
+
+def test_decayed_sums_are_written_into_a_block_of_the_callers_sums() -> None:
+    """Each query's sum over its rows of value x exp(-dt x rate), per rate and channel: the same numbers
+    returned or written into a block of a larger [n, R, C] array (whatever the block held before)."""
+    import torch
+
+    from basemodel_pipeline.features.kernels import decayed_sums
+
+    gen = torch.Generator().manual_seed(5)
+    m, K, n, C = 40, 2, 6, 4
+    values = torch.rand((m, K), generator=gen)
+    chans = torch.randint(0, C, (m, K), generator=gen)
+    owner = torch.sort(torch.randint(0, n, (m,), generator=gen)).values
+    dt = torch.randint(0, 30 * DAY, (m,), generator=gen)
+    rates = torch.tensor([np.log(2) / (7 * DAY), np.log(2) / (30 * DAY)])
+    expected = torch.zeros((n, 2, C), dtype=torch.float64)
+    for i in range(m):
+        for k in range(K):
+            for r in range(2):
+                expected[owner[i], r, chans[i, k]] += float(values[i, k]) * np.exp(
+                    -float(dt[i]) * float(rates[r])
+                )
+    got = decayed_sums(values, owner, dt, chans, rates, n, C)
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-6)
+    block = torch.full((n + 3, 2, C), float("nan"))
+    decayed_sums(values, owner, dt, chans, rates, n, C, out=block[2 : 2 + n])
+    assert torch.equal(block[2 : 2 + n], got)
+    assert torch.isnan(block[:2]).all() and torch.isnan(block[2 + n :]).all()

@@ -93,18 +93,21 @@ def row_chunks(lengths: torch.Tensor, first: torch.Tensor, max_rows: int = MAX_R
 
 def decayed_sums(
     values: torch.Tensor, owner: torch.Tensor, dt_s: torch.Tensor, chans: torch.Tensor,
-    rates: torch.Tensor, n: int, channels: int,
+    rates: torch.Tensor, n: int, channels: int, out: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
-    """Per query and rate: sum over its rows of value * exp(-dt * rate). Returns [n, R, channels] float32.
+    """Per query and rate: sum over its rows of value * exp(-dt * rate). Returns [n, R, channels] float32:
+    `out` (contiguous, overwritten) when given, so a caller's block of sums needs no temporary.
 
     values [m, K] float32, chans [m, K] int64 (channel of each value), owner [m], dt_s [m] seconds."""
     R = len(rates)
-    out = torch.zeros((R, n * channels), dtype=torch.float32, device=values.device)
-    idx = chans.add((owner * channels).unsqueeze(1)).reshape(-1)  # [m * K], computed once for all rates
+    if out is None:
+        out = torch.empty((n, R, channels), dtype=torch.float32, device=values.device)
+    flat = out.zero_().view(-1)
+    idx = chans.add((owner * (R * channels)).unsqueeze(1)).reshape(-1)  # [m * K]: rate 0's places
     dt = dt_s.to(torch.float32).unsqueeze(1)
     for r in range(R):
-        out[r].index_add_(0, idx, values.mul(torch.exp(dt * -rates[r])).reshape(-1))
-    return out.view(R, n, channels).transpose(0, 1)
+        flat.index_add_(0, idx + r * channels, values.mul(torch.exp(dt * -rates[r])).reshape(-1))
+    return out
 
 
 def scan(seg: torch.Tensor, t: torch.Tensor, first: torch.Tensor, rates: torch.Tensor) -> torch.Tensor:
@@ -174,7 +177,7 @@ def incremental_sums(
     for a, b in row_chunks(sg.pos - start, sg.first):
         owner, rows = expand_ranges_t(start[a:b], sg.pos[a:b])
         chans, vals = channel_fn(rows, owner, a)
-        sums[a:b] = decayed_sums(vals, owner, t[a:b][owner] - st.ts[rows], chans, rates, b - a, channels)
+        decayed_sums(vals, owner, t[a:b][owner] - st.ts[rows], chans, rates, b - a, channels, out=sums[a:b])
         if not direct:
             scan(sums[a:b], t[a:b], sg.first[a:b], rates)
     return sums, sg

@@ -203,7 +203,7 @@ def _advance_chunk(
         for a, b in row_chunks(hi - lo, torch.ones(n, dtype=torch.bool, device=dev)):
             owner, rows = expand_ranges_t(lo[a:b], hi[a:b])
             chans, vals = enc.event_channels_t(plan, st, rows)
-            new[a:b] = decayed_sums(vals, owner, t1 - st.ts[rows], chans, rates, b - a, plan.channels)
+            decayed_sums(vals, owner, t1 - st.ts[rows], chans, rates, b - a, plan.channels, out=new[a:b])
         sums.append(old * decay + new)
         pos.append(hi)
     if not enc.aggregate_dim:
