@@ -189,3 +189,33 @@ def test_finetune_many_scenarios_in_one_pass(trained) -> None:
     assert set(out) == set(names)
     for name in names:
         assert Path(out[name]["path"]).is_dir() and np.isfinite(out[name]["test_model"])
+
+
+def test_training_sizes_do_not_follow_the_memory_free_at_the_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The featurisation chunk groups the epoch's entities and sets the schedule's length, so it shapes the
+    trained model: it comes from the machine's memory, not from what other processes leave free at the moment
+    (the same seed gave different foundations run to run). Free memory too short for it lowers it with a line
+    saying so."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from basemodel_pipeline.config.params import FoundationParams
+    from basemodel_pipeline.training import calibrate as cal
+
+    gib = 2**30
+    p = FoundationParams()
+    sizes = []
+    for available in (20 * gib, 14 * gib, 9 * gib):
+        monkeypatch.setattr(
+            cal.psutil, "virtual_memory", lambda a=available: SimpleNamespace(total=24 * gib, available=a)
+        )
+        sizes.append(cal.calibrate(p, 25_000, 2160, 600, torch.device("cpu")))
+    assert len({s.chunk_examples for s in sizes}) == 1
+    lines: list[str] = []
+    monkeypatch.setattr(
+        cal.psutil, "virtual_memory", lambda: SimpleNamespace(total=24 * gib, available=gib // 4)
+    )
+    short = cal.calibrate(p, 25_000, 2160, 600, torch.device("cpu"), log=lines.append)
+    assert short.chunk_examples < sizes[0].chunk_examples
+    assert len(lines) == 1 and "chunk" in lines[0] and "free" in lines[0]

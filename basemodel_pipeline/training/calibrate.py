@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import psutil
@@ -12,7 +13,10 @@ from basemodel_pipeline.config.params import FoundationParams
 from basemodel_pipeline.runtime import cpu_has_bf16
 
 MIN_CHUNK, MAX_CHUNK = 4096, 131072
-CHUNK_MEMORY_SHARE = 0.15  # of the available memory, for one featurised chunk (x2 with a prefetch worker)
+# Of the machine's memory, for one featurised chunk (x2 with a prefetch worker). The chunk shapes the model (it
+# groups the epoch's entities and sets the schedule's length), so it follows the machine, not the memory other
+# processes leave free at the moment; less free than twice the chunk lowers it, with a line.
+CHUNK_MEMORY_SHARE = 0.15
 
 
 @dataclass(frozen=True)
@@ -36,7 +40,14 @@ class Sizes:
         return asdict(self)
 
 
-def calibrate(p: FoundationParams, n_entities: int, in_dim: int, out_dim: int, device: torch.device) -> Sizes:
+def calibrate(
+    p: FoundationParams,
+    n_entities: int,
+    in_dim: int,
+    out_dim: int,
+    device: torch.device,
+    log: Callable[[str], None] | None = None,
+) -> Sizes:
     spp = min(p.split_points_per_entity, max(1, p.max_examples_per_epoch // max(n_entities, 1)))
     entities = min(n_entities, max(1, p.max_examples_per_epoch // spp))
     per_epoch = spp * entities
@@ -51,13 +62,33 @@ def calibrate(p: FoundationParams, n_entities: int, in_dim: int, out_dim: int, d
         workers = int(p.loader_workers)
     else:
         workers = 1 if device.type == "cuda" or (os.cpu_count() or 1) >= 4 else 0
-    bytes_per_example = (in_dim + out_dim) * 4 * 3  # features, targets, and featurisation temporaries
-    budget = psutil.virtual_memory().available * CHUNK_MEMORY_SHARE / (1 + workers)
-    chunk = int(min(MAX_CHUNK, max(MIN_CHUNK, budget // bytes_per_example)))
-    chunk = max(batch, chunk // batch * batch)
+    chunk = _chunk_examples((in_dim + out_dim) * 4 * 3, workers, batch, log)
     if p.precision == "auto":
         bf16 = torch.cuda.is_bf16_supported() if device.type == "cuda" else cpu_has_bf16()
         precision = "bf16" if bf16 else "fp32"
     else:
         precision = p.precision
     return Sizes(spp, entities, batch, chunk, workers, precision)
+
+
+def _chunk_examples(
+    bytes_per_example: int, workers: int, batch: int, log: Callable[[str], None] | None
+) -> int:
+    """Examples featurised at a time (bytes_per_example: features, targets and featurisation temporaries)."""
+    memory = psutil.virtual_memory()
+
+    def fit(budget: float) -> int:
+        chunk = int(min(MAX_CHUNK, max(MIN_CHUNK, budget / (1 + workers) // bytes_per_example)))
+        return max(batch, chunk // batch * batch)
+
+    chunk = fit(memory.total * CHUNK_MEMORY_SHARE)
+    if chunk * bytes_per_example * (1 + workers) * 2 > memory.available:
+        lowered = min(chunk, fit(memory.available / 2))
+        if lowered < chunk and log is not None:
+            log(
+                f"featurisation chunk lowered from {chunk:,} to {lowered:,} examples: "
+                f"{memory.available / 2**30:.1f} GiB free of {memory.total / 2**30:.0f} GiB; "
+                "the epoch's example order then differs from a run with more memory free"
+            )
+        chunk = lowered
+    return chunk

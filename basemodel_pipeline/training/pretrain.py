@@ -291,7 +291,7 @@ def _pretrain(
     enc = fit_encoder(cache, cfg)
     days = activity_days(p)
     layout = target_layout(enc, days)
-    sizes = calibrate(p, cache.n_entities, enc.dim, layout.width, device)
+    sizes = calibrate(p, cache.n_entities, enc.dim, layout.width, device, progress.log)
     progress.log(
         "training sizes: "
         + ", ".join(f"{k}={v}" for k, v in sizes.to_dict().items())
