@@ -10,7 +10,7 @@ The Complete Journey, on the same split, the same labels and the same test rows.
 of the pipeline with the aggregates + LightGBM peer where the data is small (results in
 bench/results/peers_synthetic_small.json). ``--dataset synthetic_cohort``: the same generator thinned to 25,000
 entities that all have events and about 60,000 events (two or three each: the shape of a one-cohort purchase
-history such as CDNOW's 23,570 customers and 69,659 purchases), 2.5 times the (entity, split) rows; its
+history, where every customer bought at least once), 2.5 times the (entity, split) rows; its
 quality gates are off (a timing data set: the synthetic churn signal is near chance).
 
 ``make peers-venv`` builds ``.venv-peers`` from bench/peers-requirements.txt (torch 2.13.0 CPU, the
