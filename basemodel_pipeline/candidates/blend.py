@@ -116,7 +116,7 @@ class Blend:
 
 def fitted_blend(ctx: Context, candidates: dict[str, Candidate], info: dict[str, Any]) -> Blend:
     """The blend a selection fitted (Selection.blend: members, weights, scale, intercept), rebuilt from its
-    fitted members (for the report or the calibration when another candidate is published)."""
+    fitted members (selection.with_blend: its outputs when another candidate is published)."""
     blend = Blend(ctx, [candidates[m] for m in info["members"]])
     blend.weights = np.asarray(info["weights"], np.float64)
     blend.scale, blend.intercept = float(info.get("scale", 1.0)), float(info["intercept"])

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from basemodel_pipeline.candidates.base import Candidate, Context
-from basemodel_pipeline.candidates.blend import Blend
+from basemodel_pipeline.candidates.blend import Blend, fitted_blend
 from basemodel_pipeline.errors import ConfigError
 from basemodel_pipeline.evaluation.resampling import bootstrap_rounds, entity_folds, paired_bootstrap
 from basemodel_pipeline.targets.labels import SparseLabels, take_labels
@@ -180,6 +180,18 @@ def choose(
             )
             best = "blend"
     return Selection(best, metric, scores, reason, False, blend_info), pool[best]
+
+
+def with_blend(
+    ctx: Context, candidates: dict[str, Candidate], selection: Selection, published: Candidate, outputs: dict
+) -> dict[str, Any]:
+    """Each candidate's `outputs` on some rows, and the blend's when the selection fitted one (published or
+    not), combined from its members' outputs there rather than by scoring the members again."""
+    if "blend" not in selection.validation:
+        return outputs
+    blend = published if selection.published == "blend" else fitted_blend(ctx, candidates, selection.blend)
+    assert isinstance(blend, Blend)
+    return {**outputs, "blend": blend.combine([outputs[m] for m in selection.blend["members"]])}
 
 
 def _gain_lower_bound(

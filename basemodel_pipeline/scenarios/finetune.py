@@ -29,10 +29,16 @@ from basemodel_pipeline.cache.versions import data_version as cache_data_version
 from basemodel_pipeline.cache.windows import windows_metadata
 from basemodel_pipeline.candidates.bagging import seed_spread
 from basemodel_pipeline.candidates.base import Candidate
-from basemodel_pipeline.candidates.blend import fitted_blend
 from basemodel_pipeline.candidates.calibration import amounts_summary, calibrate_outputs
 from basemodel_pipeline.candidates.lightgbm import LightGBM
-from basemodel_pipeline.candidates.selection import NOT_APPLICABLE, Selection, choose, primary, worse_on_test
+from basemodel_pipeline.candidates.selection import (
+    NOT_APPLICABLE,
+    Selection,
+    choose,
+    primary,
+    with_blend,
+    worse_on_test,
+)
 from basemodel_pipeline.config import PipelineConfig, Scenario
 from basemodel_pipeline.dates import iso_day
 from basemodel_pipeline.metadata import json_dumps
@@ -247,9 +253,8 @@ def _choose(fit: Fit, parts: dict[str, Examples], scenario: Scenario) -> tuple[S
     if task.calibrated:
         stop = (fit.rows["stop"], task.truth(parts["stop"].labels))
         fit.calibrations = calibrate_outputs(
-            fit.ctx, fit.candidates, selection, published, val_out, (select, y_select), stop
+            fit.ctx, fit.candidates, selection, published, val_out, y_select, stop
         )
-        fit.calibration_examples = len(select) + len(stop[0])
     return selection, published
 
 
@@ -262,13 +267,7 @@ def _score_test(fit: Fit, selection: Selection, published: Candidate) -> dict[st
         name: staged_test[name] if name in staged_test else cand.predict(test)
         for name, cand in fit.candidates.items()
     }
-    if "blend" in selection.validation:
-        blend = (
-            published
-            if selection.published == "blend"
-            else fitted_blend(fit.ctx, fit.candidates, selection.blend)
-        )
-        outputs["blend"] = blend.predict(test)
+    outputs = with_blend(fit.ctx, fit.candidates, selection, published, outputs)
     return {"model": outputs[selection.published], **outputs}
 
 
@@ -292,7 +291,13 @@ def _evaluation(
             }
     test = {name: m[task.primary_metric] for name, m in all_metrics.items()}
     amounts = (
-        amounts_summary(all_metrics["model"], truth, fit.rows["test"].entity, fit.calibration_examples)
+        # the money maps learned from every validation row (calibrate_outputs)
+        amounts_summary(
+            all_metrics["model"],
+            truth,
+            fit.rows["test"].entity,
+            len(fit.rows["select"]) + len(fit.rows["stop"]),
+        )
         if task.calibrated
         else None
     )

@@ -37,7 +37,6 @@ class Fit:
     stage_info: dict[str, Any]
     fit_s: dict[str, float]  # seconds per candidate fitted here
     calibrations: dict[str, Any] = field(default_factory=dict)  # per output, from validation (Task.calibrate)
-    calibration_examples: int = 0  # the validation rows the calibrations learned from
 
 
 def fit_candidates(
