@@ -57,6 +57,11 @@ def cpu_has_bf16() -> bool:
         return False
 
 
+def native_bf16(device: torch.device) -> bool:
+    """bf16 matmuls run natively on `device`: a GPU that supports them, a CPU with AVX512-BF16 or AMX."""
+    return torch.cuda.is_bf16_supported() if device.type == "cuda" else cpu_has_bf16()
+
+
 def autocast(device: torch.device, amp: torch.dtype | None | str = "cuda-bf16"):
     """Mixed precision context: amp=None is fp32; the default "cuda-bf16" is bf16 on CUDA only."""
     if amp == "cuda-bf16":

@@ -219,3 +219,42 @@ def test_training_sizes_do_not_follow_the_memory_free_at_the_time(monkeypatch: p
     short = cal.calibrate(p, 25_000, 2160, 600, torch.device("cpu"), log=lines.append)
     assert short.chunk_examples < sizes[0].chunk_examples
     assert len(lines) == 1 and "chunk" in lines[0] and "free" in lines[0]
+
+
+def test_a_frozen_trunks_head_takes_larger_batches_on_many_examples_and_small_data_keeps_256() -> None:
+    """finetune.batch_size auto: 256, doubled for a head on a frozen trunk up to 2048 while an epoch keeps
+    at least 128 steps; a trained trunk (full, lora) keeps 256; a number is taken as it is."""
+    from basemodel_pipeline.config.params import FinetuneParams
+    from basemodel_pipeline.scenarios.network import head_batch_size
+
+    assert FinetuneParams().batch_size == "auto"
+    assert head_batch_size("auto", "frozen", 20_000) == 256  # 78 steps: small data keeps small batches
+    assert head_batch_size("auto", "frozen", 65_535) == 256  # 512 would leave 127 steps
+    assert head_batch_size("auto", "frozen", 65_536) == 512  # 128 steps
+    assert head_batch_size("auto", "frozen", 131_072) == 1024
+    assert head_batch_size("auto", "frozen", 400_000) == 2048
+    assert head_batch_size("auto", "frozen", 10**8) == 2048
+    assert head_batch_size("auto", "full", 10**6) == head_batch_size("auto", "lora", 10**6) == 256
+    assert head_batch_size(64, "frozen", 10**6) == 64
+    with pytest.raises(ValueError):
+        FinetuneParams(batch_size=0)
+
+
+def test_the_trunk_in_bf16_stays_within_bf16_rounding_of_fp32_on_features_far_from_zero() -> None:
+    """Features whose mean is far from zero against their spread (a count that is never zero): folded into
+    the projection, the standardisation becomes (W / s) x minus a bias of the same size, a cancellation bf16
+    cannot hold. Under bf16 autocast (pretraining's validation, the frozen fine-tuning pass, `predict`) the
+    trunk standardises in fp32 first, so its outputs stay within bf16's rounding of the fp32 ones."""
+    import torch
+
+    from basemodel_pipeline.model.trunk import Trunk
+
+    torch.manual_seed(0)
+    trunk = Trunk(64, 32, 2, 0.0).eval()
+    x = 100.0 + 0.01 * torch.randn(512, 64)
+    trunk.set_stats(x.mean(0), x.std(0))
+    with torch.no_grad():
+        fp32 = trunk.residual(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            bf16 = trunk.residual(x).float()
+    assert ((bf16 - fp32).abs().mean() / fp32.abs().mean()).item() < 0.02

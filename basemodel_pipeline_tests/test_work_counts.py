@@ -143,6 +143,14 @@ def _featurised(cfg, cache: EventCache, n: int):
     return shared
 
 
+def _fp32(shared):
+    """`shared` with finetune.precision fp32: its frozen trunk passes in fp32."""
+    tp = shared.cfg.training_params
+    tp = tp.model_copy(update={"finetune": tp.finetune.model_copy(update={"precision": "fp32"})})
+    shared.cfg = shared.cfg.model_copy(update={"training_params": tp})
+    return shared
+
+
 def test_finetune_keeps_its_features_in_half_the_memory_of_float32(built) -> None:
     """The featurised examples are the largest allocation of fine-tuning (7.8 GB of float32 at the default caps
     on the 50M synthetic set): they are stored as float16, which they already were rounded to (the per-entity
@@ -159,9 +167,9 @@ def test_finetune_keeps_its_features_in_half_the_memory_of_float32(built) -> Non
     np.testing.assert_array_equal(shared.X.astype(np.float32), full.half().float().numpy())
     batch = runtime.take(shared.X, np.arange(3), torch.device("cpu"))
     assert batch.dtype == torch.float32  # the network's parameters are float32
-    H = shared.trunk_outputs(torch.device("cpu"))
+    H = _fp32(shared).trunk_outputs(torch.device("cpu"))
     model = shared.new_model(1)
-    expected = runtime.predict(model.trunk, full.half().float().numpy(), torch.device("cpu"))
+    expected = runtime.predict(model.trunk, full.half().float().numpy(), torch.device("cpu"), amp=None)
     np.testing.assert_array_equal(H, expected)
 
 
@@ -174,7 +182,7 @@ def test_a_frozen_trunk_reads_the_featurised_examples_once_for_outputs_and_embed
     from basemodel_pipeline.candidates.inputs import _Embed
 
     cfg, cache = built
-    shared = _featurised(cfg, cache, 40)
+    shared = _fp32(_featurised(cfg, cache, 40))  # the same numbers, compared exactly in fp32
     cpu = torch.device("cpu")
     rows_read = []
     hook = torch.nn.modules.module.register_module_forward_pre_hook(
@@ -193,6 +201,44 @@ def test_a_frozen_trunk_reads_the_featurised_examples_once_for_outputs_and_embed
     X = shared.X.astype(np.float32)
     np.testing.assert_allclose(H, runtime.predict(model.trunk, X, cpu), rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(E, runtime.predict(_Embed(model), X, cpu))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_frozen_trunks_pass_runs_in_the_finetune_precision(built, precision: str) -> None:
+    """finetune.precision sets the matmul precision of the frozen trunk's pass (the outputs the head learns
+    from): fp32 gives the fp32 pass, bf16 the bf16 autocast pass, which differs from fp32 by bf16's rounding."""
+    import torch
+
+    from basemodel_pipeline import runtime
+    from basemodel_pipeline.candidates.inputs import _Embed
+
+    cfg, cache = built
+    tp = cfg.training_params
+    tp = tp.model_copy(update={"finetune": tp.finetune.model_copy(update={"precision": precision})})
+    shared = _featurised(cfg.model_copy(update={"training_params": tp}), cache, 40)
+    cpu = torch.device("cpu")
+    E = shared.embeddings(cpu)
+    model, X = shared.new_model(1), shared.X.astype(np.float32)
+    fp32, bf16 = (runtime.predict(_Embed(model), X, cpu, amp=a) for a in (None, torch.bfloat16))
+    np.testing.assert_array_equal(E, fp32 if precision == "fp32" else bf16)
+    assert not np.array_equal(fp32, bf16)
+    assert np.abs(bf16 - fp32).mean() < 0.05 * np.abs(fp32).mean()  # rounding, not another computation
+
+
+def test_the_frozen_trunks_pass_is_bf16_by_default_where_the_hardware_runs_it_natively(built) -> None:
+    """auto: the frozen pass in bf16 where the device runs bf16 natively, the precision `predict` serves the
+    model in there (inference/precision.py), so the head learns the trunk outputs it is served."""
+    import torch
+
+    from basemodel_pipeline import runtime
+    from basemodel_pipeline.inference.precision import choose
+
+    cfg, cache = built
+    assert cfg.training_params.finetune.precision == "auto"
+    shared = _featurised(cfg, cache, 4)
+    cpu = torch.device("cpu")
+    assert (shared.trunk_amp(cpu) == torch.bfloat16) == runtime.native_bf16(cpu)
+    assert (shared.trunk_amp(cpu) == torch.bfloat16) == (choose("auto", cpu) == "bf16")
 
 
 def test_a_frozen_trunks_head_trains_on_one_cpu_thread(built, monkeypatch: pytest.MonkeyPatch) -> None:

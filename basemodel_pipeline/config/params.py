@@ -307,7 +307,19 @@ class FinetuneParams(Strict):
         "size (predict always scores every entity).",
     )
     epochs: int = Field(default=12, gt=0)
-    batch_size: int = Field(default=256, gt=0)
+    batch_size: Annotated[int, Field(gt=0)] | Literal["auto"] = Field(
+        default="auto",
+        description="Examples per step of a scenario network; auto: 256, and for a head on a frozen trunk "
+        "(mode frozen) doubled up to 2048 while an epoch keeps at least 128 steps (as the foundation's auto "
+        "batch): a head's step costs about the same at any of these sizes, so on many examples larger batches cut "
+        "the time, and small data keeps small ones.",
+    )
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        default="auto",
+        description="Matmul precision of the frozen trunk's pass over a scenario's examples (mode frozen: the "
+        "outputs its head learns from); auto: bf16 where the hardware runs it natively (GPUs, CPUs with "
+        "AVX512-BF16/AMX), as `predict`'s auto precision serves the model, else fp32.",
+    )
     learning_rate: float = Field(default=1e-3, gt=0)
     weight_decay: float = Field(default=1e-4, ge=0)
     patience: int = Field(

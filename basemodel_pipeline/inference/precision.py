@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from basemodel_pipeline.errors import UserError
-from basemodel_pipeline.runtime import cpu_has_bf16
+from basemodel_pipeline.runtime import native_bf16
 
 PRECISIONS = ("auto", "fp32", "bf16", "int8")
 
@@ -26,7 +26,7 @@ def choose(precision: str, device: torch.device) -> str:
     if precision not in PRECISIONS:
         raise UserError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
     if precision == "auto":
-        return "bf16" if device.type == "cuda" or cpu_has_bf16() else "fp32"
+        return "bf16" if native_bf16(device) else "fp32"
     if precision == "int8" and device.type != "cpu":
         raise UserError("precision int8 runs on the CPU only; use bf16 on a GPU")
     return precision

@@ -40,8 +40,13 @@ class Trunk(nn.Module):
 
     def residual(self, x: torch.Tensor) -> torch.Tensor:  # [B, F] -> [B, hidden]
         """The residual stream after the last block, before the final LayerNorm."""
-        if (self.training and self.input_dropout > 0) or not isinstance(self.proj, nn.Linear):
-            z = (x - self.mean) / self.std  # with dropout, or a projection with adapters (model/lora.py)
+        if (
+            (self.training and self.input_dropout > 0)
+            or not isinstance(self.proj, nn.Linear)
+            or torch.is_autocast_enabled(x.device.type)
+        ):  # with dropout, a projection with adapters (model/lora.py), or in bf16: the folded projection's
+            # bias cancels (W / s) x in bf16, so the inputs are standardised in fp32 first
+            z = (x - self.mean) / self.std
             h = self.proj(nn.functional.dropout(z, self.input_dropout) if self.training else z)
         else:  # the standardisation folded into the projection: W((x - m) / s) + b = (W / s) x + b - (W / s) m
             w = self.proj.weight / self.std

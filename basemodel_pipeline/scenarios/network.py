@@ -21,6 +21,7 @@ from basemodel_pipeline.tasks import Task, task_for
 from basemodel_pipeline.training import fit, loop, resume
 
 RESUME = ".resume"  # under the scenario's checkpoint root, beside its versions
+HEAD_BATCH_MAX, MIN_STEPS_PER_EPOCH = 2048, 128  # finetune.batch_size auto (head_batch_size)
 
 
 def train_network(
@@ -49,7 +50,8 @@ def train_network(
     rows = {k: shared.rows(v) for k, v in ex.items()}
     inputs, net, params = _trainable(shared, model, mode, scenario.lora_rank, device)
     n = len(ex["train"])
-    steps = epochs * -(-n // p.batch_size)
+    batch_size = head_batch_size(p.batch_size, mode, n)
+    steps = epochs * -(-n // batch_size)
     opt, sched = loop.optimizer_and_schedule(params, lr, p.weight_decay, min(100, steps // 10), steps)
     rng = np.random.default_rng(p.seed)
     sign = 1.0 if head.higher_is_better() else -1.0
@@ -67,7 +69,7 @@ def train_network(
             progress.advance(bar, 1, loss=loss)
 
         try:  # the shared loop (training/loop.py): bf16 autocast on CUDA, fp32 on the CPU
-            loop.train_epoch(net, n, batch, head.loss, opt, sched, p.batch_size, rng, device, on_step)
+            loop.train_epoch(net, n, batch, head.loss, opt, sched, batch_size, rng, device, on_step)
         except FloatingPointError as exc:
             raise FloatingPointError(f"scenario '{scenario.name}': {exc}") from None
 
@@ -107,6 +109,17 @@ def train_network(
     if mode == "lora":
         merge_lora(model.trunk)
     return model.cpu(), head, run.history, sign * fit.score(run.best, head.higher_is_better())
+
+
+def head_batch_size(batch_size: int | str, mode: str, n: int) -> int:
+    """finetune.batch_size resolved for `n` training examples: auto is 256, and for a head on a frozen trunk
+    doubled up to HEAD_BATCH_MAX while an epoch keeps at least MIN_STEPS_PER_EPOCH steps."""
+    if batch_size != "auto":
+        return int(batch_size)
+    batch = 256
+    while mode == "frozen" and batch < HEAD_BATCH_MAX and n // (batch * 2) >= MIN_STEPS_PER_EPOCH:
+        batch *= 2
+    return batch
 
 
 def _trainable(

@@ -88,11 +88,19 @@ class Shared:
         return self.H
 
     def embeddings(self, device: torch.device) -> np.ndarray:
+        """The frozen trunk's embeddings of X, in finetune.precision (trunk_amp)."""
         if self.E is None:
             model = self.new_model(1).to(device)
             assert self.X is not None
-            self.E = runtime.predict(_Embed(model), self.X, device)
+            self.E = runtime.predict(_Embed(model), self.X, device, amp=self.trunk_amp(device))
         return self.E
+
+    def trunk_amp(self, device: torch.device) -> torch.dtype | None:
+        """The autocast dtype of the frozen trunk's pass: bf16 where finetune.precision says so (auto: where
+        `device` runs it natively, as `predict` serves the model), else None (fp32)."""
+        precision = self.cfg.training_params.finetune.precision
+        bf16 = precision == "bf16" or (precision == "auto" and runtime.native_bf16(device))
+        return torch.bfloat16 if bf16 else None
 
     def rows_of(self, ex: Examples, model: TrunkWithHead, mode: str) -> Rows:
         """The candidates' view of examples: features, labels and the trained network. With a frozen trunk

@@ -10,7 +10,7 @@ import psutil
 import torch
 
 from basemodel_pipeline.config.params import FoundationParams
-from basemodel_pipeline.runtime import cpu_has_bf16
+from basemodel_pipeline.runtime import native_bf16
 
 MIN_CHUNK, MAX_CHUNK = 4096, 131072
 # Of the machine's memory, for one featurised chunk (x2 with a prefetch worker). The chunk shapes the model (it
@@ -63,11 +63,8 @@ def calibrate(
     else:
         workers = 1 if device.type == "cuda" or (os.cpu_count() or 1) >= 4 else 0
     chunk = _chunk_examples((in_dim + out_dim) * 4 * 3, workers, batch, log)
-    if p.precision == "auto":
-        bf16 = torch.cuda.is_bf16_supported() if device.type == "cuda" else cpu_has_bf16()
-        precision = "bf16" if bf16 else "fp32"
-    else:
-        precision = p.precision
+    auto = "bf16" if native_bf16(device) else "fp32"
+    precision = auto if p.precision == "auto" else p.precision
     return Sizes(spp, entities, batch, chunk, workers, precision)
 
 
