@@ -231,11 +231,14 @@ def test_the_frozen_trunks_pass_is_bf16_by_default_where_the_hardware_runs_it_na
     import torch
 
     from basemodel_pipeline import runtime
+    from basemodel_pipeline.config.params import FinetuneParams
     from basemodel_pipeline.inference.precision import choose
 
     cfg, cache = built
-    assert cfg.training_params.finetune.precision == "auto"
-    shared = _featurised(cfg, cache, 4)
+    assert FinetuneParams().precision == "auto"
+    tp = cfg.training_params
+    tp = tp.model_copy(update={"finetune": tp.finetune.model_copy(update={"precision": "auto"})})
+    shared = _featurised(cfg.model_copy(update={"training_params": tp}), cache, 4)
     cpu = torch.device("cpu")
     assert (shared.trunk_amp(cpu) == torch.bfloat16) == runtime.native_bf16(cpu)
     assert (shared.trunk_amp(cpu) == torch.bfloat16) == (choose("auto", cpu) == "bf16")
@@ -297,3 +300,49 @@ def test_a_frozen_trunks_lightgbm_candidates_fit_while_its_head_trains(built) ->
     assert steps and fitting
     assert min(fitting) < max(steps)  # a LightGBM candidate started before the head's last step
     assert {events[i][1] for i in fitting} != {threading.main_thread().name}
+
+
+def test_a_frozen_trunks_refit_boosters_refit_while_its_head_trains_again(
+    built, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The production refit of a published blend on a frozen trunk: its boosters read no head, so they refit
+    on a second thread while the head trains again on one (the two CPUs both busy)."""
+    import threading
+    import time
+
+    from basemodel_pipeline.cache.windows import resolve_windows
+    from basemodel_pipeline.candidates.lightgbm import LightGBM
+    from basemodel_pipeline.scenarios.finetune import finetune_many
+
+    cfg, cache = built
+    if not (Path(cfg.workspace) / "checkpoints" / "foundation" / "LATEST").exists():
+        run_pretrain(cfg)
+    refits: list[tuple[str, float]] = []
+    steps: list[float] = []
+    original = LightGBM.refit
+
+    def recorded(self, rows) -> None:
+        refits.append((threading.current_thread().name, time.perf_counter()))
+        original(self, rows)
+
+    monkeypatch.setattr(LightGBM, "refit", recorded)
+
+    class Recorder:
+        refitting = False
+
+        def start(self, task: str, total: int | None) -> None:
+            pass
+
+        def advance(self, task: str, amount: int = 1, **metrics: float) -> None:
+            if self.refitting:
+                steps.append(time.perf_counter())
+
+        def log(self, message: str) -> None:
+            self.refitting = self.refitting or "refitting the network" in message
+
+    rcfg = resolve_windows(cfg)
+    churn = rcfg.scenario("churn").model_copy(update={"publish": "blend"})
+    finetune_many(rcfg.model_copy(update={"scenarios": [churn]}), [churn], Recorder())
+    assert refits and steps
+    assert {name for name, _ in refits} == {"candidates"}
+    assert min(at for _, at in refits) < max(steps)  # a booster refit started before the head's last step

@@ -40,14 +40,15 @@ class Trunk(nn.Module):
 
     def residual(self, x: torch.Tensor) -> torch.Tensor:  # [B, F] -> [B, hidden]
         """The residual stream after the last block, before the final LayerNorm."""
-        if (
-            (self.training and self.input_dropout > 0)
-            or not isinstance(self.proj, nn.Linear)
-            or torch.is_autocast_enabled(x.device.type)
-        ):  # with dropout, a projection with adapters (model/lora.py), or in bf16: the folded projection's
-            # bias cancels (W / s) x in bf16, so the inputs are standardised in fp32 first
-            z = (x - self.mean) / self.std
+        if (self.training and self.input_dropout > 0) or not isinstance(self.proj, nn.Linear):
+            z = (x - self.mean) / self.std  # with dropout, or a projection with adapters (model/lora.py)
             h = self.proj(nn.functional.dropout(z, self.input_dropout) if self.training else z)
+        elif torch.is_autocast_enabled(x.device.type):  # W((x - m) / s) + b = (W / s)(x - m) + b, centred in
+            # fp32 and written in the autocast dtype in one pass: folding m into the bias instead would cancel
+            # (W / s) x in bf16 wherever a feature's mean is large against its spread
+            low = torch.get_autocast_dtype(x.device.type)
+            z = torch.sub(x, self.mean, out=torch.empty(x.shape, dtype=low, device=x.device))
+            h = nn.functional.linear(z, self.proj.weight / self.std, self.proj.bias)
         else:  # the standardisation folded into the projection: W((x - m) / s) + b = (W / s) x + b - (W / s) m
             w = self.proj.weight / self.std
             h = nn.functional.linear(x.to(w.dtype), w, self.proj.bias - w @ self.mean)

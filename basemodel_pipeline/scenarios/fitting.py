@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from basemodel_pipeline import runtime
 from basemodel_pipeline.candidates.base import Candidate, Context
@@ -24,6 +24,8 @@ from basemodel_pipeline.scenarios.shared import SMALL_ENTITIES, Shared
 from basemodel_pipeline.targets.labels import Examples, TargetSpec
 from basemodel_pipeline.tasks import Task
 from basemodel_pipeline.tasks.recommendation import Recommendation
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -48,7 +50,7 @@ def fit_candidates(
     task: Task,
     mode: str,
     progress: Progress,
-    beside: Beside | None = None,
+    beside: Beside[Fit] | None = None,
 ) -> Fit:
     """Every candidate the scenario names, fitted on the training rows (early stopping on "stop"); the
     baselines staged by run_baselines are read instead of fitted again. ``beside``: those candidates were
@@ -59,11 +61,11 @@ def fit_candidates(
     return fit_without_network(shared, scenario, spec, rows, task, progress)
 
 
-class Beside(threading.Thread):
-    """The candidates that read no trained head, fitted on a thread of their own (a daemon: a stopped stage
-    does not wait for it)."""
+class Beside(threading.Thread, Generic[T]):
+    """Work that reads no trained head (the candidates' fits and refits beside a frozen trunk's head) on a
+    thread of its own (a daemon: a stopped stage does not wait for it)."""
 
-    def __init__(self, work: Callable[[], Fit]) -> None:
+    def __init__(self, work: Callable[[], T]) -> None:
         super().__init__(name="candidates", daemon=True)
         self.work, self.out, self.error = work, None, None
         self.start()
@@ -74,12 +76,11 @@ class Beside(threading.Thread):
         except BaseException as exc:  # re-raised in the stage's thread by result()
             self.error = exc
 
-    def result(self) -> Fit:
+    def result(self) -> T:
         self.join()
         if self.error is not None:
             raise self.error
-        assert self.out is not None
-        return self.out
+        return self.out  # type: ignore[return-value]
 
 
 def fit_beside_network(
@@ -90,7 +91,7 @@ def fit_beside_network(
     task: Task,
     mode: str,
     progress: Progress,
-) -> Beside | None:
+) -> Beside[Fit] | None:
     """With a frozen trunk no candidate but the network reads the trained head (they read the aggregates and
     the trunk's embeddings), and the head trains on one CPU thread: the others fit meanwhile on a second one.
     The trunk's passes are made first, so the two threads only read them. Ranking candidates score with the

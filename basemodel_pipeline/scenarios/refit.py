@@ -20,6 +20,7 @@ from basemodel_pipeline.config import Scenario
 from basemodel_pipeline.dates import iso_day
 from basemodel_pipeline.model.trunk import TrunkWithHead
 from basemodel_pipeline.progress import Progress
+from basemodel_pipeline.scenarios.fitting import Beside
 from basemodel_pipeline.scenarios.network import train_network
 from basemodel_pipeline.scenarios.shared import Shared
 from basemodel_pipeline.targets.labels import Examples, TargetSpec, concat_examples
@@ -52,6 +53,13 @@ def refit(
     labelled = [parts["train"], parts["stop"], parts["select"], *later]
     everything = concat_examples(labelled)
     task = task_named(scenario.task)
+    # the re-ranker learns from validation windows only (rerank.Reranker.fit): all of them now
+    windows = concat_examples(labelled[1:]) if task.ranked else everything
+    beside = None
+    if uses_network(published) and mode == "frozen" and not task.ranked:  # no member but the network reads
+        # the head (fit_beside_network): the others refit on a second thread while the head trains on one
+        progress.log(f"{scenario.name}: refitting {type(published).__name__} on {len(windows):,} examples")
+        beside = Beside(lambda: published.refit(shared.rows_of(windows, None, mode)))
     if uses_network(published):
         # the epoch train_network kept
         epochs = best_epoch(history, Stopping("val_metric", task.higher_is_better()))
@@ -62,10 +70,11 @@ def refit(
             shared, scenario, spec, {"train": everything, "val": parts["select"]}, progress, epochs
         )[0]
         model.to(runtime.resolve_device(shared.cfg.training_params.foundation.device))
-    # the re-ranker learns from validation windows only (rerank.Reranker.fit): all of them now
-    windows = concat_examples(labelled[1:]) if task.ranked else everything
-    progress.log(f"{scenario.name}: refitting {type(published).__name__} on {len(windows):,} examples")
-    published.refit(shared.rows_of(windows, model, mode))
+    if beside is not None:
+        beside.result()
+    else:
+        progress.log(f"{scenario.name}: refitting {type(published).__name__} on {len(windows):,} examples")
+        published.refit(shared.rows_of(windows, model, mode))
     rows = shared.rows_of(test, model, mode)
     return model, (published.rank(rows)[0] if task.ranked else published.predict(rows))
 
