@@ -7,7 +7,9 @@ one device resolver and one batched forward pass.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
+import threading
 from collections.abc import Iterator
 
 import numpy as np
@@ -28,6 +30,21 @@ def resolve_device(choice: str) -> torch.device:
     if choice.startswith("cuda") and not torch.cuda.is_available():
         raise ArgumentError("device", choice, "no CUDA device is visible here; choose cpu (or auto)")
     return torch.device(choice)
+
+
+# torch's compiler stack: torch's optimizers import it on first construction (0.8-1.5 s of Python here)
+OPTIMIZER_IMPORTS = ("torch._dynamo",)
+
+
+def import_beside(modules: tuple[str, ...] = OPTIMIZER_IMPORTS) -> threading.Thread:
+    """Import `modules` on a daemon thread while the caller goes on: made while examples are featurised (torch
+    kernels, which release the GIL), the first optimizer's import costs the stage nothing. Python's import
+    lock makes a caller that needs a module meanwhile wait for it, never import it twice."""
+    thread = threading.Thread(
+        target=lambda: [importlib.import_module(m) for m in modules], name="imports", daemon=True
+    )
+    thread.start()
+    return thread
 
 
 def set_threads() -> None:

@@ -258,3 +258,22 @@ def test_the_trunk_in_bf16_stays_within_bf16_rounding_of_fp32_on_features_far_fr
         with torch.autocast("cpu", dtype=torch.bfloat16):
             bf16 = trunk.residual(x).float()
     assert ((bf16 - fp32).abs().mean() / fp32.abs().mean()).item() < 0.02
+
+
+def test_torchs_compiler_stack_is_imported_beside_the_caller() -> None:
+    """The first optimizer imports torch._dynamo (about a second of Python): fine-tuning has it imported on
+    a second thread while it featurises. In a fresh interpreter the module is not loaded before and is
+    loaded once the thread ends."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "from basemodel_pipeline import runtime\n"
+        "assert 'torch._dynamo' not in sys.modules\n"
+        "thread = runtime.import_beside()\n"
+        "assert thread.name == 'imports' and thread.daemon\n"
+        "thread.join(); assert 'torch._dynamo' in sys.modules\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr

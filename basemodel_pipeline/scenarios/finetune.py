@@ -118,6 +118,7 @@ def _finetune_many(
             for k, v in prepared[sc.name][1].items()
         )
         progress.log(f"{sc.name}: {sizes} examples")
+    runtime.import_beside()  # the heads' optimizers import torch's compiler stack: while featurising
     featurise_s = shared.featurise([x for _, ex, _ in prepared.values() for x in ex.values()])
     counter = WorkCounter(shared.cache, [plan.name for plan in shared.enc.sources])
     # every distinct (entity, time) example, featurised once
