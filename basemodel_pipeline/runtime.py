@@ -100,9 +100,13 @@ def take(X: Array, idx: np.ndarray, device: torch.device) -> torch.Tensor:
     return _on_device(X[idx], device)
 
 
-def _on_device(rows: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
+def _on_device(
+    rows: np.ndarray | torch.Tensor, device: torch.device, keep_half: bool = False
+) -> torch.Tensor:
+    """Rows as a tensor on device; float16 as float32 unless `keep_half` (a forward pass under autocast: the
+    trunk centres half-precision features in half precision, Trunk.residual)."""
     rows = (torch.from_numpy(np.asarray(rows)) if not isinstance(rows, torch.Tensor) else rows).to(device)
-    return rows.float() if rows.dtype == torch.float16 else rows
+    return rows.float() if rows.dtype == torch.float16 and not keep_half else rows
 
 
 @torch.no_grad()
@@ -118,7 +122,8 @@ def predict(
     out: np.ndarray | None = None
     for a in range(0, len(X), batch_size):  # slices: a view of a numpy array, not a copy
         with autocast(device, amp):
-            y = model(_on_device(X[a : a + batch_size], device)).float().cpu()
+            rows = _on_device(X[a : a + batch_size], device, keep_half=torch.is_autocast_enabled(device.type))
+            y = model(rows).float().cpu()
         if out is None:
             out = host_array((len(X), *y.shape[1:]), np.float32)
         out[a : a + len(y)] = y.numpy()

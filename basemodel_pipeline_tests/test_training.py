@@ -240,21 +240,23 @@ def test_a_frozen_trunks_head_takes_larger_batches_on_many_examples_and_small_da
         FinetuneParams(batch_size=0)
 
 
-def test_the_trunk_in_bf16_stays_within_bf16_rounding_of_fp32_on_features_far_from_zero() -> None:
+@pytest.mark.parametrize("features", ["float32", "float16"])
+def test_the_trunk_in_bf16_stays_within_bf16_rounding_of_fp32_on_features_far_from_zero(features: str) -> None:
     """Features whose mean is far from zero against their spread (a count that is never zero): folded into
     the projection, the standardisation becomes (W / s) x minus a bias of the same size, a cancellation bf16
     cannot hold. Under bf16 autocast (pretraining's validation, the frozen fine-tuning pass, `predict`) the
-    trunk standardises in fp32 first, so its outputs stay within bf16's rounding of the fp32 ones."""
+    trunk centres the features before rounding them to bf16 (half-precision ones in half precision), so its
+    outputs stay within bf16's rounding of the fp32 ones."""
     import torch
 
     from basemodel_pipeline.model.trunk import Trunk
 
     torch.manual_seed(0)
     trunk = Trunk(64, 32, 2, 0.0).eval()
-    x = 100.0 + 0.01 * torch.randn(512, 64)
-    trunk.set_stats(x.mean(0), x.std(0))
+    x = (10.0 + 0.01 * torch.randn(512, 64)).to(getattr(torch, features))
+    trunk.set_stats(x.float().mean(0), x.float().std(0))
     with torch.no_grad():
-        fp32 = trunk.residual(x)
+        fp32 = trunk.residual(x.float())
         with torch.autocast("cpu", dtype=torch.bfloat16):
             bf16 = trunk.residual(x).float()
     assert ((bf16 - fp32).abs().mean() / fp32.abs().mean()).item() < 0.02

@@ -218,7 +218,7 @@ def test_the_frozen_trunks_pass_runs_in_the_finetune_precision(built, precision:
     shared = _featurised(cfg.model_copy(update={"training_params": tp}), cache, 40)
     cpu = torch.device("cpu")
     E = shared.embeddings(cpu)
-    model, X = shared.new_model(1), shared.X.astype(np.float32)
+    model, X = shared.new_model(1), shared.X  # float16, as fine-tuning keeps it
     fp32, bf16 = (runtime.predict(_Embed(model), X, cpu, amp=a) for a in (None, torch.bfloat16))
     np.testing.assert_array_equal(E, fp32 if precision == "fp32" else bf16)
     assert not np.array_equal(fp32, bf16)

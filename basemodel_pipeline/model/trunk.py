@@ -43,12 +43,8 @@ class Trunk(nn.Module):
         if (self.training and self.input_dropout > 0) or not isinstance(self.proj, nn.Linear):
             z = (x - self.mean) / self.std  # with dropout, or a projection with adapters (model/lora.py)
             h = self.proj(nn.functional.dropout(z, self.input_dropout) if self.training else z)
-        elif torch.is_autocast_enabled(x.device.type):  # W((x - m) / s) + b = (W / s)(x - m) + b, centred in
-            # fp32 and written in the autocast dtype in one pass: folding m into the bias instead would cancel
-            # (W / s) x in bf16 wherever a feature's mean is large against its spread
-            low = torch.get_autocast_dtype(x.device.type)
-            z = torch.sub(x, self.mean, out=torch.empty(x.shape, dtype=low, device=x.device))
-            h = nn.functional.linear(z, self.proj.weight / self.std, self.proj.bias)
+        elif torch.is_autocast_enabled(x.device.type):
+            h = self._centred_projection(x)
         else:  # the standardisation folded into the projection: W((x - m) / s) + b = (W / s) x + b - (W / s) m
             w = self.proj.weight / self.std
             h = nn.functional.linear(x.to(w.dtype), w, self.proj.bias - w @ self.mean)
@@ -58,6 +54,20 @@ class Trunk(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, F] -> [B, hidden]
         return self.norm(self.residual(x))
+
+    def _centred_projection(self, x: torch.Tensor) -> torch.Tensor:
+        """The projection under autocast: W((x - m) / s) + b = (W / s)(x - m) + b with x centred before its
+        bf16 rounding, the scale folded into W. Folding m into the bias as well (the fp32 path) would cancel
+        (W / s) x in bf16 wherever a feature's mean is large against its spread. Half-precision features
+        (fine-tuning's matrix, the scoring state) are centred on m rounded to their precision, m', in one
+        half-precision pass, the difference exact but for one rounding: (W / s)(x - m') + b + (W / s)(m' - m)."""
+        w = self.proj.weight / self.std
+        if x.dtype == torch.float16:
+            m = self.mean.to(torch.float16)
+            return nn.functional.linear(x - m, w, self.proj.bias + w @ (m.float() - self.mean))
+        low = torch.get_autocast_dtype(x.device.type)  # fp32 features: centred and rounded in one pass
+        z = torch.sub(x, self.mean, out=torch.empty(x.shape, dtype=low, device=x.device))
+        return nn.functional.linear(z, w, self.proj.bias)
 
 
 class TrunkWithHead(nn.Module):
