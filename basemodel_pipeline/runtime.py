@@ -123,10 +123,10 @@ def predict(
     for a in range(0, len(X), batch_size):  # slices: a view of a numpy array, not a copy
         with autocast(device, amp):
             rows = _on_device(X[a : a + batch_size], device, keep_half=torch.is_autocast_enabled(device.type))
-            y = model(rows).float().cpu()
+            y = model(rows)
         if out is None:
             out = host_array((len(X), *y.shape[1:]), np.float32)
-        out[a : a + len(y)] = y.numpy()
+        torch.from_numpy(out[a : a + len(y)]).copy_(y)  # to float32 host memory in one copy
     return out if out is not None else np.zeros((0, 0), np.float32)
 
 
