@@ -61,10 +61,11 @@ class Shared:
     def featurise(self, examples: list[Examples]) -> float:
         """Features of every distinct (entity, time) pair of `examples` in one pass; returns seconds."""
         t0 = time.perf_counter()
-        pairs = np.stack(
-            [np.concatenate([x.entity for x in examples]), np.concatenate([x.time for x in examples])], 1
-        )
-        self.keys = np.unique(pairs, axis=0)
+        entity = np.concatenate([x.entity for x in examples])
+        times = np.concatenate([x.time for x in examples])
+        # the distinct pairs in (entity, time) order: a 1-D unique of rows()'s combined keys, not a row-wise one
+        _, first = np.unique(entity * (1 << 40) + times, return_index=True)
+        self.keys = np.stack([entity[first], times[first]], 1)
         device = runtime.resolve_device(self.cfg.training_params.foundation.device)  # the GPU featurises too
         # float16, as the per-entity state stores features: training sees what scoring will see, in half the
         # memory of float32 (the largest allocation of fine-tuning); batches reach the models as float32
