@@ -456,6 +456,7 @@ def main() -> None:
         "loadavg_after": round(os.getloadavg()[0], 2),
         "wall_s": round(time.perf_counter() - started, 1),
         "bootstrap_rounds": f"{ROUNDS} (100 to {ROUNDS} for multilabel with more than 50 labels)",
+        **({"reference": args.reference} if args.reference else {}),
         **flat,
     }
     path.write_text(json.dumps(result, indent=2) + "\n")

@@ -303,49 +303,68 @@ def amounts(files: Files) -> list[str]:
 
 
 def reference_runs(files: Files) -> list[str]:
-    out: list[str] = []
+    """One table per reference setting, one row per (data set, scenario): the published model against the
+    reference, and the differences of the candidates a setting may move, with their seconds."""
+    groups: dict[str, list[tuple[Path, dict]]] = {}
     for path, d in files:
         ref = re.search(r"--reference (\S+)", str(d.get("command", "")))
-        rows = []
-        for s in prefixes(d, "metric"):
-            seconds = {
-                "lightgbm_aggregates": ("ref_lightgbm_fit_s", "new_lightgbm_fit_s"),
-                "neural": ("ref_network_train_s", "new_network_train_s"),
-            }
-            for cand in ("model", "lightgbm_aggregates", "neural"):
-                diff = d.get(f"{s}.new_vs_ref_{cand}")
-                if not (isinstance(diff, list) and len(diff) == 3):
+        groups.setdefault(str(d.get("reference") or (ref.group(1) if ref else "")), []).append((path, d))
+    out: list[str] = []
+    for ref, runs in groups.items():
+        rows, sources = [], []
+        for path, d in runs:
+            for s in prefixes(d, "metric"):
+                model = d.get(f"{s}.new_vs_ref_model")
+                if not (isinstance(model, list) and len(model) == 3):
                     continue
-                ref_s, new_s = (d.get(f"{s}.{k}") for k in seconds.get(cand, ("", "")))
-                sample = d.get(f"{s}.new_lightgbm_rows")
+
+                def diff(cand: str, s: str = s, d: dict = d) -> str:
+                    v = d.get(f"{s}.new_vs_ref_{cand}")
+                    return (
+                        f"{signed(v[0])} {interval(v[1], v[2])}"
+                        if isinstance(v, list) and len(v) == 3
+                        else ""
+                    )
+
+                def seconds(kind: str, s: str = s, d: dict = d) -> str:
+                    ref_s, new_s = mean_of(d.get(f"{s}.ref_{kind}")), mean_of(d.get(f"{s}.new_{kind}"))
+                    return f"{ref_s} → {new_s}" if ref_s and new_s else ""
+
                 rows.append(
                     [
+                        dataset_name(d, path),
                         s,
-                        "published model" if cand == "model" else BASELINE_NAMES.get(cand, cand),
-                        num(d.get(f"{s}.ref_{cand}")),
-                        num(d.get(f"{s}.new_{cand}")),
-                        f"{signed(diff[0])} {interval(diff[1], diff[2])}",
-                        f"{per_seed(ref_s)} → {per_seed(new_s)}" if ref_s and new_s else "",
-                        f"at most {num(sample.get('max_rows'))} of {num(sample.get('rows'))}"
-                        if cand == "lightgbm_aggregates" and isinstance(sample, dict)
-                        else "",
+                        f"{num(d.get(f'{s}.ref_model'))} → {num(d.get(f'{s}.new_model'))}",
+                        diff("model"),
+                        diff("lightgbm_aggregates"),
+                        diff("neural"),
+                        seconds("lightgbm_fit_s"),
+                        seconds("network_train_s"),
                     ]
                 )
+            sources.append(provenance(path, d)[0])
         body = table(
             [
+                "data set",
                 "scenario",
-                "candidate",
-                "reference",
-                "this run",
+                "published: reference → this run",
                 "this run − reference [95%]",
-                "fit / train s per seed, reference → this run",
-                "rows per booster, this run",
+                "LightGBM on aggregates − reference",
+                "network alone − reference",
+                "LightGBM fit s, reference → this run",
+                "network train s, reference → this run",
             ],
             rows,
         )
-        what = f" (reference: `{ref.group(1)}`)" if ref else ""
-        out += block(f"### {dataset_name(d, path)}{what}", body, provenance(path, d))
+        heading = f"### Reference `{ref}`" if ref else "### Reference: in each command"
+        out += block(heading, body, [*sources, ""])
     return out
+
+
+def mean_of(v: object) -> str:
+    """The mean of a per-seed list of seconds (None entries skipped), the number itself, or "" for none."""
+    values = [x for x in (v if isinstance(v, list) else [v]) if isinstance(x, (int, float))]
+    return num(round(sum(values) / len(values), 2)) if values else ""
 
 
 # ------------------------------------------------------------------ peers
