@@ -47,6 +47,16 @@ def import_beside(modules: tuple[str, ...] = OPTIMIZER_IMPORTS) -> threading.Thr
     return thread
 
 
+def cpus() -> int:
+    """The CPUs this process may run on (its affinity: a container's share, not the host's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def cpu_workers(tasks: int) -> int:
+    """Threads for `tasks` independent pieces of numpy work: one per CPU, at most one per task."""
+    return max(1, min(tasks, cpus()))
+
+
 def set_threads() -> None:
     """All cores (up to 16), or BASEMODEL_TORCH_THREADS when several workers share the machine."""
     wanted = setting("BASEMODEL_TORCH_THREADS") or None

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from basemodel_pipeline import runtime
 from basemodel_pipeline.errors import UserError
 from basemodel_pipeline.progress import NullProgress, Progress
 
@@ -237,7 +238,7 @@ class GBM:
 
 
 def _cpus() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return runtime.cpus()
 
 
 def default_workers() -> int:

@@ -17,6 +17,7 @@ import contextlib
 import json
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -278,13 +279,16 @@ def _evaluation(
     """The test metrics of every candidate and what was chosen: the heart of metrics.json."""
     task = fit.ctx.task
     log1p = bool(getattr(spec.details, "log1p", False))
-    all_metrics = {
-        name: {
+
+    def metrics_of(name: str) -> dict[str, Any]:
+        o = outputs[name]
+        return {
             **task.evaluate(truth, o, scenario.k, log1p),
             **task.calibrated_metrics(truth, o, fit.calibrations.get(name)),
         }
-        for name, o in outputs.items()
-    }
+
+    with ThreadPoolExecutor(runtime.cpu_workers(len(outputs))) as pool:  # numpy's sorts release the GIL
+        all_metrics = dict(zip(outputs, pool.map(metrics_of, outputs), strict=True))
     for name in ("popularity",):  # popularity scores rank but are not probabilities: no log-loss
         if name in all_metrics:
             all_metrics[name] = {
