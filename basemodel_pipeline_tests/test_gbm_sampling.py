@@ -141,3 +141,28 @@ def test_sampled_boosters_share_one_binned_training_set_across_workers(
     one = fit_gbm("binary", X[:1200], Y[:1200], X[1200:], Y[1200:], seed=0, max_rows=max_rows, workers=1)
     assert trees(one) == trees(m)
     assert trees(m.refit(X, Y, seed=0, workers=1)) == trees(refit)
+
+
+def test_a_row_sampled_booster_stops_on_a_sample_of_the_validation_rows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Early stopping scores and ranks every validation row at every round, which costs more than the
+    round's tree when the booster trains on a sample: a row-sampled booster stops on at most
+    `validation_rows` validation rows per training row (drawn like the training sample, its weights undoing
+    the rate); with 0 or without a row bound, on every validation row."""
+    X, Y = _data(6000)
+    tr, va = slice(0, 2000), slice(2000, None)
+    seen: list[int] = []
+    train = gbm._train
+
+    def recorded(params, data, valid, rounds=gbm.MAX_ROUNDS):
+        seen.append(valid.num_data())
+        return train(params, data, valid, rounds)
+
+    monkeypatch.setattr(gbm, "_train", recorded)
+    fit_gbm("binary", X[tr], Y[tr], X[va], Y[va], seed=1, max_rows=300, validation_rows=2, workers=1)
+    assert seen == [600] * 3
+    for bound in ({"max_rows": 300, "validation_rows": 0}, {"validation_rows": 2}):
+        seen.clear()
+        fit_gbm("binary", X[tr], Y[tr], X[va], Y[va], seed=1, workers=1, **bound)
+        assert seen == [4000] * 3

@@ -241,7 +241,9 @@ def test_a_frozen_trunks_head_takes_larger_batches_on_many_examples_and_small_da
 
 
 @pytest.mark.parametrize("features", ["float32", "float16"])
-def test_the_trunk_in_bf16_stays_within_bf16_rounding_of_fp32_on_features_far_from_zero(features: str) -> None:
+def test_the_trunk_in_bf16_stays_within_bf16_rounding_of_fp32_on_features_far_from_zero(
+    features: str,
+) -> None:
     """Features whose mean is far from zero against their spread (a count that is never zero): folded into
     the projection, the standardisation becomes (W / s) x minus a bias of the same size, a cancellation bf16
     cannot hold. Under bf16 autocast (pretraining's validation, the frozen fine-tuning pass, `predict`) the

@@ -93,6 +93,7 @@ class LightGBM:
             progress=ctx.progress,
             label=label,
             max_rows=ctx.scenario.lightgbm_max_rows if ctx.task.per_label else 0,
+            validation_rows=ctx.scenario.lightgbm_validation_rows,
         )
 
     def refit(self, rows: Rows) -> None:
@@ -149,4 +150,5 @@ class LightGBM:
             inputs = ordered([*inputs, *self.fallback.describe()["inputs"]])
             params["labels_modelled"] = 0 if self.top is None else len(self.top)
             params["max_rows"] = self.ctx.scenario.lightgbm_max_rows
+            params["validation_rows"] = self.ctx.scenario.lightgbm_validation_rows
         return description(self.name, text, inputs, **params)

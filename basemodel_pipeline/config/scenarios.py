@@ -263,6 +263,13 @@ class Scenario(Strict):
         f"{LIGHTGBM_MAX_ROWS:,}; 0: all). Above it, each booster keeps every row of the label's rarer class up to half of them and a sample of the "
         "other class, each class weighted by the inverse of its sampling rate (calibrated probabilities).",
     )
+    lightgbm_validation_rows: int = Field(
+        default=2,
+        ge=0,
+        description="Row-sampled multilabel LightGBM: validation rows a booster early-stops on, per row of its "
+        "training sample, drawn the same way (0: every validation row). Every round scores and ranks them: "
+        "on all of them a sampled booster spends most of its time stopping.",
+    )
     k: int = Field(default=10, gt=0, description="K of the @K metrics (recommendation) and top-k accuracy.")
     candidates: list[CandidateName] | None = Field(
         default=None,

@@ -301,6 +301,7 @@ def fit_gbm(
     progress: Progress | None = None,
     label: str = "lightgbm",
     max_rows: int = 0,
+    validation_rows: int = 0,
 ) -> GBM:
     """Gradient-boosted trees trained on (X_train, Y_train), early-stopped on (X_val, Y_val).
 
@@ -313,6 +314,8 @@ def fit_gbm(
             the same models.
         progress: a line per fitted booster (``label: class i/C fitted ...``) with the elapsed seconds.
         max_rows: label columns: rows one booster may train on (0: all; see ``sample_rows``).
+        validation_rows: a row-sampled booster early-stops on at most this many validation rows per row of
+            its training sample, drawn the same way (0: every row): every round scores and ranks them.
     At most ``MAX_ROUNDS`` rounds, patience ``EARLY_STOPPING``."""
     if objective not in OBJECTIVES:
         raise ValueError(f"fit_gbm fits LightGBM's {', '.join(OBJECTIVES)} objectives, not '{objective}'")
@@ -353,7 +356,10 @@ def fit_gbm(
         t0 = time.perf_counter()
         y_tr, y_va = (Y_train[:, c] > 0).astype(np.float64), (Y_val[:, c] > 0).astype(np.float64)
         data, rows[c] = _column_data(train, y_tr, max_rows, seed, c)
-        valid.set_label(y_va)
+        if max_rows and validation_rows:  # a sampled booster stops on a sample too
+            valid = _column_data(valid, y_va, max_rows * validation_rows, seed + 1, c)[0]
+        else:
+            valid.set_label(y_va)
         metric = "auc" if _both(y_va) else "binary_logloss"
         fit_params = {**_params(objective, seed, metric=metric), "num_threads": threads}
         models[c], kept[c] = _train(fit_params, data, valid)
