@@ -34,10 +34,9 @@ def test_the_readme_headline_is_what_the_generator_writes() -> None:
 
 def test_the_page_is_short_and_names_no_work_items_or_sittings() -> None:
     lines = results_page.PAGE.read_text().splitlines()
-    most = (
-        330  # three real data sets and their defaults against references, three peer data sets, the stages:
-    )
-    # one read, not a notebook
+    # three real data sets and their defaults against references, three peer data sets, the stages: one
+    # read, not a notebook
+    most = 340
     assert len(lines) < most
     stamped = [line for line in lines if WORK_STAMPS.search(line)]
     assert not stamped, stamped
