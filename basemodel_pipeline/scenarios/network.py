@@ -19,9 +19,10 @@ from basemodel_pipeline.scenarios.shared import Shared
 from basemodel_pipeline.targets.labels import Examples, TargetSpec
 from basemodel_pipeline.tasks import Task, task_for
 from basemodel_pipeline.training import fit, loop, resume
+from basemodel_pipeline.training.calibrate import auto_batch
 
 RESUME = ".resume"  # under the scenario's checkpoint root, beside its versions
-HEAD_BATCH_MAX, MIN_STEPS_PER_EPOCH = 2048, 128  # finetune.batch_size auto (head_batch_size)
+HEAD_BATCH_MAX = 2048  # finetune.batch_size auto (head_batch_size)
 
 
 def train_network(
@@ -113,13 +114,10 @@ def train_network(
 
 def head_batch_size(batch_size: int | str, mode: str, n: int) -> int:
     """finetune.batch_size resolved for `n` training examples: auto is 256, and for a head on a frozen trunk
-    doubled up to HEAD_BATCH_MAX while an epoch keeps at least MIN_STEPS_PER_EPOCH steps."""
+    doubled up to HEAD_BATCH_MAX while an epoch keeps at least 128 steps (calibrate.auto_batch)."""
     if batch_size != "auto":
         return int(batch_size)
-    batch = 256
-    while mode == "frozen" and batch < HEAD_BATCH_MAX and n // (batch * 2) >= MIN_STEPS_PER_EPOCH:
-        batch *= 2
-    return batch
+    return auto_batch(n, HEAD_BATCH_MAX if mode == "frozen" else 256)
 
 
 def _trainable(

@@ -55,10 +55,10 @@ def refit(
     task = task_named(scenario.task)
     # the re-ranker learns from validation windows only (rerank.Reranker.fit): all of them now
     windows = concat_examples(labelled[1:]) if task.ranked else everything
+    progress.log(f"{scenario.name}: refitting {type(published).__name__} on {len(windows):,} examples")
     beside = None
     if uses_network(published) and mode == "frozen" and not task.ranked:  # no member but the network reads
         # the head (fit_beside_network): the others refit on a second thread while the head trains on one
-        progress.log(f"{scenario.name}: refitting {type(published).__name__} on {len(windows):,} examples")
         beside = Beside(lambda: published.refit(shared.rows_of(windows, None, mode)))
     if uses_network(published):
         # the epoch train_network kept
@@ -73,7 +73,6 @@ def refit(
     if beside is not None:
         beside.result()
     else:
-        progress.log(f"{scenario.name}: refitting {type(published).__name__} on {len(windows):,} examples")
         published.refit(shared.rows_of(windows, model, mode))
     rows = shared.rows_of(test, model, mode)
     return model, (published.rank(rows)[0] if task.ranked else published.predict(rows))

@@ -40,6 +40,14 @@ class Sizes:
         return asdict(self)
 
 
+def auto_batch(examples: int, cap: int, min_steps: int = 128) -> int:
+    """An automatic batch size: 256, doubled up to `cap` while an epoch of `examples` keeps `min_steps`."""
+    batch = 256
+    while batch < cap and examples // (batch * 2) >= min_steps:
+        batch *= 2
+    return batch
+
+
 def calibrate(
     p: FoundationParams,
     n_entities: int,
@@ -54,10 +62,7 @@ def calibrate(
     if p.batch_size != "auto":
         batch = int(p.batch_size)
     else:
-        cap = 4096 if device.type == "cuda" else 1024
-        batch = 256
-        while batch < cap and per_epoch // (batch * 2) >= 128:  # keep >= 128 steps per epoch
-            batch *= 2
+        batch = auto_batch(per_epoch, 4096 if device.type == "cuda" else 1024)
     if p.loader_workers != "auto":
         workers = int(p.loader_workers)
     else:
