@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
@@ -105,14 +106,30 @@ def connection_failure(exc: BaseException) -> BaseException | None:
     return found
 
 
+ENDPOINT_PORT = re.compile(r"(?:\bport\s*[=:]?\s*|(?<=[\w\]]):)\d+")
+
+
+def mentions(text: str, words: Iterable[str]) -> bool:
+    """Whether text holds any of words, case aside; a number counts only whole and never as a port
+    (403 is not in "port=54037", nor 18456 in "127.0.0.1:18456")."""
+    text = ENDPOINT_PORT.sub(" ", text.lower())
+    for word in words:
+        word = word.lower()
+        if word.isdigit():
+            if re.search(rf"(?<!\d){word}(?!\d)", text):
+                return True
+        elif word in text:
+            return True
+    return False
+
+
 def is_transient(exc: BaseException) -> bool:
     """Whether retrying can help, judged from the exception's type and words (drivers refine it)."""
     if isinstance(exc, DataError):
         return False
     if connection_failure(exc) is not None:
         return True
-    text = str(exc).lower()
-    return any(word in text for word in TRANSIENT_WORDS)
+    return mentions(str(exc), TRANSIENT_WORDS)
 
 
 def host_port(url: str | None, default_port: int | None = None) -> str | None:

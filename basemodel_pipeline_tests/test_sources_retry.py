@@ -56,3 +56,23 @@ def test_error_words_decide_transience() -> None:
     assert Backend.is_transient(RuntimeError("429 Too Many Requests"))
     assert not Backend.is_transient(RuntimeError("Table 'EVENTS' does not exist or not authorized."))
     assert not Backend.is_transient(DataError("source 'x': column y not found"))
+
+
+@pytest.mark.parametrize("port", [54037, 14013, 55030, 44290, 18456, 41205])
+def test_a_status_code_inside_a_port_number_decides_nothing(port: int) -> None:
+    """Codes such as 403 (permanent) or 503 (transient) count as whole numbers, never as digits of a port."""
+    from basemodel_pipeline.sources import backend_class
+
+    refused = RuntimeError(
+        f"HTTPConnectionPool(host='127.0.0.1', port={port}): Max retries exceeded with url: /sql "
+        "(Caused by NewConnectionError('Failed to establish a new connection: [Errno 111] Connection refused'))"
+    )
+    rejected = RuntimeError(f"HTTPConnectionPool(host='127.0.0.1', port={port}): invalid statement")
+    for kind in ("databricks", "synapse", "parquet", "snowflake"):
+        cls = backend_class(kind)
+        assert cls.is_transient(refused), (kind, port)
+        assert not cls.is_transient(rejected), (kind, port)
+    assert backend_class("databricks").is_transient(RuntimeError("HTTP 503 from the warehouse"))
+    assert not backend_class("databricks").is_transient(RuntimeError("HTTP Error 403: Forbidden"))
+    assert not backend_class("synapse").is_transient(RuntimeError("Login failed (18456)"))
+    assert backend_class("synapse").is_transient(RuntimeError("Error 40613: database unavailable"))

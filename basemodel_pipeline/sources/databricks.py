@@ -13,7 +13,7 @@ from sqlglot import exp
 
 from basemodel_pipeline.config.models import DataSource
 from basemodel_pipeline.config.sources import DatabricksLocation
-from basemodel_pipeline.retry import host_port
+from basemodel_pipeline.retry import host_port, mentions
 from basemodel_pipeline.sources.base import Backend
 from basemodel_pipeline.sources.sql import table_from_name
 
@@ -83,7 +83,7 @@ class DatabricksBackend(Backend):
             | dberr.InvalidServerResponseError,
         ):
             return False
-        if any(word in text for word in AUTH_WORDS):
+        if mentions(text, AUTH_WORDS):
             return False
         if isinstance(exc, dberr.RequestError | dberr.OperationalError):
             return True

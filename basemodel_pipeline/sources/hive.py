@@ -11,6 +11,7 @@ from thrift.transport.TTransport import TTransportException
 
 from basemodel_pipeline.config.models import DataSource
 from basemodel_pipeline.config.sources import HiveLocation
+from basemodel_pipeline.retry import mentions
 from basemodel_pipeline.sources.base import Backend
 from basemodel_pipeline.sources.dbapi import cursor_reader
 from basemodel_pipeline.sources.sql import table_from_name
@@ -72,7 +73,7 @@ class HiveBackend(Backend):
     def is_transient(cls, exc: BaseException) -> bool:
         text = str(exc).lower()
         if isinstance(exc, TTransportException):
-            return not any(word in text for word in AUTH_WORDS)
+            return not mentions(text, AUTH_WORDS)
         if isinstance(exc, hive.OperationalError):  # the server answered with an error status
             return any(word in text for word in ("timeout", "timed out", "unavailable", "too many"))
         return super().is_transient(exc)

@@ -24,7 +24,7 @@ from sqlglot import exp
 from basemodel_pipeline.config.models import DataSource
 from basemodel_pipeline.config.sources import ParquetLocation, S3Options
 from basemodel_pipeline.errors import DataError
-from basemodel_pipeline.retry import connection_failure, host_port, secret_values
+from basemodel_pipeline.retry import connection_failure, host_port, mentions, secret_values
 from basemodel_pipeline.settings import setting
 from basemodel_pipeline.sources.base import Backend
 from basemodel_pipeline.sources.sql import quote_ident, quote_literal
@@ -288,7 +288,7 @@ class ParquetBackend(Backend):
         if "No files found that match the pattern" in text:  # a missing path or prefix: retrying cannot help
             return False
         if isinstance(exc, duckdb.HTTPException) or "HTTP" in text:
-            return any(code in text for code in ("500", "502", "503", "504", "429", "Timeout", "timed out"))
+            return mentions(text, ("500", "502", "503", "504", "429", "timeout", "timed out"))
         return super().is_transient(exc)
 
     def close(self) -> None:

@@ -17,6 +17,7 @@ from sqlglot import exp
 
 from basemodel_pipeline.config.models import DataSource
 from basemodel_pipeline.config.sources import SynapseLocation, SynapseParams
+from basemodel_pipeline.retry import mentions
 from basemodel_pipeline.sources.base import Backend, arrow_to_duckdb_types
 from basemodel_pipeline.sources.dbapi import cursor_reader
 from basemodel_pipeline.sources.sql import table_from_name
@@ -93,9 +94,9 @@ class SynapseBackend(Backend):
     @classmethod
     def is_transient(cls, exc: BaseException) -> bool:
         text = str(exc).lower()
-        if any(word in text for word in PERMANENT_WORDS):
+        if mentions(text, PERMANENT_WORDS):
             return False
-        if any(number in text for number in TRANSIENT_NUMBERS):
+        if mentions(text, TRANSIENT_NUMBERS):
             return True
         if type(exc).__name__ in ("OperationalError", "ClosedConnectionError", "TimeoutError"):
             return "login" not in text  # network-level failures; LoginError is permanent
