@@ -75,7 +75,7 @@ class HiveBackend(Backend):
         if isinstance(exc, TTransportException):
             return not mentions(text, AUTH_WORDS)
         if isinstance(exc, hive.OperationalError):  # the server answered with an error status
-            return any(word in text for word in ("timeout", "timed out", "unavailable", "too many"))
+            return mentions(text, ("timeout", "timed out", "unavailable", "too many"))
         return super().is_transient(exc)
 
     def close(self) -> None:
