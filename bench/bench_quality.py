@@ -44,8 +44,10 @@ from pathlib import Path
 
 import numpy as np
 import psutil
+import torch
 import yaml
 
+from basemodel_pipeline import runtime
 from basemodel_pipeline.cache.windows import resolve_windows
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.demo.datasets import prepare_demo
@@ -451,7 +453,8 @@ def main() -> None:
         "dataset": args.dataset,
         "seeds": " ".join(map(str, args.seeds)),
         "command": command,
-        "machine": f"{platform.machine()} {psutil.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB",
+        "machine": f"{platform.machine()} {psutil.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB, "
+        + ("native bf16" if runtime.native_bf16(torch.device("cpu")) else "no native bf16"),
         "loadavg_before": round(load_before[0], 2),
         "loadavg_after": round(os.getloadavg()[0], 2),
         "wall_s": round(time.perf_counter() - started, 1),
