@@ -33,10 +33,21 @@ from basemodel_pipeline.config import load_config
 from basemodel_pipeline.config.params import FoundationParams
 from basemodel_pipeline.features.sketch import FeatureEncoder
 from basemodel_pipeline.model.checkpoint import load_checkpoint
-from basemodel_pipeline.runtime import resolve_device
+from basemodel_pipeline.runtime import native_bf16, resolve_device
 from basemodel_pipeline.workspace import cache_dir
 
 REFERENCE_INFERENCE_ENTITIES_PER_S = 2_718  # BaseModel: per GPU
+
+
+def commit() -> str:
+    """The checkout's short commit, recorded in every results file."""
+    git = ["git", "-C", str(Path(__file__).parent), "rev-parse", "--short", "HEAD"]
+    return subprocess.run(git, capture_output=True, text=True, check=False).stdout.strip()
+
+
+def cpu_bf16() -> str:
+    """Whether this CPU runs bf16 natively: it decides what `precision: auto` does, recorded with the machine."""
+    return "native bf16" if native_bf16(torch.device("cpu")) else "no native bf16"
 
 
 class MemorySampler(threading.Thread):

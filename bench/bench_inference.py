@@ -26,7 +26,6 @@ import json
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -37,7 +36,7 @@ import torch
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_foundation import MemorySampler  # noqa: E402
+from bench_foundation import MemorySampler, commit, cpu_bf16  # noqa: E402
 
 from basemodel_pipeline import (
     pipeline,  # noqa: E402
@@ -61,14 +60,8 @@ REFERENCE_INFERENCE_ENTITIES_PER_S = 2_718  # BaseModel: clients/s per GPU
 RESULTS = Path(__file__).parent / "results"
 
 
-def commit() -> str:
-    git = ["git", "-C", str(Path(__file__).parent), "rev-parse", "--short", "HEAD"]
-    return subprocess.run(git, capture_output=True, text=True, check=False).stdout.strip()
-
-
 def machine() -> str:
-    bf16 = "native bf16" if runtime.native_bf16(torch.device("cpu")) else "no native bf16"
-    return f"{platform.machine()} {psutil.cpu_count()} cores ({bf16}), load {os.getloadavg()[0]:.1f}"
+    return f"{platform.machine()} {psutil.cpu_count()} cores ({cpu_bf16()}), load {os.getloadavg()[0]:.1f}"
 
 
 def quality(args: argparse.Namespace) -> dict:

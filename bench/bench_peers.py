@@ -63,7 +63,7 @@ import psutil
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_foundation import MemorySampler  # noqa: E402
+from bench_foundation import MemorySampler, commit  # noqa: E402
 
 from basemodel_pipeline.cache.store import EventCache  # noqa: E402
 from basemodel_pipeline.cache.windows import resolve_windows  # noqa: E402
@@ -795,9 +795,6 @@ def main() -> None:
             print(time.strftime("%H:%M:%S"), "part", p, "load", load(), flush=True)
             subprocess.run(cmd, check=True)
     flat = collect(args.workspace, names, parts)
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
-    ).stdout.strip()
     coles_impl = "not run"
     if "coles" in parts:
         import importlib.metadata as im
@@ -816,7 +813,7 @@ def main() -> None:
         )
         + f": {shared['events']:,} events, {shared['entities']:,} entities",
         "command": _command(),
-        "commit": commit,
+        "commit": commit(),
         "machine": f"{platform.machine()} {psutil.cpu_count()} cores, "
         f"{psutil.virtual_memory().total / 2**30:.0f} GiB, torch {torch.__version__}, threads {args.threads}",
         "load": {"before": load_before, "after": load()},

@@ -37,17 +37,14 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import psutil
-import torch
 import yaml
 
-from basemodel_pipeline import runtime
 from basemodel_pipeline.cache.windows import resolve_windows
 from basemodel_pipeline.config import load_config
 from basemodel_pipeline.demo.datasets import prepare_demo
@@ -57,6 +54,9 @@ from basemodel_pipeline.pipeline import run_cache, run_extract, run_pretrain
 from basemodel_pipeline.progress import NullProgress
 from basemodel_pipeline.scenarios.finetune import finetune_many
 from basemodel_pipeline.tasks import task_named
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_foundation import commit, cpu_bf16  # noqa: E402
 
 RANKING_BASELINES = (
     "popularity",
@@ -426,11 +426,9 @@ def main() -> None:
             run_seed(args.dataset, workspace, seed, names, reference)
     flat = collect(args.dataset, workspace, args.seeds, names)
     command = " ".join(["python bench/bench_quality.py", *sys.argv[1:]])
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
-    ).stdout.strip()
+    at = commit()
     for name in dict.fromkeys(k.split(".")[0] for k in flat):
-        flat[f"{name}.command"], flat[f"{name}.commit"] = command, commit
+        flat[f"{name}.command"], flat[f"{name}.commit"] = command, at
     path = Path(__file__).parent / "results" / f"quality_{args.dataset}.json"
     if args.update and path.exists():
         old = json.loads(path.read_text())
@@ -453,8 +451,7 @@ def main() -> None:
         "dataset": args.dataset,
         "seeds": " ".join(map(str, args.seeds)),
         "command": command,
-        "machine": f"{platform.machine()} {psutil.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB, "
-        + ("native bf16" if runtime.native_bf16(torch.device("cpu")) else "no native bf16"),
+        "machine": f"{platform.machine()} {psutil.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB, {cpu_bf16()}",
         "loadavg_before": round(load_before[0], 2),
         "loadavg_after": round(os.getloadavg()[0], 2),
         "wall_s": round(time.perf_counter() - started, 1),
